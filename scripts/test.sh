@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: format check, the release build and its tests, the tests
+# again under AddressSanitizer + UndefinedBehaviorSanitizer, and a short fuzzing run per parser.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install_deps.sh
+scripts/fetch_models.sh
+jobs=$(nproc)
+
+echo "== clang-format"
+files=$(git ls-files 'src/*.cc' 'src/*.h' 'src/*.cu' 'src/*.cuh' 'tests/*.cc' 'tests/*.h' 'fuzz/*.cc')
+clang-format --dry-run --Werror $files
+
+echo "== release build + tests"
+GYRE_BUILD_DIR=build scripts/build.sh
+(cd build && ctest --output-on-failure -j"$jobs")
+
+echo "== sanitizers (ASan + UBSan) build + tests"
+GYRE_BUILD_DIR=build-asan GYRE_BUILD_TYPE=RelWithDebInfo scripts/build.sh -DGYRE_SANITIZE=ON -DGYRE_CUDA=OFF
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --output-on-failure -j"$jobs")
+
+echo "== fuzzing (${GYRE_FUZZ_SECONDS:-20}s per target)"
+GYRE_BUILD_DIR=build-fuzz scripts/build.sh -DCMAKE_CXX_COMPILER=clang++ -DGYRE_FUZZ=ON \
+  -DGYRE_CUDA=OFF -DGYRE_TESTS=OFF
+for f in build-fuzz/fuzz_*; do
+  [ -x "$f" ] || continue
+  name=$(basename "$f")
+  mkdir -p build-fuzz/corpus/"$name"
+  "$f" -max_total_time="${GYRE_FUZZ_SECONDS:-20}" -max_len=65536 -rss_limit_mb=2048 \
+    build-fuzz/corpus/"$name" fuzz/seeds/"$name" 2>&1 | tail -n 2
+done
+echo "all test stages passed"

@@ -1,0 +1,99 @@
+// The op interface every compute backend implements. The forward pass (engine/transformer.cc) is
+// written once against it; the CPU backend is the reference the others are tested against.
+//
+// Activations are 2-D [n_tokens, width], row-major, in the backend's activation dtype. Linear
+// weights are [out, in]. A Tensor's data pointer belongs to the backend that made it (host or
+// device memory); callers never dereference it.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace gyre {
+
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::F32;
+  int64_t rows = 0, cols = 0;
+  std::shared_ptr<void> owner;  // keeps the allocation alive; null for views
+
+  size_t row_bytes() const { return dtype_row_bytes(dtype, cols); }
+  // Rows [r0, r0 + n) of this tensor, sharing its memory.
+  Tensor slice_rows(int64_t r0, int64_t n) const {
+    Tensor t = *this;
+    t.data = static_cast<uint8_t*>(data) + static_cast<size_t>(r0) * row_bytes();
+    t.rows = n;
+    return t;
+  }
+};
+
+// Rotary embedding for one model: inverse frequencies of the rot_dim/2 pairs of a head.
+struct RopeTable {
+  std::vector<float> inv_freq;
+  int rot_dim = 0;
+  bool interleaved = false;  // pairs (2i, 2i+1) instead of (i, i + rot_dim/2)
+  float attn_factor = 1.0f;  // scales cos/sin (YaRN mscale); 1 otherwise
+};
+
+struct AttentionParams {
+  int n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  float scale = 0.0f;      // usually 1/sqrt(head_dim)
+  int sliding_window = 0;  // 0: attend to every earlier position
+};
+
+// Keys and values of one sequence for every layer, owned by the backend.
+class KvCache {
+ public:
+  virtual ~KvCache() = default;
+  virtual int max_seq() const = 0;
+  virtual size_t bytes() const = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // Activation buffer [rows, cols] in the backend's activation dtype.
+  virtual Tensor alloc(int64_t rows, int64_t cols) = 0;
+  // A weight from the model file (any dtype, including GGUF blocks) in the backend's layout.
+  // 1-D tensors (norms, biases) become one row.
+  virtual Tensor upload_weight(const TensorView& w) = 0;
+  // Copies an activation tensor to the host as floats (rows * cols of them).
+  virtual void to_host(const Tensor& t, float* dst) = 0;
+  virtual std::unique_ptr<KvCache> new_kv_cache(int n_layers, int n_kv_heads, int head_dim,
+                                                int max_seq) = 0;
+  virtual void synchronize() {}
+
+  // out[i] = table[tokens[i]]
+  virtual void embed(Tensor& out, const Tensor& table, const int32_t* tokens, int n) = 0;
+  // out = x / rms(x) * w, per row
+  virtual void rmsnorm(Tensor& out, const Tensor& x, const Tensor& w, float eps) = 0;
+  // residual += delta; out = rmsnorm(residual) * w  (the fused add + norm between sublayers)
+  virtual void add_rmsnorm(Tensor& residual, Tensor& out, const Tensor& delta, const Tensor& w,
+                           float eps) = 0;
+  // out[n, o] = x[n, i] . w[o, i] (+ bias[o])
+  virtual void matmul(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias) = 0;
+  // Rotates each head of x [n, n_heads * head_dim] in place; token i is at positions[i].
+  virtual void rope(Tensor& x, int n_heads, int head_dim, const int32_t* positions,
+                    const RopeTable& table) = 0;
+  // Stores k, v [n, n_kv_heads * head_dim] at positions pos0.. of layer `layer` in the cache, then
+  // out[i] = causal attention of q[i] (position pos0 + i) over cache positions 0..pos0+i.
+  virtual void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
+                         KvCache& cache, int layer, int pos0, const AttentionParams& p) = 0;
+  // out = silu(gate) * up
+  virtual void silu_mul(Tensor& out, const Tensor& gate, const Tensor& up) = 0;
+  // x += y
+  virtual void add(Tensor& x, const Tensor& y) = 0;
+};
+
+// "cpu" or "cuda" / "cuda:N"; "auto" picks CUDA when a GPU is present. Throws on an unknown or
+// unavailable device.
+std::unique_ptr<Backend> backend_create(const std::string& device, int n_threads);
+bool cuda_available();
+
+}  // namespace gyre

@@ -1,0 +1,33 @@
+// A host tensor as read from a model file: a non-owning view into a mapped file (or into a buffer
+// the loader owns). Shapes are in PyTorch order, outermost first: a linear weight is [out, in].
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace gyre {
+
+struct TensorView {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  size_t nbytes = 0;
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+  int64_t rows() const { return shape.size() <= 1 ? 1 : numel() / shape.back(); }
+  int64_t cols() const { return shape.empty() ? 1 : shape.back(); }
+};
+
+std::string shape_str(const std::vector<int64_t>& shape);
+
+// Converts any dtype (including the quantized block types) of one row of n elements to floats.
+void dequantize_row(DType t, const void* src, float* dst, int64_t n);
+
+}  // namespace gyre

@@ -1,0 +1,122 @@
+#include "engine/transformer.h"
+
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace gyre {
+
+namespace {
+size_t tensor_bytes(const Tensor& t) { return static_cast<size_t>(t.rows) * t.row_bytes(); }
+}  // namespace
+
+Transformer::Transformer(const ModelConfig& config, const WeightSet& weights, Backend& backend,
+                         int max_seq)
+    : config_(config), backend_(backend), max_seq_(max_seq) {
+  config_validate(config_);
+  weights_validate(weights, config_);
+  GYRE_CHECK(max_seq_ > 0, "max sequence length must be positive");
+  auto up = [&](const std::string& name) {
+    Tensor t = backend_.upload_weight(weights.get(name));
+    weight_bytes_ += tensor_bytes(t);
+    return t;
+  };
+  embed_ = up("model.embed_tokens.weight");
+  final_norm_ = up("model.norm.weight");
+  if (config_.tie_embeddings || !weights.has("lm_head.weight"))
+    lm_head_ = embed_;
+  else
+    lm_head_ = up("lm_head.weight");
+  layers_.resize(static_cast<size_t>(config_.n_layers));
+  for (int i = 0; i < config_.n_layers; ++i) {
+    auto name = [i](const char* s) { return layer_tensor(i, s); };
+    Layer& l = layers_[static_cast<size_t>(i)];
+    l.attn_norm = up(name("input_layernorm.weight"));
+    l.ffn_norm = up(name("post_attention_layernorm.weight"));
+    l.wq = up(name("self_attn.q_proj.weight"));
+    l.wk = up(name("self_attn.k_proj.weight"));
+    l.wv = up(name("self_attn.v_proj.weight"));
+    l.wo = up(name("self_attn.o_proj.weight"));
+    if (config_.qkv_bias) {
+      l.bq = up(name("self_attn.q_proj.bias"));
+      l.bk = up(name("self_attn.k_proj.bias"));
+      l.bv = up(name("self_attn.v_proj.bias"));
+    }
+    l.w_gate = up(name("mlp.gate_proj.weight"));
+    l.w_up = up(name("mlp.up_proj.weight"));
+    l.w_down = up(name("mlp.down_proj.weight"));
+  }
+  rope_.rot_dim = config_.rope.rot_dim > 0 ? config_.rope.rot_dim : config_.head_dim;
+  rope_.interleaved = config_.rope.interleaved;
+  rope_.inv_freq = rope_inv_freq(config_.rope, config_.max_seq_len, 0);
+  cache_ = backend_.new_kv_cache(config_.n_layers, config_.n_kv_heads, config_.head_dim, max_seq_);
+}
+
+void Transformer::ensure_scratch(int n) {
+  if (n <= scratch_rows_) return;
+  const ModelConfig& c = config_;
+  x_ = backend_.alloc(n, c.dim);
+  xn_ = backend_.alloc(n, c.dim);
+  q_ = backend_.alloc(n, c.q_dim());
+  k_ = backend_.alloc(n, c.kv_dim());
+  v_ = backend_.alloc(n, c.kv_dim());
+  att_ = backend_.alloc(n, c.q_dim());
+  gate_ = backend_.alloc(n, c.hidden_dim);
+  up_ = backend_.alloc(n, c.hidden_dim);
+  ffn_ = backend_.alloc(n, c.dim);
+  logits_ = backend_.alloc(n, c.vocab_size);
+  scratch_rows_ = n;
+}
+
+void Transformer::forward(const int32_t* tokens, int n, int pos, float* logits, bool all_logits) {
+  const ModelConfig& c = config_;
+  GYRE_CHECK(n > 0, "forward pass over zero tokens");
+  GYRE_CHECK(pos >= 0 && pos + n <= max_seq_, "sequence of ", pos + n,
+             " tokens exceeds the context of ", max_seq_);
+  for (int i = 0; i < n; ++i)
+    GYRE_CHECK(tokens[i] >= 0 && tokens[i] < c.vocab_size, "token id ", tokens[i],
+               " is outside the vocabulary of ", c.vocab_size);
+  if (c.rope.scaling == RopeScaling::DynamicNtk)
+    rope_.inv_freq = rope_inv_freq(c.rope, c.max_seq_len, pos + n);
+  ensure_scratch(n);
+  Tensor x = x_.slice_rows(0, n), xn = xn_.slice_rows(0, n), q = q_.slice_rows(0, n),
+         k = k_.slice_rows(0, n), v = v_.slice_rows(0, n), att = att_.slice_rows(0, n),
+         gate = gate_.slice_rows(0, n), up = up_.slice_rows(0, n), ffn = ffn_.slice_rows(0, n);
+  std::vector<int32_t> positions(static_cast<size_t>(n));
+  std::iota(positions.begin(), positions.end(), pos);
+
+  AttentionParams ap;
+  ap.n_heads = c.n_heads;
+  ap.n_kv_heads = c.n_kv_heads;
+  ap.head_dim = c.head_dim;
+  ap.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  ap.sliding_window = c.sliding_window;
+
+  backend_.embed(x, embed_, tokens, n);
+  backend_.rmsnorm(xn, x, layers_[0].attn_norm, c.norm_eps);
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    Layer& l = layers_[li];
+    backend_.matmul(q, xn, l.wq, c.qkv_bias ? &l.bq : nullptr);
+    backend_.matmul(k, xn, l.wk, c.qkv_bias ? &l.bk : nullptr);
+    backend_.matmul(v, xn, l.wv, c.qkv_bias ? &l.bv : nullptr);
+    backend_.rope(q, c.n_heads, c.head_dim, positions.data(), rope_);
+    backend_.rope(k, c.n_kv_heads, c.head_dim, positions.data(), rope_);
+    backend_.attention(att, q, k, v, *cache_, static_cast<int>(li), pos, ap);
+    backend_.matmul(ffn, att, l.wo, nullptr);
+    backend_.add_rmsnorm(x, xn, ffn, l.ffn_norm, c.norm_eps);
+    backend_.matmul(gate, xn, l.w_gate, nullptr);
+    backend_.matmul(up, xn, l.w_up, nullptr);
+    backend_.silu_mul(gate, gate, up);
+    backend_.matmul(ffn, gate, l.w_down, nullptr);
+    const Tensor& next_norm = li + 1 < layers_.size() ? layers_[li + 1].attn_norm : final_norm_;
+    backend_.add_rmsnorm(x, xn, ffn, next_norm, c.norm_eps);
+  }
+  const int first = all_logits ? 0 : n - 1;
+  const int rows = n - first;
+  Tensor out = logits_.slice_rows(0, rows);
+  backend_.matmul(out, xn.slice_rows(first, rows), lm_head_, nullptr);
+  backend_.to_host(out, logits);
+}
+
+}  // namespace gyre

@@ -1,0 +1,47 @@
+// One Llama-family forward pass over the Backend interface: the same code for every family
+// (differences come from ModelConfig) and every backend.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace gyre {
+
+class Transformer {
+ public:
+  // Uploads the weights to the backend; max_seq bounds the KV cache.
+  Transformer(const ModelConfig& config, const WeightSet& weights, Backend& backend, int max_seq);
+
+  // Runs tokens [n] at positions pos, pos+1, ... (continuing the cached sequence).
+  // logits: host buffer of vocab floats per requested row: only the last token's row when
+  // all_logits is false, every token's when true.
+  void forward(const int32_t* tokens, int n, int pos, float* logits, bool all_logits);
+
+  const ModelConfig& config() const { return config_; }
+  int max_seq() const { return max_seq_; }
+  size_t weight_bytes() const { return weight_bytes_; }
+  size_t cache_bytes() const { return cache_ ? cache_->bytes() : 0; }
+  Backend& backend() { return backend_; }
+
+ private:
+  struct Layer {
+    Tensor attn_norm, ffn_norm, wq, wk, wv, wo, bq, bk, bv, w_gate, w_up, w_down;
+  };
+  void ensure_scratch(int n);
+
+  ModelConfig config_;
+  Backend& backend_;
+  int max_seq_;
+  size_t weight_bytes_ = 0;
+  Tensor embed_, final_norm_, lm_head_;
+  std::vector<Layer> layers_;
+  RopeTable rope_;
+  std::unique_ptr<KvCache> cache_;
+  int scratch_rows_ = 0;
+  Tensor x_, xn_, q_, k_, v_, att_, gate_, up_, ffn_, logits_;
+};
+
+}  // namespace gyre
