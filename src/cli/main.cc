@@ -1,0 +1,30 @@
+#include <cstdio>
+#include <exception>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"gyre: fast inference for Llama-family language models", "gyre"};
+  app.require_subcommand(1);
+  gyre::add_run_command(app);
+  gyre::add_chat_command(app);
+  gyre::add_tokenize_commands(app);
+  gyre::add_info_command(app);
+  gyre::add_bench_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const gyre::Error& e) {
+    std::fprintf(stderr, "gyre: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "gyre: error: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gyre: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
