@@ -8,7 +8,9 @@
 namespace gyre {
 
 namespace {
-size_t tensor_bytes(const Tensor& t) { return static_cast<size_t>(t.rows) * t.row_bytes(); }
+size_t tensor_bytes(const Tensor& t) {
+  return static_cast<size_t>(t.rows) * t.row_bytes();
+}
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& config, const WeightSet& weights, Backend& backend,
@@ -69,23 +71,12 @@ void Transformer::ensure_scratch(int n) {
   scratch_rows_ = n;
 }
 
-void Transformer::forward(const int32_t* tokens, int n, int pos, float* logits, bool all_logits) {
+void Transformer::run_ops(const int32_t* tokens, int n, int pos, const int32_t* positions,
+                          bool all_logits) {
   const ModelConfig& c = config_;
-  GYRE_CHECK(n > 0, "forward pass over zero tokens");
-  GYRE_CHECK(pos >= 0 && pos + n <= max_seq_, "sequence of ", pos + n,
-             " tokens exceeds the context of ", max_seq_);
-  for (int i = 0; i < n; ++i)
-    GYRE_CHECK(tokens[i] >= 0 && tokens[i] < c.vocab_size, "token id ", tokens[i],
-               " is outside the vocabulary of ", c.vocab_size);
-  if (c.rope.scaling == RopeScaling::DynamicNtk)
-    rope_.inv_freq = rope_inv_freq(c.rope, c.max_seq_len, pos + n);
-  ensure_scratch(n);
   Tensor x = x_.slice_rows(0, n), xn = xn_.slice_rows(0, n), q = q_.slice_rows(0, n),
          k = k_.slice_rows(0, n), v = v_.slice_rows(0, n), att = att_.slice_rows(0, n),
          gate = gate_.slice_rows(0, n), up = up_.slice_rows(0, n), ffn = ffn_.slice_rows(0, n);
-  std::vector<int32_t> positions(static_cast<size_t>(n));
-  std::iota(positions.begin(), positions.end(), pos);
-
   AttentionParams ap;
   ap.n_heads = c.n_heads;
   ap.n_kv_heads = c.n_kv_heads;
@@ -100,8 +91,8 @@ void Transformer::forward(const int32_t* tokens, int n, int pos, float* logits, 
     backend_.matmul(q, xn, l.wq, c.qkv_bias ? &l.bq : nullptr);
     backend_.matmul(k, xn, l.wk, c.qkv_bias ? &l.bk : nullptr);
     backend_.matmul(v, xn, l.wv, c.qkv_bias ? &l.bv : nullptr);
-    backend_.rope(q, c.n_heads, c.head_dim, positions.data(), rope_);
-    backend_.rope(k, c.n_kv_heads, c.head_dim, positions.data(), rope_);
+    backend_.rope(q, c.n_heads, c.head_dim, positions, rope_);
+    backend_.rope(k, c.n_kv_heads, c.head_dim, positions, rope_);
     backend_.attention(att, q, k, v, *cache_, static_cast<int>(li), pos, ap);
     backend_.matmul(ffn, att, l.wo, nullptr);
     backend_.add_rmsnorm(x, xn, ffn, l.ffn_norm, c.norm_eps);
@@ -116,6 +107,54 @@ void Transformer::forward(const int32_t* tokens, int n, int pos, float* logits, 
   const int rows = n - first;
   Tensor out = logits_.slice_rows(0, rows);
   backend_.matmul(out, xn.slice_rows(first, rows), lm_head_, nullptr);
+}
+
+void Transformer::forward(const int32_t* tokens, int n, int pos, float* logits, bool all_logits) {
+  const ModelConfig& c = config_;
+  GYRE_CHECK(n > 0, "forward pass over zero tokens");
+  GYRE_CHECK(pos >= 0 && pos + n <= max_seq_, "sequence of ", pos + n,
+             " tokens exceeds the context of ", max_seq_);
+  for (int i = 0; i < n; ++i)
+    GYRE_CHECK(tokens[i] >= 0 && tokens[i] < c.vocab_size, "token id ", tokens[i],
+               " is outside the vocabulary of ", c.vocab_size);
+  if (c.rope.scaling == RopeScaling::DynamicNtk)
+    rope_.inv_freq = rope_inv_freq(c.rope, c.max_seq_len, pos + n);
+  ensure_scratch(n);
+  std::vector<int32_t> positions(static_cast<size_t>(n));
+  std::iota(positions.begin(), positions.end(), pos);
+
+  // Single-token decode steps replay a recorded graph when the backend has one; the first such
+  // step runs eagerly (lazy allocations happen there), the second is recorded. Dynamic NTK
+  // changes the rotary table every step, so it never records.
+  const bool graph =
+      n == 1 && backend_.graph_capable() && c.rope.scaling != RopeScaling::DynamicNtk;
+  bool replayed = false;
+  if (graph) {
+    backend_.stage_step_inputs(tokens, positions.data(), n, pos);
+    replayed = backend_.replay_step();
+  }
+  if (!replayed) {
+    const bool capture = graph && graph_warm_;
+    if (capture) backend_.capture_begin();
+    try {
+      run_ops(tokens, n, pos, positions.data(), all_logits);
+    } catch (...) {
+      if (capture) {
+        try {
+          backend_.capture_end();
+        } catch (...) {  // the op's own error is the one to report
+        }
+      }
+      throw;
+    }
+    if (capture) {
+      backend_.capture_end();
+      GYRE_CHECK(backend_.replay_step(), "internal: recorded decode step cannot be replayed");
+    }
+    graph_warm_ = graph_warm_ || graph;
+  }
+  const int first = all_logits ? 0 : n - 1;
+  Tensor out = logits_.slice_rows(0, n - first);
   backend_.to_host(out, logits);
 }
 

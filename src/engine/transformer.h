@@ -31,6 +31,8 @@ class Transformer {
     Tensor attn_norm, ffn_norm, wq, wk, wv, wo, bq, bk, bv, w_gate, w_up, w_down;
   };
   void ensure_scratch(int n);
+  // Every backend op of one forward pass, up to the logits in logits_ (device side).
+  void run_ops(const int32_t* tokens, int n, int pos, const int32_t* positions, bool all_logits);
 
   ModelConfig config_;
   Backend& backend_;
@@ -41,6 +43,7 @@ class Transformer {
   RopeTable rope_;
   std::unique_ptr<KvCache> cache_;
   int scratch_rows_ = 0;
+  bool graph_warm_ = false;  // a single-token step has run eagerly: the next one may be recorded
   Tensor x_, xn_, q_, k_, v_, att_, gate_, up_, ffn_, logits_;
 };
 
