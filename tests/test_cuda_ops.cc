@@ -53,18 +53,21 @@ std::vector<float> random_f16(size_t n, std::mt19937& rng, float scale = 1.0f) {
   return v;
 }
 
-// The same host data as a tensor of each backend.
+// The same host data as a tensor of each backend. The CPU backend may use the host data in
+// place, so the pair keeps it alive.
 struct Pair {
   Tensor cpu, gpu;
+  std::shared_ptr<std::vector<float>> data = nullptr;
 };
-Pair upload(Backend& cpu, Backend& gpu, const std::vector<float>& v, int64_t rows, int64_t cols) {
+Pair upload(Backend& cpu, Backend& gpu, std::vector<float> values, int64_t rows, int64_t cols) {
+  auto v = std::make_shared<std::vector<float>>(std::move(values));
   TensorView t;
   t.name = "test";
   t.dtype = DType::F32;
   t.shape = {rows, cols};
-  t.data = v.data();
-  t.nbytes = v.size() * sizeof(float);
-  return {cpu.upload_weight(t), gpu.upload_weight(t)};
+  t.data = v->data();
+  t.nbytes = v->size() * sizeof(float);
+  return {cpu.upload_weight(t), gpu.upload_weight(t), v};
 }
 
 std::vector<float> host(Backend& b, const Tensor& t) {
@@ -93,7 +96,9 @@ class CudaOps : public ::testing::Test {
     gpu = cuda_backend();
   }
   void expect_close(const Pair& p, double tol, const char* what) {
-    EXPECT_LT(rel_error(host(*gpu, p.gpu), host(*cpu, p.cpu)), tol) << what;
+    const std::vector<float> g = host(*gpu, p.gpu), c = host(*cpu, p.cpu);
+    EXPECT_LT(rel_error(g, c), tol) << what << ": gpu[0..2] " << g[0] << " " << g[1] << " " << g[2]
+                                    << ", cpu " << c[0] << " " << c[1] << " " << c[2];
   }
   std::unique_ptr<Backend> cpu, gpu;
   std::mt19937 rng{1234};

@@ -1,6 +1,8 @@
 // `gyre bench`: prefill and decode throughput of a model file or of a synthetic model with the
 // real shapes of a known one (random weights made on the GPU), against the memory-bandwidth
 // roofline the bench measures itself. Decode is timed at a short context and at a long one.
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -55,14 +57,26 @@ ModelConfig synthetic_config(const std::string& name) {
   return c;
 }
 
-// Views without data: the CUDA backend fills them on the GPU (cuda_set_synthetic_weights).
+// Views of one shared read-only zero mapping (pages never touched cost no memory): the CUDA
+// backend ignores their contents and fills each weight on the GPU (cuda_set_synthetic_weights).
 void synthetic_weights(const ModelConfig& c, WeightSet& w) {
+  const size_t largest = static_cast<size_t>(
+      2 * std::max<int64_t>({int64_t{c.vocab_size} * c.dim, int64_t{c.hidden_dim} * c.dim,
+                             int64_t{c.q_dim()} * c.dim}));
+  void* zeros =
+      mmap(nullptr, largest, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  GYRE_CHECK(zeros != MAP_FAILED, "cannot map ", largest, " bytes for synthetic weight views");
+  auto keep = std::make_shared<std::vector<uint8_t>>();  // WeightSet::keep needs an owner
+  w.keep(keep);
+  static std::vector<std::shared_ptr<void>> mappings;  // live for the process
+  mappings.emplace_back(zeros, [largest](void* p) { munmap(p, largest); });
   auto add = [&](const std::string& name, std::vector<int64_t> shape) {
     TensorView t;
     t.name = name;
     t.dtype = DType::F16;
     t.shape = std::move(shape);
     t.nbytes = static_cast<size_t>(t.numel()) * 2;
+    t.data = zeros;
     w.add(std::move(t));
   };
   const int64_t d = c.dim, h = c.hidden_dim, q = c.q_dim(), kv = c.kv_dim();
