@@ -133,8 +133,9 @@ TEST_F(CudaOps, RmsNormAndResidualAdd) {
 
 TEST_F(CudaOps, MatmulGemvAndGemmWithBias) {
   for (int n : {1, 3, 8, 9, 37}) {
-    for (int in : {64, 172, 200, 1024}) {
-      const int out_dim = n % 2 ? 33 : 100;
+    for (int in : {64, 172, 200, 1024, 2056}) {
+      // 2056 takes the GEMV paths with several warps per row (few rows: 4, 2100 rows: 2).
+      const int out_dim = in == 2056 && n == 3 ? 2100 : (n % 2 ? 33 : 100);
       Pair x = upload(*cpu, *gpu, random_f16(n * in, rng), n, in);
       Pair w = upload(*cpu, *gpu, random_f16(out_dim * in, rng, 0.1f), out_dim, in);
       Pair b = upload(*cpu, *gpu, random_f16(out_dim, rng), 1, out_dim);
@@ -201,7 +202,7 @@ TEST_F(CudaOps, AttentionPrefillAndDecode) {
     p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     p.sliding_window = c.window;
     int pos = 0;
-    for (int n : {c.prefill, 1, 1, 3}) {
+    for (int n : {c.prefill, 1, 1, 3, 20}) {  // 20: a second prefill chunk at pos0 > 0
       const int qd = c.heads * c.head_dim, kd = c.kv_heads * c.head_dim;
       Pair q = upload(*cpu, *gpu, random_f16(n * qd, rng, 2.0f), n, qd);
       Pair k = upload(*cpu, *gpu, random_f16(n * kd, rng, 2.0f), n, kd);

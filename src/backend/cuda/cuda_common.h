@@ -66,6 +66,10 @@ void kv_store(half* k_cache, half* v_cache, const half* k, const half* v, const 
               int n, int n_kv_heads, int head_dim, int max_seq, cudaStream_t s);
 void attention(const AttentionArgs& a, cudaStream_t s);
 
+// ---- attention_prefill.cu ---- (tensor cores; same arguments, splits ignored)
+bool flash_prefill_supported(int head_dim);
+void flash_prefill(const AttentionArgs& a, cudaStream_t s);
+
 // ---- gemv.cu ----
 // out[n, o] = x[n, i] . w[o, i] (+ bias[o]) for 1 <= n <= kGemvMaxRows.
 constexpr int kGemvMaxRows = 8;

@@ -21,6 +21,9 @@ void check_act(const Tensor& t, const char* what) {
              ": expected an FP16 device tensor");
 }
 
+// Below this many queries the split kernel (attention.cu) keeps more blocks busy.
+constexpr int kFlashMinQueries = 16;
+
 void check_same(const Tensor& a, const Tensor& b, const char* what) {
   check_act(a, what);
   check_act(b, what);
@@ -153,6 +156,11 @@ void CudaBackend::attention(Tensor& out, const Tensor& q, const Tensor& k, const
   a.max_seq = c->max_seq();
   a.window = p.sliding_window;
   a.scale = p.scale;
+  // Many queries (prefill) of a common head size: the tensor-core kernel.
+  if (n >= kFlashMinQueries && flash_prefill_supported(p.head_dim)) {
+    flash_prefill(a, stream_);
+    return;
+  }
   // Enough blocks to fill the GPU a few times over. The count depends only on shapes (not on
   // the position), so a captured decode step stays valid as the context grows.
   const int group_blocks = p.n_kv_heads * ((p.n_heads / p.n_kv_heads + 7) / 8);

@@ -36,45 +36,64 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
   return acc;
 }
 
-template <int N>
+// WPR warps share one row (each takes every WPR-th 512-byte step), so matrices with few rows
+// (the K/V projections) still put enough loads in flight; partial sums meet in shared memory.
+template <int N, int WPR>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_vec_kernel(half* __restrict__ out, const half* __restrict__ x, const half* __restrict__ w,
                     const half* __restrict__ bias, int out_dim, int in_dim) {
-  const int lane = threadIdx.x & 31;
-  const int row = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (row >= out_dim) return;
-  const half* wr = w + static_cast<int64_t>(row) * in_dim;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int row = blockIdx.x * (kWarpsPerBlock / WPR) + warp / WPR;
+  const int part = warp % WPR;
   float acc[N];
 #pragma unroll
   for (int t = 0; t < N; ++t) acc[t] = 0.0f;
-  constexpr int kStep = 32 * 8;  // halves per warp per load
-  int c = lane * 8;
-  for (; c + (kUnroll - 1) * kStep < in_dim; c += kUnroll * kStep) {
-    uint4 wv[kUnroll];
+  if (row < out_dim) {
+    const half* wr = w + static_cast<int64_t>(row) * in_dim;
+    constexpr int kStep = 32 * 8 * WPR;  // halves per row per load round of the WPR warps
+    int c = (part * 32 + lane) * 8;
+    for (; c + (kUnroll - 1) * kStep < in_dim; c += kUnroll * kStep) {
+      uint4 wv[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) wv[u] = load_streaming(wr + c + u * kStep);
+      for (int u = 0; u < kUnroll; ++u) wv[u] = load_streaming(wr + c + u * kStep);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
-      for (int t = 0; t < N; ++t) {
-        const uint4 xv = __ldg(
-            reinterpret_cast<const uint4*>(x + static_cast<int64_t>(t) * in_dim + c + u * kStep));
-        acc[t] += dot8(wv[u], xv);
+        for (int t = 0; t < N; ++t) {
+          const uint4 xv = __ldg(
+              reinterpret_cast<const uint4*>(x + static_cast<int64_t>(t) * in_dim + c + u * kStep));
+          acc[t] += dot8(wv[u], xv);
+        }
       }
     }
-  }
-  for (; c < in_dim; c += kStep) {
-    const uint4 wv = load_streaming(wr + c);
+    for (; c < in_dim; c += kStep) {
+      const uint4 wv = load_streaming(wr + c);
 #pragma unroll
-    for (int t = 0; t < N; ++t)
-      acc[t] +=
-          dot8(wv, __ldg(reinterpret_cast<const uint4*>(x + static_cast<int64_t>(t) * in_dim + c)));
+      for (int t = 0; t < N; ++t)
+        acc[t] += dot8(
+            wv, __ldg(reinterpret_cast<const uint4*>(x + static_cast<int64_t>(t) * in_dim + c)));
+    }
   }
 #pragma unroll
-  for (int t = 0; t < N; ++t) {
-    float v = acc[t];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int t = 0; t < N; ++t)
+    for (int o = 16; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
+  if constexpr (WPR > 1) {
+    __shared__ float partial[kWarpsPerBlock][N];
     if (lane == 0) {
+#pragma unroll
+      for (int t = 0; t < N; ++t) partial[warp][t] = acc[t];
+    }
+    __syncthreads();
+    if (lane == 0 && part == 0) {
+#pragma unroll
+      for (int t = 0; t < N; ++t)
+        for (int p = 1; p < WPR; ++p) acc[t] += partial[warp + p][t];
+    }
+  }
+  if (lane == 0 && part == 0 && row < out_dim) {
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+      float v = acc[t];
       if (bias) v += __half2float(bias[row]);
       out[static_cast<int64_t>(t) * out_dim + row] = __float2half(v);
     }
@@ -99,11 +118,25 @@ __global__ void gemv_scalar_kernel(half* out, const half* x, const half* w, cons
   }
 }
 
+template <int N, int WPR>
+void launch_vec_wpr(half* out, const half* x, const half* w, const half* bias, int out_dim,
+                    int in_dim, cudaStream_t s) {
+  constexpr int kRowsPerBlock = kWarpsPerBlock / WPR;
+  const unsigned blocks = static_cast<unsigned>((out_dim + kRowsPerBlock - 1) / kRowsPerBlock);
+  gemv_vec_kernel<N, WPR><<<blocks, kWarpsPerBlock * 32, 0, s>>>(out, x, w, bias, out_dim, in_dim);
+}
+
+// Measured on H100 (ncu, one warp per row): 4096x4096 at 64% of peak DRAM throughput and
+// 1024x4096 at 27%, against 80% for the 14336-row matrices: fewer rows get more warps each.
 template <int N>
 void launch_vec(half* out, const half* x, const half* w, const half* bias, int out_dim, int in_dim,
                 cudaStream_t s) {
-  const unsigned blocks = static_cast<unsigned>((out_dim + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  gemv_vec_kernel<N><<<blocks, kWarpsPerBlock * 32, 0, s>>>(out, x, w, bias, out_dim, in_dim);
+  if (out_dim >= 8192 || in_dim < 2048)
+    launch_vec_wpr<N, 1>(out, x, w, bias, out_dim, in_dim, s);
+  else if (out_dim >= 2048)
+    launch_vec_wpr<N, 2>(out, x, w, bias, out_dim, in_dim, s);
+  else
+    launch_vec_wpr<N, 4>(out, x, w, bias, out_dim, in_dim, s);
 }
 
 }  // namespace
