@@ -13,7 +13,7 @@
 
 #include <cfloat>
 
-#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/launch.h"
 
 namespace gyre::cuda {
 
@@ -36,6 +36,7 @@ struct Smem {
 
 template <int D>
 __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a) {
+  pdl_begin();
   extern __shared__ __align__(128) unsigned char smem[];
   using L = Smem<D>;
   half* q_s = reinterpret_cast<half*>(smem + L::q);
@@ -153,7 +154,7 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a
 }
 
 template <int D>
-void launch(const AttentionArgs& a, cudaStream_t s) {
+void launch_flash(const AttentionArgs& a, cudaStream_t s) {
   const size_t bytes = Smem<D>::bytes;
   static bool configured = false;  // the attribute is per function; setting it once is enough
   if (!configured) {
@@ -164,7 +165,7 @@ void launch(const AttentionArgs& a, cudaStream_t s) {
   }
   const dim3 grid(static_cast<unsigned>((a.n_q + kBlockQ - 1) / kBlockQ),
                   static_cast<unsigned>(a.n_heads));
-  flash_prefill_kernel<D><<<grid, kThreads, bytes, s>>>(a);
+  launch(flash_prefill_kernel<D>, grid, kThreads, bytes, s, a);
   GYRE_CUDA_LAUNCHED();
 }
 
@@ -177,16 +178,16 @@ bool flash_prefill_supported(int head_dim) {
 void flash_prefill(const AttentionArgs& a, cudaStream_t s) {
   switch (a.head_dim) {
     case 64:
-      launch<64>(a, s);
+      launch_flash<64>(a, s);
       break;
     case 80:
-      launch<80>(a, s);
+      launch_flash<80>(a, s);
       break;
     case 96:
-      launch<96>(a, s);
+      launch_flash<96>(a, s);
       break;
     case 128:
-      launch<128>(a, s);
+      launch_flash<128>(a, s);
       break;
     default:
       fail("flash_prefill: unsupported head_dim ", a.head_dim);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "backend/cuda/cuda_backend_impl.h"
@@ -70,6 +71,7 @@ CudaBackend::CudaBackend(int device, const BackendOptions& options)
   GYRE_CHECK(options.kv_cache == "f16", "KV cache type '", options.kv_cache,
              "' is not supported on CUDA yet (only f16)");
   GYRE_CUDA_CHECK(cudaSetDevice(device));
+  if (const char* g = std::getenv("GYRE_CUDA_GRAPH")) graphs_enabled_ = std::string(g) != "0";
   cudaDeviceProp prop{};
   GYRE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   sm_count_ = prop.multiProcessorCount;
@@ -183,18 +185,22 @@ Tensor CudaBackend::upload_weight(const TensorView& w) {
   return t;
 }
 
+// Through pinned memory: a pageable device-to-host copy of a 128k-vocabulary logits row costs
+// several times more than the pinned copy plus a host memcpy.
 void CudaBackend::to_host(const Tensor& t, float* dst) {
   GYRE_CHECK(t.dtype == DType::F16, "to_host expects an FP16 activation");
   const size_t count = static_cast<size_t>(t.rows) * t.cols;
   if (count > to_host_floats_) {
     to_host_buf_ = device_alloc(count * sizeof(float), "the host-copy buffer");
+    to_host_pinned_ = pinned_alloc(count * sizeof(float), "the host-copy buffer");
     to_host_floats_ = count;
   }
   float* buf = static_cast<float*>(to_host_buf_.get());
   half_to_float(buf, static_cast<const half*>(t.data), static_cast<int64_t>(count), stream_);
-  GYRE_CUDA_CHECK(
-      cudaMemcpyAsync(dst, buf, count * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  GYRE_CUDA_CHECK(cudaMemcpyAsync(to_host_pinned_.get(), buf, count * sizeof(float),
+                                  cudaMemcpyDeviceToHost, stream_));
   GYRE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::memcpy(dst, to_host_pinned_.get(), count * sizeof(float));
 }
 
 std::unique_ptr<KvCache> CudaBackend::new_kv_cache(int n_layers, int n_kv_heads, int head_dim,

@@ -67,7 +67,8 @@ class CudaBackend final : public Backend {
   void silu_mul(Tensor& out, const Tensor& gate, const Tensor& up) override;
   void add(Tensor& x, const Tensor& y) override;
 
-  bool graph_capable() const override { return true; }
+  // GYRE_CUDA_GRAPH=0 in the environment turns decode-step graphs off (for comparisons).
+  bool graph_capable() const override { return graphs_enabled_; }
   void stage_step_inputs(const int32_t* tokens, const int32_t* positions, int n, int pos0) override;
   void capture_begin() override;
   void capture_end() override;
@@ -100,10 +101,11 @@ class CudaBackend final : public Backend {
   std::shared_ptr<void> inv_freq_dev_;
   std::shared_ptr<void> workspace_;
   size_t workspace_floats_ = 0;
-  std::shared_ptr<void> to_host_buf_;
+  std::shared_ptr<void> to_host_buf_, to_host_pinned_;
   size_t to_host_floats_ = 0;
   cudaGraphExec_t graph_ = nullptr;
   bool capturing_ = false;
+  bool graphs_enabled_ = true;
   bool synthetic_ = false;
   uint64_t synthetic_seed_ = 0;
   size_t weight_bytes_ = 0, kv_bytes_ = 0, scratch_bytes_ = 0;

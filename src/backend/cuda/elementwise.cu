@@ -4,7 +4,7 @@
 // Alternatives tried: none needed; these are a small share of a decode step next to the GEMVs.
 #include <cuda_bf16.h>
 
-#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/launch.h"
 
 namespace gyre::cuda {
 
@@ -18,6 +18,7 @@ int blocks_for(int64_t count) {
 }
 
 __global__ void embed_kernel(half* out, const half* table, const int32_t* tokens, int n, int dim) {
+  pdl_begin();
   const int64_t total = static_cast<int64_t>(n) * dim;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -27,12 +28,14 @@ __global__ void embed_kernel(half* out, const half* table, const int32_t* tokens
 }
 
 __global__ void add_kernel(half* x, const half* y, int64_t count) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     x[i] = __float2half(__half2float(x[i]) + __half2float(y[i]));
 }
 
 __global__ void silu_mul_kernel(half* out, const half* gate, const half* up, int64_t count) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float g = __half2float(gate[i]);
@@ -41,6 +44,7 @@ __global__ void silu_mul_kernel(half* out, const half* gate, const half* up, int
 }
 
 __global__ void add_bias_kernel(half* x, const half* bias, int64_t rows, int64_t cols) {
+  pdl_begin();
   const int64_t total = rows * cols;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -48,6 +52,7 @@ __global__ void add_bias_kernel(half* x, const half* bias, int64_t rows, int64_t
 }
 
 __global__ void half_to_float_kernel(float* dst, const half* src, int64_t count) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     dst[i] = __half2float(src[i]);
@@ -80,29 +85,40 @@ __global__ void fill_random_kernel(half* dst, int64_t count, uint64_t seed, floa
 
 }  // namespace
 
+bool pdl_supported() {
+  static const bool supported = [] {
+    int device = 0, major = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
+      return false;
+    return major >= 9;
+  }();
+  return supported;
+}
+
 void embed(half* out, const half* table, const int32_t* tokens, int n, int dim, cudaStream_t s) {
-  embed_kernel<<<blocks_for(static_cast<int64_t>(n) * dim), kThreads, 0, s>>>(out, table, tokens, n,
-                                                                              dim);
+  launch(embed_kernel, blocks_for(static_cast<int64_t>(n) * dim), kThreads, 0, s, out, table,
+         tokens, n, dim);
   GYRE_CUDA_LAUNCHED();
 }
 
 void add(half* x, const half* y, int64_t count, cudaStream_t s) {
-  add_kernel<<<blocks_for(count), kThreads, 0, s>>>(x, y, count);
+  launch(add_kernel, blocks_for(count), kThreads, 0, s, x, y, count);
   GYRE_CUDA_LAUNCHED();
 }
 
 void silu_mul(half* out, const half* gate, const half* up, int64_t count, cudaStream_t s) {
-  silu_mul_kernel<<<blocks_for(count), kThreads, 0, s>>>(out, gate, up, count);
+  launch(silu_mul_kernel, blocks_for(count), kThreads, 0, s, out, gate, up, count);
   GYRE_CUDA_LAUNCHED();
 }
 
 void add_bias(half* x, const half* bias, int64_t rows, int64_t cols, cudaStream_t s) {
-  add_bias_kernel<<<blocks_for(rows * cols), kThreads, 0, s>>>(x, bias, rows, cols);
+  launch(add_bias_kernel, blocks_for(rows * cols), kThreads, 0, s, x, bias, rows, cols);
   GYRE_CUDA_LAUNCHED();
 }
 
 void half_to_float(float* dst, const half* src, int64_t count, cudaStream_t s) {
-  half_to_float_kernel<<<blocks_for(count), kThreads, 0, s>>>(dst, src, count);
+  launch(half_to_float_kernel, blocks_for(count), kThreads, 0, s, dst, src, count);
   GYRE_CUDA_LAUNCHED();
 }
 

@@ -6,7 +6,7 @@
 // Rows whose length is not a multiple of 8 (tiny models) take a scalar path.
 // Alternatives: splitting a row over several warps helps only very short, very many-row shapes;
 // one warp per row already gives every SM dozens of rows for Llama shapes.
-#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/launch.h"
 
 namespace gyre::cuda {
 
@@ -42,6 +42,7 @@ template <int N, int WPR>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_vec_kernel(half* __restrict__ out, const half* __restrict__ x, const half* __restrict__ w,
                     const half* __restrict__ bias, int out_dim, int in_dim) {
+  pdl_begin();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int row = blockIdx.x * (kWarpsPerBlock / WPR) + warp / WPR;
   const int part = warp % WPR;
@@ -102,6 +103,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 
 __global__ void gemv_scalar_kernel(half* out, const half* x, const half* w, const half* bias, int n,
                                    int out_dim, int in_dim) {
+  pdl_begin();
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= out_dim) return;
@@ -123,7 +125,8 @@ void launch_vec_wpr(half* out, const half* x, const half* w, const half* bias, i
                     int in_dim, cudaStream_t s) {
   constexpr int kRowsPerBlock = kWarpsPerBlock / WPR;
   const unsigned blocks = static_cast<unsigned>((out_dim + kRowsPerBlock - 1) / kRowsPerBlock);
-  gemv_vec_kernel<N, WPR><<<blocks, kWarpsPerBlock * 32, 0, s>>>(out, x, w, bias, out_dim, in_dim);
+  launch(gemv_vec_kernel<N, WPR>, blocks, kWarpsPerBlock * 32, 0, s, out, x, w, bias, out_dim,
+         in_dim);
 }
 
 // Measured on H100 (ncu, one warp per row): 4096x4096 at 64% of peak DRAM throughput and
@@ -148,7 +151,8 @@ void gemv(half* out, const half* x, const half* w, const half* bias, int n, int 
                        reinterpret_cast<uintptr_t>(w) % 16 == 0;
   if (!aligned) {
     const unsigned blocks = static_cast<unsigned>((out_dim + kWarpsPerBlock - 1) / kWarpsPerBlock);
-    gemv_scalar_kernel<<<blocks, kWarpsPerBlock * 32, 0, s>>>(out, x, w, bias, n, out_dim, in_dim);
+    launch(gemv_scalar_kernel, blocks, kWarpsPerBlock * 32, 0, s, out, x, w, bias, n, out_dim,
+           in_dim);
     GYRE_CUDA_LAUNCHED();
     return;
   }

@@ -6,13 +6,14 @@
 // Positions come from device memory so a captured decode step can replay with new positions.
 // Alternatives: a precomputed cos/sin table would save the sincosf but costs memory traffic and
 // must be rebuilt for dynamic NTK scaling; the op is tiny either way.
-#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/launch.h"
 
 namespace gyre::cuda {
 
 namespace {
 
 __global__ void rope_kernel(half* x, const int32_t* positions, const float* inv_freq, RopeArgs a) {
+  pdl_begin();
   const int half_rot = a.rot_dim / 2;
   const int64_t total = static_cast<int64_t>(a.n_tokens) * a.n_heads * half_rot;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
@@ -41,8 +42,8 @@ void rope(half* x, const int32_t* positions, const float* inv_freq, const RopeAr
   if (total <= 0) return;
   constexpr int kThreads = 256;
   const int64_t blocks = (total + kThreads - 1) / kThreads;
-  rope_kernel<<<static_cast<unsigned>(blocks < 65536 ? blocks : 65536), kThreads, 0, s>>>(
-      x, positions, inv_freq, a);
+  launch(rope_kernel, static_cast<unsigned>(blocks < 65536 ? blocks : 65536), kThreads, 0, s, x,
+         positions, inv_freq, a);
   GYRE_CUDA_LAUNCHED();
 }
 
