@@ -3,6 +3,7 @@
 // for 64 steps vs the CPU backend and the llama2.c golden. Skipped when no GPU is present.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <memory>
@@ -260,6 +261,19 @@ TEST(CudaForward, Stories260KGreedyMatchesCpuAndGolden) {
   const std::vector<int> gold = golden["cases"][0]["generated_ids"].get<std::vector<int>>();
   ASSERT_GE(gold.size(), static_cast<size_t>(kSteps));
   EXPECT_EQ(got, std::vector<int>(gold.begin(), gold.begin() + kSteps));
+
+  // Two models decoding in turn on one backend: neither may replay the other's recorded step.
+  Transformer ta(config, weights, *gpu, 64), tb(config, weights, *gpu, 64);
+  std::vector<float> la(512), lb(512);
+  int token_a = 1, token_b = 1;
+  for (int pos = 0; pos < 16; ++pos) {
+    ta.forward(&token_a, 1, pos, la.data(), false);
+    tb.forward(&token_b, 1, pos, lb.data(), false);
+    token_a = static_cast<int>(std::max_element(la.begin(), la.end()) - la.begin());
+    token_b = static_cast<int>(std::max_element(lb.begin(), lb.end()) - lb.begin());
+    ASSERT_EQ(token_a, expect_cpu[static_cast<size_t>(pos)]) << "step " << pos;
+    ASSERT_EQ(token_b, expect_cpu[static_cast<size_t>(pos)]) << "step " << pos;
+  }
 
   // A prompt prefill through cuBLAS (n > 8) then decode must give the CPU's logits too.
   std::vector<int32_t> prompt(20);

@@ -95,13 +95,14 @@ class Backend {
   // backend owns before use, so a recorded step reads them from there: stage_step_inputs() fills
   // those buffers with the next step's values, replay_step() re-runs the ops recorded between
   // capture_begin() and capture_end() and returns false when there is no usable record (none
-  // made yet, or a buffer it used was reallocated since).
+  // made yet, made for another owner, or a buffer it used was reallocated since). `owner` is
+  // the caller (the Transformer), so two models sharing a backend never replay each other's.
   virtual bool graph_capable() const { return false; }
   virtual void stage_step_inputs(const int32_t* /*tokens*/, const int32_t* /*positions*/, int /*n*/,
                                  int /*pos0*/) {}
-  virtual void capture_begin() {}
+  virtual void capture_begin(const void* /*owner*/) {}
   virtual void capture_end() {}
-  virtual bool replay_step() { return false; }
+  virtual bool replay_step(const void* /*owner*/) { return false; }
 };
 
 // How a backend stores what it is given. The CPU backend honours n_threads only.

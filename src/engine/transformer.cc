@@ -131,11 +131,11 @@ void Transformer::forward(const int32_t* tokens, int n, int pos, float* logits, 
   bool replayed = false;
   if (graph) {
     backend_.stage_step_inputs(tokens, positions.data(), n, pos);
-    replayed = backend_.replay_step();
+    replayed = backend_.replay_step(this);
   }
   if (!replayed) {
     const bool capture = graph && graph_warm_;
-    if (capture) backend_.capture_begin();
+    if (capture) backend_.capture_begin(this);
     try {
       run_ops(tokens, n, pos, positions.data(), all_logits);
     } catch (...) {
@@ -149,7 +149,7 @@ void Transformer::forward(const int32_t* tokens, int n, int pos, float* logits, 
     }
     if (capture) {
       backend_.capture_end();
-      GYRE_CHECK(backend_.replay_step(), "internal: recorded decode step cannot be replayed");
+      GYRE_CHECK(backend_.replay_step(this), "internal: recorded decode step cannot be replayed");
     }
     graph_warm_ = graph_warm_ || graph;
   }

@@ -297,8 +297,9 @@ void CudaBackend::stage_step_inputs(const int32_t* tokens, const int32_t* positi
   }
 }
 
-void CudaBackend::capture_begin() {
+void CudaBackend::capture_begin(const void* owner) {
   drop_graph();
+  graph_owner_ = owner;
   for (StagedInts* s : {&tokens_, &positions_, &pos0_}) s->valid = false;
   GYRE_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
   capturing_ = true;
@@ -316,8 +317,8 @@ void CudaBackend::capture_end() {
   for (StagedInts* s : {&tokens_, &positions_, &pos0_}) s->valid = false;
 }
 
-bool CudaBackend::replay_step() {
-  if (graph_ == nullptr) return false;
+bool CudaBackend::replay_step(const void* owner) {
+  if (graph_ == nullptr || owner != graph_owner_) return false;
   GYRE_CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
   for (StagedInts* s : {&tokens_, &positions_, &pos0_})
     GYRE_CUDA_CHECK(cudaEventRecord(s->copied, stream_));

@@ -6,6 +6,7 @@
 #include <cublas_v2.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -70,9 +71,9 @@ class CudaBackend final : public Backend {
   // GYRE_CUDA_GRAPH=0 in the environment turns decode-step graphs off (for comparisons).
   bool graph_capable() const override { return graphs_enabled_; }
   void stage_step_inputs(const int32_t* tokens, const int32_t* positions, int n, int pos0) override;
-  void capture_begin() override;
+  void capture_begin(const void* owner) override;
   void capture_end() override;
-  bool replay_step() override;
+  bool replay_step(const void* owner) override;
 
   CudaMemoryReport memory_report();
   void set_synthetic(uint64_t seed) {
@@ -88,6 +89,7 @@ class CudaBackend final : public Backend {
   Tensor device_tensor(int64_t rows, int64_t cols, const std::string& what);
   void upload_converted(half* dst, const TensorView& w);
   float* workspace(size_t floats);
+  const float* rope_table(const std::vector<float>& inv_freq);
 
   int device_ = 0;
   std::string name_;
@@ -97,13 +99,13 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   std::shared_ptr<void> cublas_workspace_;
   StagedInts tokens_, positions_, pos0_;
-  std::vector<float> inv_freq_host_;
-  std::shared_ptr<void> inv_freq_dev_;
+  std::vector<std::pair<std::vector<float>, std::shared_ptr<void>>> rope_tables_;
   std::shared_ptr<void> workspace_;
   size_t workspace_floats_ = 0;
   std::shared_ptr<void> to_host_buf_, to_host_pinned_;
   size_t to_host_floats_ = 0;
   cudaGraphExec_t graph_ = nullptr;
+  const void* graph_owner_ = nullptr;
   bool capturing_ = false;
   bool graphs_enabled_ = true;
   bool synthetic_ = false;

@@ -102,17 +102,7 @@ void CudaBackend::rope(Tensor& x, int n_heads, int head_dim, const int32_t* posi
   GYRE_CHECK(table.rot_dim > 0 && table.rot_dim <= head_dim && table.rot_dim % 2 == 0 &&
                  static_cast<int>(table.inv_freq.size()) >= table.rot_dim / 2,
              "CUDA rope: bad rotary table (rot_dim ", table.rot_dim, ")");
-  if (table.inv_freq != inv_freq_host_) {
-    GYRE_CHECK(!capturing_, "internal: rotary table changed while capturing a CUDA graph");
-    const size_t bytes = table.inv_freq.size() * sizeof(float);
-    if (inv_freq_host_.size() < table.inv_freq.size()) {
-      drop_graph();
-      inv_freq_dev_ = device_alloc(bytes, "the rotary table");
-    }
-    GYRE_CUDA_CHECK(cudaMemcpyAsync(inv_freq_dev_.get(), table.inv_freq.data(), bytes,
-                                    cudaMemcpyHostToDevice, stream_));
-    inv_freq_host_ = table.inv_freq;
-  }
+  const float* inv_freq = rope_table(table.inv_freq);
   const int32_t* dev_pos = stage(positions_, positions, static_cast<int>(x.rows));
   RopeArgs a;
   a.n_tokens = static_cast<int>(x.rows);
@@ -121,7 +111,28 @@ void CudaBackend::rope(Tensor& x, int n_heads, int head_dim, const int32_t* posi
   a.rot_dim = table.rot_dim;
   a.interleaved = table.interleaved;
   a.attn_factor = table.attn_factor;
-  cuda::rope(h(x), dev_pos, static_cast<const float*>(inv_freq_dev_.get()), a, stream_);
+  cuda::rope(h(x), dev_pos, inv_freq, a, stream_);
+}
+
+// Device copies of the rotary tables seen, found by content: several models may share the
+// backend, and dynamic NTK scaling makes a new table per step (the oldest are dropped then).
+const float* CudaBackend::rope_table(const std::vector<float>& inv_freq) {
+  for (const auto& [host, dev] : rope_tables_)
+    if (host == inv_freq) return static_cast<const float*>(dev.get());
+  GYRE_CHECK(!capturing_, "internal: new rotary table while capturing a CUDA graph");
+  constexpr size_t kMaxTables = 8;
+  if (rope_tables_.size() >= kMaxTables) {
+    drop_graph();  // a recorded step may read the table dropped here
+    GYRE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    rope_tables_.erase(rope_tables_.begin());
+  }
+  const size_t bytes = inv_freq.size() * sizeof(float);
+  auto dev = device_alloc(bytes, "the rotary table");
+  GYRE_CUDA_CHECK(
+      cudaMemcpyAsync(dev.get(), inv_freq.data(), bytes, cudaMemcpyHostToDevice, stream_));
+  GYRE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  rope_tables_.emplace_back(inv_freq, dev);
+  return static_cast<const float*>(dev.get());
 }
 
 void CudaBackend::attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
