@@ -1,6 +1,7 @@
 #include "backend/cpu/cpu_kernels.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <new>
 #include <vector>
@@ -24,6 +25,27 @@ inline float reduce_lanes(const float* acc) {
 
 // Eight f32 lanes (one AVX register with -march=x86-64-v3; the compiler splits it otherwise).
 typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
+typedef uint16_t Halves __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+typedef uint32_t Words __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+
+// Weight element types a tile reads directly; conversions to f32 are exact, so a tile gives the
+// same sums whether its weights were converted beforehand or on the fly.
+struct Bf16 {
+  uint16_t bits;
+};
+struct F16 {
+  uint16_t bits;
+};
+
+inline float to_float(float v) {
+  return v;
+}
+inline float to_float(Bf16 v) {
+  return bf16_to_f32(v.bits);
+}
+inline float to_float(F16 v) {
+  return f16_to_f32(v.bits);
+}
 
 inline Lanes load_lanes(const float* p) {
   Lanes v;
@@ -31,10 +53,30 @@ inline Lanes load_lanes(const float* p) {
   return v;
 }
 
+inline Lanes load_lanes(const Bf16* p) {
+  Halves h;
+  std::memcpy(&h, p, sizeof(h));
+  const Words u = __builtin_convertvector(h, Words) << 16;
+  Lanes v;
+  std::memcpy(&v, &u, sizeof(v));
+  return v;
+}
+
+inline Lanes load_lanes(const F16* p) {
+  Lanes v;
+#if defined(__F16C__)
+  const __m256 f = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  std::memcpy(&v, &f, sizeof(v));
+#else
+  for (int j = 0; j < kLanes; ++j) v[j] = f16_to_f32(p[j].bits);
+#endif
+  return v;
+}
+
 // R weight rows by T tokens: R * T dot products of length cols, each summed in the common order.
 // Explicit lane vectors, so that every tile shape compiles to the same per-lane arithmetic.
-template <int R, int T>
-void tile(const float* const* w, const float* const* x, int64_t cols, float (&sums)[R][T]) {
+template <int R, int T, typename W>
+void tile(const W* const* w, const float* const* x, int64_t cols, float (&sums)[R][T]) {
   Lanes acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = Lanes{};
@@ -52,13 +94,14 @@ void tile(const float* const* w, const float* const* x, int64_t cols, float (&su
       float lanes[kLanes];
       std::memcpy(lanes, &acc[r][t], sizeof(lanes));
       float s = reduce_lanes(lanes);
-      for (int64_t i = full; i < cols; ++i) s += w[r][i] * x[t][i];
+      // An explicit fma: whether the compiler would contract s += w * x must not depend on W.
+      for (int64_t i = full; i < cols; ++i) s = std::fma(to_float(w[r][i]), x[t][i], s);
       sums[r][t] = s;
     }
 }
 
-template <int R, int T>
-void tile_store(const float* const* w, const float* const* x, int64_t cols, float* out,
+template <int R, int T, typename W>
+void tile_store(const W* const* w, const float* const* x, int64_t cols, float* out,
                 int64_t out_stride, int64_t o, int64_t t0) {
   float sums[R][T];
   tile<R, T>(w, x, cols, sums);
@@ -67,8 +110,8 @@ void tile_store(const float* const* w, const float* const* x, int64_t cols, floa
 }
 
 // Up to 4 tokens against R weight rows.
-template <int R>
-void tile_tokens(int n, const float* const* w, const float* const* x, int64_t cols, float* out,
+template <int R, typename W>
+void tile_tokens(int n, const W* const* w, const float* const* x, int64_t cols, float* out,
                  int64_t out_stride, int64_t o, int64_t t0) {
   switch (n) {
     case 4:
@@ -79,6 +122,27 @@ void tile_tokens(int n, const float* const* w, const float* const* x, int64_t co
       return tile_store<R, 2>(w, x, cols, out, out_stride, o, t0);
     default:
       return tile_store<R, 1>(w, x, cols, out, out_stride, o, t0);
+  }
+}
+
+// Every token of x against weight rows [o_begin, o_end), given as row pointers.
+template <typename W>
+void matmul_group(const W* const* rows, int64_t n_rows, int64_t o_begin, const float* x,
+                  int64_t n_tokens, int64_t token_block, int64_t cols, float* out,
+                  int64_t out_stride) {
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += token_block) {
+    const int64_t t1 = std::min(n_tokens, t0 + token_block);
+    for (int64_t r = 0; r < n_rows; r += 2) {
+      for (int64_t t = t0; t < t1; t += 4) {
+        const int nt = static_cast<int>(std::min<int64_t>(4, t1 - t));
+        const float* xr[4];
+        for (int k = 0; k < nt; ++k) xr[k] = x + (t + k) * cols;
+        if (r + 1 < n_rows)
+          tile_tokens<2>(nt, rows + r, xr, cols, out, out_stride, o_begin + r, t);
+        else
+          tile_tokens<1>(nt, rows + r, xr, cols, out, out_stride, o_begin + r, t);
+      }
+    }
   }
 }
 
@@ -141,37 +205,35 @@ void matmul_rows(float* out, int64_t out_stride, const float* x, int64_t n_token
   // from memory once per group, however many tokens there are.
   const int64_t group_rows = std::clamp<int64_t>((256 << 10) / row_floats_bytes, 2, 32) & ~1;
   const int64_t token_block = std::clamp<int64_t>((512 << 10) / row_floats_bytes, 4, 64) & ~3;
-  const bool in_place = w_type == DType::F32;
-  float* scratch = in_place ? nullptr : thread_scratch(static_cast<size_t>(group_rows * cols));
+  // Half-precision rows are converted once per group when many tokens will reuse them, and read
+  // directly (converted in registers) when few tokens do, as in decoding.
+  const bool convert_first = w_type != DType::F32 && n_tokens > 4;
+  float* scratch = convert_first ? thread_scratch(static_cast<size_t>(group_rows * cols)) : nullptr;
 
   for (int64_t g0 = o_begin; g0 < o_end; g0 += group_rows) {
-    const int64_t g1 = std::min(o_end, g0 + group_rows);
-    const float* rows[64];
+    const int64_t g1 = std::min(o_end, g0 + group_rows), n_rows = g1 - g0;
+    const void* rows[64];
     for (int64_t o = g0; o < g1; ++o) {
       const void* src = static_cast<const uint8_t*>(w) + static_cast<size_t>(o) * row_bytes;
-      if (in_place) {
-        rows[o - g0] = static_cast<const float*>(src);
-      } else {
+      if (convert_first) {
         float* dst = scratch + (o - g0) * cols;
         convert_row_to_f32(w_type, src, dst, cols);
-        rows[o - g0] = dst;
+        src = dst;
       }
+      rows[o - g0] = src;
     }
-    for (int64_t t0 = 0; t0 < n_tokens; t0 += token_block) {
-      const int64_t t1 = std::min(n_tokens, t0 + token_block);
-      for (int64_t o = g0; o < g1; o += 2) {
-        const float* const* wr = rows + (o - g0);
-        for (int64_t t = t0; t < t1; t += 4) {
-          const int nt = static_cast<int>(std::min<int64_t>(4, t1 - t));
-          const float* xr[4];
-          for (int k = 0; k < nt; ++k) xr[k] = x + (t + k) * cols;
-          if (o + 1 < g1)
-            tile_tokens<2>(nt, wr, xr, cols, out, out_stride, o, t);
-          else
-            tile_tokens<1>(nt, wr, xr, cols, out, out_stride, o, t);
-        }
-      }
-    }
+    const DType row_type = convert_first ? DType::F32 : w_type;
+    if (row_type == DType::F32)
+      matmul_group(reinterpret_cast<const float* const*>(rows), n_rows, g0, x, n_tokens,
+                   token_block, cols, out, out_stride);
+    else if (row_type == DType::BF16)
+      matmul_group(reinterpret_cast<const Bf16* const*>(rows), n_rows, g0, x, n_tokens, token_block,
+                   cols, out, out_stride);
+    else if (row_type == DType::F16)
+      matmul_group(reinterpret_cast<const F16* const*>(rows), n_rows, g0, x, n_tokens, token_block,
+                   cols, out, out_stride);
+    else
+      fail("the CPU backend cannot multiply by ", dtype_name(w_type), " weights in place");
   }
 }
 
