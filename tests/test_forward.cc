@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -125,6 +126,9 @@ TEST(ForwardStories260K, PrefillEqualsTokenByToken) {
 
   // Past the context: a clean error, not a crash.
   EXPECT_THROW(chunked.forward(tokens.data(), 1, n, row.data(), false), Error);
+  EXPECT_THROW(chunked.forward(tokens.data(), 2, INT32_MAX, row.data(), false), Error);
+  const int32_t bad_token = s.config.vocab_size;
+  EXPECT_THROW(chunked.forward(&bad_token, 1, 0, row.data(), false), Error);
 }
 
 }  // namespace

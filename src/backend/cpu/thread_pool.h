@@ -24,7 +24,8 @@ class ThreadPool {
 
   // Calls fn(begin, end) over disjoint ranges covering [0, n), each at least `grain` items long
   // (except the last), and returns when all are done. Jobs too small to split run inline.
-  // The first exception thrown by fn is rethrown here after the job finishes.
+  // The first exception thrown by fn is rethrown here after the job finishes. Calls from
+  // several threads are serialized; fn must not call parallel_for itself (it would deadlock).
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
  private:
