@@ -131,5 +131,46 @@ TEST(ForwardStories260K, PrefillEqualsTokenByToken) {
   EXPECT_THROW(chunked.forward(&bad_token, 1, 0, row.data(), false), Error);
 }
 
+// Tiny random models of each family variant (dynamic NTK, linear and Llama 3 RoPE scaling,
+// Mistral's sliding window, Qwen2's q/k/v biases) against Hugging Face transformers' float32
+// logits for every position of a 24-token input (tests/data/hf_tiny, tools/make_hf_reference.py).
+TEST(ForwardHfTiny, EveryVariantMatchesTransformers) {
+  auto backend = make_cpu_backend(2);
+  for (const char* variant : {"llama2_dynamic_ntk", "llama2_linear_rope", "llama3_gqa_ropescaled",
+                              "mistral_sliding_window", "qwen2_bias"}) {
+    const std::string dir = std::string(GYRE_SOURCE_DIR) + "/tests/data/hf_tiny/" + variant;
+    const nlohmann::json generation =
+        nlohmann::json::parse(read_text_file(dir + "/generation_config.json"));
+    const ModelConfig config = config_from_hf_json(
+        nlohmann::json::parse(read_text_file(dir + "/config.json")), &generation);
+    WeightSet weights;
+    safetensors_load(dir + "/model.safetensors", weights);
+    const nlohmann::json ref = nlohmann::json::parse(read_text_file(dir + "/reference.json"));
+    const std::vector<int32_t> ids = ref.at("input_ids").get<std::vector<int32_t>>();
+    const auto want = ref.at("logits").get<std::vector<std::vector<double>>>();
+    const int n = static_cast<int>(ids.size()), vocab = config.vocab_size;
+
+    Transformer model(config, weights, *backend, n);
+    std::vector<float> got(static_cast<size_t>(n * vocab));
+    model.forward(ids.data(), n, 0, got.data(), true);
+    for (int i = 0; i < n; ++i)
+      for (int v = 0; v < vocab; ++v)
+        ASSERT_NEAR(got[static_cast<size_t>(i * vocab + v)], want[i][v], 1e-4)
+            << variant << " position " << i << " id " << v;
+
+    // Token by token gives the same, except under dynamic NTK, whose frequencies depend on the
+    // length of the sequence so far (as in transformers with a cache).
+    if (config.rope.scaling == RopeScaling::DynamicNtk) continue;
+    Transformer stepwise(config, weights, *backend, n);
+    std::vector<float> row(static_cast<size_t>(vocab));
+    for (int i = 0; i < n; ++i) {
+      stepwise.forward(&ids[static_cast<size_t>(i)], 1, i, row.data(), false);
+      for (int v = 0; v < vocab; ++v)
+        ASSERT_NEAR(row[static_cast<size_t>(v)], want[i][v], 1e-4)
+            << variant << " step " << i << " id " << v;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace gyre
