@@ -47,30 +47,26 @@ inline float to_float(F16 v) {
   return f16_to_f32(v.bits);
 }
 
-inline Lanes load_lanes(const float* p) {
-  Lanes v;
+// Loads return through a reference: a 32-byte vector returned by value would change the ABI
+// (and warn) in builds without AVX.
+inline void load_lanes(Lanes& v, const float* p) {
   std::memcpy(&v, p, sizeof(v));
-  return v;
 }
 
-inline Lanes load_lanes(const Bf16* p) {
+inline void load_lanes(Lanes& v, const Bf16* p) {
   Halves h;
   std::memcpy(&h, p, sizeof(h));
   const Words u = __builtin_convertvector(h, Words) << 16;
-  Lanes v;
   std::memcpy(&v, &u, sizeof(v));
-  return v;
 }
 
-inline Lanes load_lanes(const F16* p) {
-  Lanes v;
+inline void load_lanes(Lanes& v, const F16* p) {
 #if defined(__F16C__)
   const __m256 f = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   std::memcpy(&v, &f, sizeof(v));
 #else
   for (int j = 0; j < kLanes; ++j) v[j] = f16_to_f32(p[j].bits);
 #endif
-  return v;
 }
 
 // R weight rows by T tokens: R * T dot products of length cols, each summed in the common order.
@@ -83,9 +79,10 @@ void tile(const W* const* w, const float* const* x, int64_t cols, float (&sums)[
   const int64_t full = cols - cols % kLanes;
   for (int64_t i = 0; i < full; i += kLanes) {
     Lanes xv[T];
-    for (int t = 0; t < T; ++t) xv[t] = load_lanes(x[t] + i);
+    for (int t = 0; t < T; ++t) load_lanes(xv[t], x[t] + i);
     for (int r = 0; r < R; ++r) {
-      const Lanes wv = load_lanes(w[r] + i);
+      Lanes wv;
+      load_lanes(wv, w[r] + i);
       for (int t = 0; t < T; ++t) acc[r][t] += wv * xv[t];
     }
   }
