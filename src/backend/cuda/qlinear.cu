@@ -1,9 +1,10 @@
 // Quantized GEMV (decode), dequantization, upload and dispatch. The GEMM is in qlinear_gemm.cu.
 //
-// GEMV work split: a block of kGemvWarps warps owns R weight rows; its lanes walk the rows'
-// 16-byte chunks with a stride of the whole block, so each warp reads 512 contiguous bytes per
-// row per step and the columns are split across warps (a split-K inside the block, reduced in
-// shared memory). Each lane keeps kUnroll * R chunk loads in flight before using any.
+// GEMV work split: a block of kGemvWarps warps; each group of p.ksplit warps owns R weight rows
+// and walks their 16-byte chunks with a stride of the group, so each warp reads 512 contiguous
+// bytes per row per step and the columns are split across the group's warps (a split-K inside
+// the block, reduced in shared memory). ksplit is 1 when there are rows enough to fill the GPU,
+// more for short matrices. Each lane keeps U * R chunk loads in flight before using any.
 #include <algorithm>
 #include <cstring>
 
@@ -27,7 +28,6 @@ namespace {
 using qlinear_detail::check_cuda;
 
 constexpr int kGemvWarps = 4;
-constexpr int kUnroll = 2;
 int g_rows_per_block = 0;
 
 template <int BITS, int NT, int R>
@@ -35,9 +35,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(Params p) {
   using namespace qlinear_detail;
   constexpr int kCols = BITS == 4 ? 32 : 16;  // columns per 16-byte chunk
   constexpr int kPairs = kCols / 2;
-  constexpr int kStride = kGemvWarps * 32;
+  constexpr int kUnroll = NT <= 2 ? 4 : 2;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int row0 = blockIdx.x * R;
+  const int kStride = p.ksplit * 32;
+  const int row0 = (blockIdx.x * (kGemvWarps / p.ksplit) + warp / p.ksplit) * R;
   const int chunks = p.cols / kCols;
   const int64_t row_bytes = static_cast<int64_t>(chunks) * 16;
   const int groups = p.cols / p.group;
@@ -48,7 +49,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(Params p) {
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[t][r] = 0.0f;
 
-  for (int base = threadIdx.x; base < chunks; base += kUnroll * kStride) {
+  for (int base = (warp % p.ksplit) * 32 + lane; base < chunks; base += kUnroll * kStride) {
     uint4 q[kUnroll][R];
     // Issue every load of this step before the first use.
 #pragma unroll
@@ -101,12 +102,12 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(Params p) {
     }
   }
   __syncthreads();
-  if (threadIdx.x < NT * R) {
-    const int t = threadIdx.x / R, row = row0 + threadIdx.x % R;
+  if (threadIdx.x < kGemvWarps / p.ksplit * NT * R) {
+    const int g = threadIdx.x / (NT * R), j = threadIdx.x % (NT * R);
+    const int t = j / R, row = (blockIdx.x * (kGemvWarps / p.ksplit) + g) * R + j % R;
     if (row < p.rows) {
       float v = 0.0f;
-#pragma unroll
-      for (int wi = 0; wi < kGemvWarps; ++wi) v += partial[wi][threadIdx.x];
+      for (int wi = 0; wi < p.ksplit; ++wi) v += partial[g * p.ksplit + wi][j];
       if (p.bias != nullptr) v += __half2float(p.bias[row]);
       p.y[static_cast<int64_t>(t) * p.rows + row] = __float2half_rn(v);
     }
@@ -115,8 +116,13 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(Params p) {
 
 template <int BITS, int NT, int R>
 void launch_gemv(const Params& p, cudaStream_t stream) {
-  const int blocks = (p.rows + R - 1) / R;
-  gemv_kernel<BITS, NT, R><<<blocks, kGemvWarps * 32, 0, stream>>>(p);
+  // Enough row groups to give every SM many warps: no split-K; fewer: split the columns.
+  Params q = p;
+  const int row_groups = (p.rows + R - 1) / R;
+  q.ksplit = row_groups >= 2048 ? 1 : row_groups >= 1024 ? 2 : 4;
+  const int per_block = R * (kGemvWarps / q.ksplit);
+  const int blocks = (p.rows + per_block - 1) / per_block;
+  gemv_kernel<BITS, NT, R><<<blocks, kGemvWarps * 32, 0, stream>>>(q);
 }
 
 template <int BITS>
@@ -179,8 +185,8 @@ Params make_params(const QWeightDevice& w, const __half* x, __half* y, int n, co
   GYRE_CHECK(x != nullptr && y != nullptr, "qlinear: null activation pointer");
   GYRE_CHECK(reinterpret_cast<uintptr_t>(x) % 16 == 0, "qlinear: x must be 16-byte aligned");
   const QWeightDesc& d = w.desc;
-  return Params{w.qweight, w.scales, w.mins, w.perm,       x,      y,           bias,
-                d.rows,    d.cols,   n,      d.group_size, d.bits, d.scale_f32, d.asymmetric};
+  return Params{w.qweight, w.scales, w.mins,       w.perm, x, y,           bias,        d.rows,
+                d.cols,    n,        d.group_size, d.bits, 0, d.scale_f32, d.asymmetric};
 }
 
 size_t align256(size_t v) {
@@ -267,8 +273,9 @@ void qlinear_dequantize(const QWeightDevice& w, __half* out, cudaStream_t stream
   GYRE_CHECK(reinterpret_cast<uintptr_t>(out) % 16 == 0,
              "qlinear_dequantize: out must be 16-byte aligned");
   const QWeightDesc& d = w.desc;
-  const Params p{w.qweight, w.scales, w.mins, w.perm,       nullptr, nullptr,     nullptr,
-                 d.rows,    d.cols,   0,      d.group_size, d.bits,  d.scale_f32, d.asymmetric};
+  const Params p{w.qweight,    w.scales, w.mins, w.perm,      nullptr,
+                 nullptr,      nullptr,  d.rows, d.cols,      0,
+                 d.group_size, d.bits,   0,      d.scale_f32, d.asymmetric};
   const int64_t chunks = static_cast<int64_t>(w.desc.rows) * (w.desc.cols / w.desc.chunk_cols());
   const int threads = 256;
   const auto blocks = static_cast<unsigned>((chunks + threads - 1) / threads);

@@ -16,6 +16,7 @@ struct Params {
   __half* y;
   const __half* bias;
   int rows, cols, n, group, bits;
+  int ksplit;  // GEMV: warps sharing one row group (1, 2 or 4)
   bool scale_f32, asym;
 };
 
@@ -61,7 +62,7 @@ __device__ __forceinline__ void dequant_chunk(uint4 q, __half2 s, __half2 m, boo
       for (int k = 0; k < 4; ++k) {
         const uint32_t v = ((words[i] >> (4 * k)) & 0x000F000Fu) | 0x64006400u;
         const __half2 qi = __hsub2(as_half2(v), base);
-        w[4 * i + k] = asym ? __hfma2(qi, s, m) : __hmul2(qi, s);
+        w[4 * i + k] = __hfma2(qi, s, m);  // m is zero when symmetric: no select
       }
     }
   } else {
@@ -73,7 +74,7 @@ __device__ __forceinline__ void dequant_chunk(uint4 q, __half2 s, __half2 m, boo
         // Bytes (2k, 2k+1) of the word under 0x64 exponent bytes.
         const uint32_t v = __byte_perm(words[i], 0x64646464u, k ? 0x5342u : 0x5140u);
         const __half2 qi = __hsub2(as_half2(v), base);
-        w[2 * i + k] = asym ? __hfma2(qi, s, m) : __hmul2(qi, s);
+        w[2 * i + k] = __hfma2(qi, s, m);
       }
     }
   }
