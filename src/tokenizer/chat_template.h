@@ -4,9 +4,8 @@
 // The engine lives in jinja_*.{h,cc}. Every failure, including raise_exception(msg) (whose
 // message is exactly msg), unsupported constructs and resource caps, is a gyre::Error.
 #pragma once
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace gyre {
 
@@ -18,8 +17,7 @@ std::string render_chat_template(const std::string& tmpl, const nlohmann::json& 
                                  const std::string& eos_token);
 std::string render_chat_template(const std::string& tmpl, const nlohmann::json& messages,
                                  bool add_generation_prompt, const std::string& bos_token,
-                                 const std::string& eos_token,
-                                 const nlohmann::json& extra_context);
+                                 const std::string& eos_token, const nlohmann::json& extra_context);
 // Same, for callers that parsed their JSON with nlohmann::ordered_json: dict keys then keep
 // their order as in Python (nlohmann::json sorts them), which tojson and `for k, v in d|items`
 // make visible.

@@ -13,16 +13,32 @@ struct Expr;
 using ExprPtr = std::unique_ptr<Expr>;
 
 enum class ExprKind {
-  Literal, Name, Attr, Item, Slice, Call, Filter, Test, Neg, Pos, Not, Binary, Compare, And, Or,
-  Cond, ListLit, DictLit
+  Literal,
+  Name,
+  Attr,
+  Item,
+  Slice,
+  Call,
+  Filter,
+  Test,
+  Neg,
+  Pos,
+  Not,
+  Binary,
+  Compare,
+  And,
+  Or,
+  Cond,
+  ListLit,
+  DictLit
 };
 
 struct Expr {
   ExprKind kind;
   int line = 0;
-  std::string name;       // Name, Attr, Filter, Test: the identifier; Binary: the operator
-  Value literal;          // Literal
-  bool negated = false;   // Test: "is not"
+  std::string name;      // Name, Attr, Filter, Test: the identifier; Binary: the operator
+  Value literal;         // Literal
+  bool negated = false;  // Test: "is not"
   // Children. Call: callee, then arguments. Filter/Test: the input, then arguments. Item: object,
   // key. Slice: object, start, stop, step (null when left out). Cond: value, condition, else
   // (null when left out). Compare: the first operand, then one per operator. DictLit: key,
@@ -40,13 +56,13 @@ enum class NodeKind { Text, Output, If, For, Set, SetBlock, Macro, Break, Contin
 struct Node {
   NodeKind kind;
   int line = 0;
-  std::string text;                             // Text; Macro: its name
-  ExprPtr expr;                                 // Output value, Set value, For iterable
+  std::string text;                                // Text; Macro: its name
+  ExprPtr expr;                                    // Output value, Set value, For iterable
   std::vector<std::pair<ExprPtr, Body>> branches;  // If: (condition or null for else, body)
-  std::vector<std::string> targets;             // For/Set: target names (a, b = ...)
-  std::string target_attr;                      // Set: `set ns.attr = ...` (targets[0] is ns)
-  ExprPtr loop_filter;                          // For: `for x in xs if cond`
-  Body body, else_body;                         // For, SetBlock, Macro, Block
+  std::vector<std::string> targets;                // For/Set: target names (a, b = ...)
+  std::string target_attr;                         // Set: `set ns.attr = ...` (targets[0] is ns)
+  ExprPtr loop_filter;                             // For: `for x in xs if cond`
+  Body body, else_body;                            // For, SetBlock, Macro, Block
   std::vector<std::pair<std::string, ExprPtr>> params;  // Macro: name and default (or null)
 };
 

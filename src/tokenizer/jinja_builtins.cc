@@ -25,10 +25,12 @@ Value attribute_of(const Value& item, const std::string& path) {
   size_t start = 0;
   while (true) {
     const size_t dot = path.find('.', start);
-    const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    const std::string part =
+        path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     const bool numeric = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
     if (cur.is_undefined()) return cur;
-    cur = numeric ? get_item(cur, Value::from_int(std::stoll(part))) : get_item(cur, Value::from_string(part));
+    cur = numeric ? get_item(cur, Value::from_int(std::stoll(part)))
+                  : get_item(cur, Value::from_string(part));
     if (dot == std::string::npos) return cur;
     start = dot + 1;
   }
@@ -69,12 +71,23 @@ std::string html_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -97,10 +110,14 @@ std::string percent_format(const std::string& fmt, List& args) {
     }
     if (next >= args.size()) fail("chat template: format(): not enough arguments");
     const Value& v = args[next++];
-    if (c == 's') out += to_str(v);
-    else if (c == 'r') out += repr(v);
-    else if ((c == 'd' || c == 'i') && v.is_number()) out += std::to_string(static_cast<int64_t>(v.as_double()));
-    else fail("chat template: unsupported construct: format conversion '%", c, "'");
+    if (c == 's')
+      out += to_str(v);
+    else if (c == 'r')
+      out += repr(v);
+    else if ((c == 'd' || c == 'i') && v.is_number())
+      out += std::to_string(static_cast<int64_t>(v.as_double()));
+    else
+      fail("chat template: unsupported construct: format conversion '%", c, "'");
   }
   return out;
 }
@@ -110,13 +127,15 @@ List select_items(const Value& input, List& args, bool by_attr, bool keep_if) {
   size_t pos = 0;
   std::string attr;
   if (by_attr) {
-    if (args.empty() || !args[0].is_string()) fail("chat template: selectattr/rejectattr need an attribute name");
+    if (args.empty() || !args[0].is_string())
+      fail("chat template: selectattr/rejectattr need an attribute name");
     attr = args[0].str;
     pos = 1;
   }
   std::string test;
   if (pos < args.size()) test = to_str(args[pos++]);
-  List test_args(args.begin() + static_cast<std::ptrdiff_t>(std::min(pos, args.size())), args.end());
+  List test_args(args.begin() + static_cast<std::ptrdiff_t>(std::min(pos, args.size())),
+                 args.end());
   for (const auto& item : iterate(input)) {
     const Value subject = by_attr ? attribute_of(item, attr) : item;
     const bool ok = test.empty() ? truthy(subject) : apply_test(test, subject, test_args);
@@ -138,7 +157,8 @@ Value apply_filter(const std::string& name, const Value& input, List& args, Kwar
   if (name == "string") return input.is_string() ? input : Value::from_string(to_str(input));
   if (name == "trim") {
     const Value chars = param(args, kwargs, 0, "chars", Value::none());
-    return Value::from_string(strip_chars(to_str(input), chars.is_none() ? kWhitespace : to_str(chars), true, true));
+    return Value::from_string(
+        strip_chars(to_str(input), chars.is_none() ? kWhitespace : to_str(chars), true, true));
   }
   if (name == "lower") return Value::from_string(ascii_lower(to_str(input)));
   if (name == "upper") return Value::from_string(ascii_upper(to_str(input)));
@@ -152,8 +172,11 @@ Value apply_filter(const std::string& name, const Value& input, List& args, Kwar
     if (!param(args, kwargs, 2, "separators", Value::none()).is_none())
       fail("chat template: unsupported construct: tojson(separators=...)");
     const bool sort_keys = truthy(param(args, kwargs, 3, "sort_keys", Value::from_bool(false)));
-    if (input.is_undefined()) fail("chat template: tojson: object of type Undefined is not JSON serializable");
-    return Value::from_string(to_json(input, ind.is_none() ? -1 : static_cast<int>(std::clamp<int64_t>(ind.integer, 0, 64)), sort_keys));
+    if (input.is_undefined())
+      fail("chat template: tojson: object of type Undefined is not JSON serializable");
+    return Value::from_string(to_json(
+        input, ind.is_none() ? -1 : static_cast<int>(std::clamp<int64_t>(ind.integer, 0, 64)),
+        sort_keys));
   }
   if (name == "join") {
     const Value sep = param(args, kwargs, 0, "d", Value::from_string(""));
@@ -161,7 +184,8 @@ Value apply_filter(const std::string& name, const Value& input, List& args, Kwar
     std::string out;
     bool first = true;
     for (const auto& item : iterate(input)) {
-      out += (first ? "" : to_str(sep)) + to_str(attr.is_none() ? item : attribute_of(item, to_str(attr)));
+      out += (first ? "" : to_str(sep)) +
+             to_str(attr.is_none() ? item : attribute_of(item, to_str(attr)));
       if (out.size() > kMaxStringBytes) fail("chat template: string too long");
       first = false;
     }
@@ -175,9 +199,11 @@ Value apply_filter(const std::string& name, const Value& input, List& args, Kwar
   if (name == "list") return Value::from_list(iterate(input));
   if (name == "items") {
     if (input.is_undefined()) return Value::from_list();
-    if (!input.is_dict()) fail("chat template: items filter needs a mapping, got ", type_name(input));
+    if (!input.is_dict())
+      fail("chat template: items filter needs a mapping, got ", type_name(input));
     List out;
-    for (const auto& [k, v] : input.dict->entries) out.push_back(Value::tuple({Value::from_string(k), v}));
+    for (const auto& [k, v] : input.dict->entries)
+      out.push_back(Value::tuple({Value::from_string(k), v}));
     return Value::from_list(std::move(out));
   }
   if (name == "dictsort") {
@@ -190,10 +216,13 @@ Value apply_filter(const std::string& name, const Value& input, List& args, Kwar
   if (name == "replace") {
     const Value count = param(args, kwargs, 2, "count", Value::none());
     if (args.size() < 2) fail("chat template: replace filter needs two arguments");
-    return Value::from_string(replace_all(to_str(input), to_str(args[0]), to_str(args[1]), count.is_none() ? -1 : count.integer));
+    return Value::from_string(replace_all(to_str(input), to_str(args[0]), to_str(args[1]),
+                                          count.is_none() ? -1 : count.integer));
   }
-  if (name == "select" || name == "reject") return Value::from_list(select_items(input, args, false, name == "select"));
-  if (name == "selectattr" || name == "rejectattr") return Value::from_list(select_items(input, args, true, name == "selectattr"));
+  if (name == "select" || name == "reject")
+    return Value::from_list(select_items(input, args, false, name == "select"));
+  if (name == "selectattr" || name == "rejectattr")
+    return Value::from_list(select_items(input, args, true, name == "selectattr"));
   if (name == "map") {
     List out;
     const Value attr = param(args, kwargs, 99, "attribute", Value::none());
@@ -214,14 +243,17 @@ Value apply_filter(const std::string& name, const Value& input, List& args, Kwar
     const Value fallback = param(args, kwargs, 0, "default", Value::from_int(0));
     if (input.kind == Kind::Int) return input;
     if (input.kind == Kind::Bool) return Value::from_int(input.boolean);
-    if (input.kind == Kind::Float) return std::isfinite(input.real) ? Value::from_int(static_cast<int64_t>(input.real)) : fallback;
+    if (input.kind == Kind::Float)
+      return std::isfinite(input.real) ? Value::from_int(static_cast<int64_t>(input.real))
+                                       : fallback;
     if (input.is_string()) {
       const std::string s = strip_chars(input.str, kWhitespace, true, true);
       char* end = nullptr;
       const long long i = std::strtoll(s.c_str(), &end, 10);
       if (!s.empty() && end && *end == '\0') return Value::from_int(i);
       const double f = std::strtod(s.c_str(), &end);
-      if (!s.empty() && end && *end == '\0' && std::isfinite(f)) return Value::from_int(static_cast<int64_t>(f));
+      if (!s.empty() && end && *end == '\0' && std::isfinite(f))
+        return Value::from_int(static_cast<int64_t>(f));
     }
     return fallback;
   }
@@ -238,42 +270,56 @@ Value apply_filter(const std::string& name, const Value& input, List& args, Kwar
   }
   if (name == "abs") {
     if (input.kind == Kind::Float) return Value::from_float(std::fabs(input.real));
-    if (input.kind == Kind::Int && input.integer != INT64_MIN) return Value::from_int(std::llabs(input.integer));
+    if (input.kind == Kind::Int && input.integer != INT64_MIN)
+      return Value::from_int(std::llabs(input.integer));
     if (input.kind == Kind::Bool) return Value::from_int(input.boolean);
     fail("chat template: bad operand type for abs(): '", type_name(input), "'");
   }
   if (name == "round") {
     if (!input.is_number()) fail("chat template: round filter needs a number");
     const int64_t precision = param(args, kwargs, 0, "precision", Value::from_int(0)).integer;
-    const std::string method = to_str(param(args, kwargs, 1, "method", Value::from_string("common")));
+    const std::string method =
+        to_str(param(args, kwargs, 1, "method", Value::from_string("common")));
     return Value::from_float(round_python(input.as_double(), precision, method));
   }
   if (name == "indent") {
     const Value width = param(args, kwargs, 0, "width", Value::from_int(4));
-    const std::string pad = width.is_string() ? width.str : std::string(static_cast<size_t>(std::clamp<int64_t>(width.integer, 0, 256)), ' ');
-    return Value::from_string(indent(to_str(input), pad, truthy(param(args, kwargs, 1, "first", Value::from_bool(false))),
-                                     truthy(param(args, kwargs, 2, "blank", Value::from_bool(false)))));
+    const std::string pad =
+        width.is_string()
+            ? width.str
+            : std::string(static_cast<size_t>(std::clamp<int64_t>(width.integer, 0, 256)), ' ');
+    return Value::from_string(
+        indent(to_str(input), pad, truthy(param(args, kwargs, 1, "first", Value::from_bool(false))),
+               truthy(param(args, kwargs, 2, "blank", Value::from_bool(false)))));
   }
   if (name == "reverse") {
-    if (input.is_string()) return get_slice(input, nullptr, nullptr, &args.emplace_back(Value::from_int(-1)));
+    if (input.is_string())
+      return get_slice(input, nullptr, nullptr, &args.emplace_back(Value::from_int(-1)));
     List items = iterate(input);
     std::reverse(items.begin(), items.end());
     return Value::from_list(std::move(items));
   }
   if (name == "sort" || name == "unique" || name == "min" || name == "max") {
-    const bool case_sensitive = truthy(param(args, kwargs, name == "sort" ? 1 : 0, "case_sensitive", Value::from_bool(false)));
+    const bool case_sensitive = truthy(
+        param(args, kwargs, name == "sort" ? 1 : 0, "case_sensitive", Value::from_bool(false)));
     const Value attr = param(args, kwargs, name == "sort" ? 2 : 1, "attribute", Value::none());
-    auto key = [&](const Value& v) { return sort_key(attr.is_none() ? v : attribute_of(v, to_str(attr)), case_sensitive); };
+    auto key = [&](const Value& v) {
+      return sort_key(attr.is_none() ? v : attribute_of(v, to_str(attr)), case_sensitive);
+    };
     List items = iterate(input);
     if (name == "unique") {
       List out;
       for (const auto& item : items)
-        if (std::none_of(out.begin(), out.end(), [&](const Value& o) { return equals(key(o), key(item)); })) out.push_back(item);
+        if (std::none_of(out.begin(), out.end(),
+                         [&](const Value& o) { return equals(key(o), key(item)); }))
+          out.push_back(item);
       return Value::from_list(std::move(out));
     }
-    std::stable_sort(items.begin(), items.end(), [&](const Value& a, const Value& b) { return less_than(key(a), key(b)); });
+    std::stable_sort(items.begin(), items.end(),
+                     [&](const Value& a, const Value& b) { return less_than(key(a), key(b)); });
     if (name == "sort") {
-      if (truthy(param(args, kwargs, 0, "reverse", Value::from_bool(false)))) std::reverse(items.begin(), items.end());
+      if (truthy(param(args, kwargs, 0, "reverse", Value::from_bool(false))))
+        std::reverse(items.begin(), items.end());
       return Value::from_list(std::move(items));
     }
     if (items.empty()) return Value::undefined();
@@ -285,13 +331,15 @@ Value apply_filter(const std::string& name, const Value& input, List& args, Kwar
     for (const auto& item : iterate(input)) {
       const Value v = attr.is_none() ? item : attribute_of(item, to_str(attr));
       if (!v.is_number() || !total.is_number()) fail("chat template: sum needs numbers");
-      total = (total.kind == Kind::Float || v.kind == Kind::Float) ? Value::from_float(total.as_double() + v.as_double())
-                                                                   : Value::from_int(static_cast<int64_t>(total.as_double() + v.as_double()));
+      total = (total.kind == Kind::Float || v.kind == Kind::Float)
+                  ? Value::from_float(total.as_double() + v.as_double())
+                  : Value::from_int(static_cast<int64_t>(total.as_double() + v.as_double()));
     }
     return total;
   }
   if (name == "format") return Value::from_string(percent_format(to_str(input), args));
-  if (name == "wordcount") return Value::from_int(static_cast<int64_t>(split_whitespace(to_str(input), -1).size()));
+  if (name == "wordcount")
+    return Value::from_int(static_cast<int64_t>(split_whitespace(to_str(input), -1).size()));
   fail("chat template: unsupported construct: filter '", name, "'");
 }
 
@@ -306,7 +354,8 @@ bool apply_test(const std::string& name, const Value& v, List& args) {
   if (name == "string") return v.is_string();
   if (name == "mapping") return v.is_dict() && !v.dict->is_namespace;
   if (name == "iterable") return v.is_string() || v.is_list() || v.is_dict() || v.is_undefined();
-  if (name == "sequence") return v.is_string() || v.is_list() || (v.is_dict() && !v.dict->is_namespace);
+  if (name == "sequence")
+    return v.is_string() || v.is_list() || (v.is_dict() && !v.dict->is_namespace);
   if (name == "number") return v.is_number();
   if (name == "integer") return v.kind == Kind::Int;
   if (name == "float") return v.kind == Kind::Float;
@@ -336,12 +385,14 @@ bool apply_test(const std::string& name, const Value& v, List& args) {
     return false;
   }
   if (name == "odd" || name == "even" || name == "divisibleby") {
-    if (v.kind != Kind::Int && v.kind != Kind::Bool) fail("chat template: test '", name, "' needs an integer");
+    if (v.kind != Kind::Int && v.kind != Kind::Bool)
+      fail("chat template: test '", name, "' needs an integer");
     const int64_t i = v.kind == Kind::Bool ? v.boolean : v.integer;
     if (name == "odd") return i % 2 != 0;
     if (name == "even") return i % 2 == 0;
     const Value& d = other();
-    if (d.kind != Kind::Int || d.integer == 0) fail("chat template: divisibleby needs a non-zero integer");
+    if (d.kind != Kind::Int || d.integer == 0)
+      fail("chat template: divisibleby needs a non-zero integer");
     return i % d.integer == 0;
   }
   if (name == "lower") return v.is_string() && ascii_lower(v.str) == v.str;

@@ -8,8 +8,8 @@
 namespace gyre::jinja {
 
 // Size caps that keep hostile templates from exhausting memory.
-constexpr size_t kMaxStringBytes = 32u << 20;
-constexpr size_t kMaxListItems = 1u << 20;
+constexpr size_t kMaxStringBytes = 8u << 20;
+constexpr size_t kMaxListItems = 100'000;
 
 Value apply_filter(const std::string& name, const Value& input, List& args, Kwargs& kwargs);
 bool apply_test(const std::string& name, const Value& input, List& args);

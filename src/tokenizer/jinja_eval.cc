@@ -9,9 +9,9 @@
 namespace gyre::jinja {
 namespace {
 
-constexpr int kMaxDepth = 200;              // evaluation recursion (macro calls, nesting)
-constexpr int64_t kMaxSteps = 4'000'000;    // loop iterations + macro calls per render
-constexpr size_t kMaxOutputBytes = 32u << 20;
+constexpr int kMaxDepth = 200;          // evaluation recursion (macro calls, nesting)
+constexpr int64_t kMaxSteps = 500'000;  // loop iterations + macro calls per render
+constexpr size_t kMaxOutputBytes = 8u << 20;
 
 using Frame = std::map<std::string, Value>;
 using Scope = std::vector<std::shared_ptr<Frame>>;
@@ -83,7 +83,8 @@ class Evaluator {
         if (!n.target_attr.empty()) {
           Value ns = lookup(n.targets[0]);
           if (!ns.is_dict() || !ns.dict->is_namespace)
-            fail("chat template: can only set attributes of a namespace() object (line ", n.line, ")");
+            fail("chat template: can only set attributes of a namespace() object (line ", n.line,
+                 ")");
           ns.dict->set(n.target_attr, std::move(v));
         } else if (n.targets.size() == 1) {
           assign(n.targets[0], std::move(v));
@@ -143,27 +144,31 @@ class Evaluator {
       return;
     }
     const int64_t count = static_cast<int64_t>(items.size());
+    auto position = std::make_shared<int64_t>(0);  // read by loop.cycle()
+    const Value cycle = Value::function("loop.cycle", [position](List& args, Kwargs&) {
+      if (args.empty()) fail("chat template: loop.cycle() needs at least one argument");
+      return args[static_cast<size_t>(*position) % args.size()];
+    });
     for (int64_t i = 0; i < count; ++i) {
       step(n.line);
+      *position = i;
       scope_.push_back(std::make_shared<Frame>());
       bind_targets(n, items[i]);
       Value loop = Value::new_dict();
-      Dict& d = *loop.dict;
-      d.set("index", Value::from_int(i + 1));
-      d.set("index0", Value::from_int(i));
-      d.set("revindex", Value::from_int(count - i));
-      d.set("revindex0", Value::from_int(count - i - 1));
-      d.set("first", Value::from_bool(i == 0));
-      d.set("last", Value::from_bool(i == count - 1));
-      d.set("length", Value::from_int(count));
-      d.set("depth", Value::from_int(1));
-      d.set("depth0", Value::from_int(0));
-      if (i > 0) d.set("previtem", items[i - 1]);
-      if (i + 1 < count) d.set("nextitem", items[i + 1]);
-      d.set("cycle", Value::function("loop.cycle", [i](List& args, Kwargs&) {
-              if (args.empty()) fail("chat template: loop.cycle() needs at least one argument");
-              return args[static_cast<size_t>(i) % args.size()];
-            }));
+      auto& d = loop.dict->entries;  // keys are distinct, so no lookups are needed
+      d.reserve(13);
+      d.emplace_back("index", Value::from_int(i + 1));
+      d.emplace_back("index0", Value::from_int(i));
+      d.emplace_back("revindex", Value::from_int(count - i));
+      d.emplace_back("revindex0", Value::from_int(count - i - 1));
+      d.emplace_back("first", Value::from_bool(i == 0));
+      d.emplace_back("last", Value::from_bool(i == count - 1));
+      d.emplace_back("length", Value::from_int(count));
+      d.emplace_back("depth", Value::from_int(1));
+      d.emplace_back("depth0", Value::from_int(0));
+      d.emplace_back("cycle", cycle);
+      if (i > 0) d.emplace_back("previtem", items[i - 1]);
+      if (i + 1 < count) d.emplace_back("nextitem", items[i + 1]);
       assign("loop", loop);
       Flow flow = Flow::Normal;
       exec_body(n.body, out, flow);
@@ -173,8 +178,10 @@ class Evaluator {
   }
 
   void bind_targets(const Node& n, const Value& item) {
-    if (n.targets.size() == 1) assign(n.targets[0], item);
-    else unpack(n.targets, item, n.line);
+    if (n.targets.size() == 1)
+      assign(n.targets[0], item);
+    else
+      unpack(n.targets, item, n.line);
   }
 
   Value make_macro(const Node& n) {
@@ -273,7 +280,9 @@ class Evaluator {
       case ExprKind::Pos: {
         Value v = eval(*e.children[0]);
         if (v.is_undefined()) fail_undefined(v);
-        if (!v.is_number()) fail("chat template: bad operand type for unary ", e.kind == ExprKind::Neg ? "-" : "+", ": '", type_name(v), "'");
+        if (!v.is_number())
+          fail("chat template: bad operand type for unary ", e.kind == ExprKind::Neg ? "-" : "+",
+               ": '", type_name(v), "'");
         if (e.kind == ExprKind::Pos) return v.kind == Kind::Bool ? Value::from_int(v.boolean) : v;
         if (v.kind == Kind::Float) return Value::from_float(-v.real);
         const int64_t i = v.kind == Kind::Bool ? v.boolean : v.integer;
@@ -307,7 +316,8 @@ class Evaluator {
       case ExprKind::ListLit: {
         List items;
         for (const auto& c : e.children) items.push_back(eval(*c));
-        return e.name == "tuple" ? Value::tuple(std::move(items)) : Value::from_list(std::move(items));
+        return e.name == "tuple" ? Value::tuple(std::move(items))
+                                 : Value::from_list(std::move(items));
       }
       case ExprKind::DictLit: {
         Value d = Value::new_dict();
@@ -339,7 +349,8 @@ class Evaluator {
         return false;
       case Kind::String:
         if (!item.is_string())
-          fail("chat template: 'in <string>' requires string as left operand, not ", type_name(item));
+          fail("chat template: 'in <string>' requires string as left operand, not ",
+               type_name(item));
         return container.str.find(item.str) != std::string::npos;
       case Kind::List:
         for (const auto& x : *container.list)
@@ -382,17 +393,20 @@ class Evaluator {
       int64_t out = 0;
       if (op == "+") {
         if (!both_int) return Value::from_float(x + y);
-        if (__builtin_add_overflow(as_int(l), as_int(r), &out)) fail("chat template: integer overflow");
+        if (__builtin_add_overflow(as_int(l), as_int(r), &out))
+          fail("chat template: integer overflow");
         return Value::from_int(out);
       }
       if (op == "-") {
         if (!both_int) return Value::from_float(x - y);
-        if (__builtin_sub_overflow(as_int(l), as_int(r), &out)) fail("chat template: integer overflow");
+        if (__builtin_sub_overflow(as_int(l), as_int(r), &out))
+          fail("chat template: integer overflow");
         return Value::from_int(out);
       }
       if (op == "*") {
         if (!both_int) return Value::from_float(x * y);
-        if (__builtin_mul_overflow(as_int(l), as_int(r), &out)) fail("chat template: integer overflow");
+        if (__builtin_mul_overflow(as_int(l), as_int(r), &out))
+          fail("chat template: integer overflow");
         return Value::from_int(out);
       }
       if (y == 0 && (op == "/" || op == "//" || op == "%")) fail("chat template: division by zero");
@@ -415,7 +429,8 @@ class Evaluator {
           if (base == -1) return Value::from_int(exponent % 2 ? -1 : 1);
           int64_t result = 1;  // |base| >= 2 overflows within 64 steps
           for (int64_t k = 0; k < exponent; ++k)
-            if (__builtin_mul_overflow(result, base, &result)) fail("chat template: integer overflow");
+            if (__builtin_mul_overflow(result, base, &result))
+              fail("chat template: integer overflow");
           return Value::from_int(result);
         }
         return Value::from_float(std::pow(x, y));
@@ -431,9 +446,11 @@ class Evaluator {
       items.insert(items.end(), r.list->begin(), r.list->end());
       return Value::from_list(std::move(items));
     }
-    if (op == "*" && (l.is_string() || l.is_list()) && (r.kind == Kind::Int || r.kind == Kind::Bool))
+    if (op == "*" && (l.is_string() || l.is_list()) &&
+        (r.kind == Kind::Int || r.kind == Kind::Bool))
       return repeat(l, as_int(r));
-    if (op == "*" && (r.is_string() || r.is_list()) && (l.kind == Kind::Int || l.kind == Kind::Bool))
+    if (op == "*" && (r.is_string() || r.is_list()) &&
+        (l.kind == Kind::Int || l.kind == Kind::Bool))
       return repeat(r, as_int(l));
     fail("chat template: unsupported operand type(s) for ", op, ": '", type_name(l), "' and '",
          type_name(r), "'");
@@ -443,7 +460,8 @@ class Evaluator {
     if (times <= 0) return v.is_string() ? Value::from_string("") : Value::from_list();
     const size_t unit = v.is_string() ? v.str.size() : v.list->size();
     const size_t cap = v.is_string() ? kMaxStringBytes : kMaxListItems;
-    if (unit != 0 && static_cast<uint64_t>(times) > cap / unit) fail("chat template: repetition too large");
+    if (unit != 0 && static_cast<uint64_t>(times) > cap / unit)
+      fail("chat template: repetition too large");
     if (v.is_string()) {
       std::string s;
       for (int64_t i = 0; i < times; ++i) s += v.str;
@@ -463,7 +481,8 @@ class Evaluator {
 
 std::string render(const Body& body, const Value& variables) {
   auto globals = std::make_shared<Frame>();
-  for (auto& [k, v] : make_globals().dict->entries) (*globals)[k] = v;
+  const Value builtins = make_globals();
+  for (const auto& [k, v] : builtins.dict->entries) (*globals)[k] = v;
   auto top = std::make_shared<Frame>();
   if (variables.is_dict())
     for (auto& [k, v] : variables.dict->entries) (*top)[k] = v;

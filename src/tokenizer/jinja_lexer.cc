@@ -8,7 +8,9 @@
 namespace gyre::jinja {
 namespace {
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+bool is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
 
 class Lexer {
  public:
@@ -91,7 +93,8 @@ class Lexer {
   void lex_comment() {
     const int open_line = line_;
     const size_t end = src_.find("#}", pos_);
-    if (end == std::string::npos) fail("chat template: unterminated comment (line ", open_line, ")");
+    if (end == std::string::npos)
+      fail("chat template: unterminated comment (line ", open_line, ")");
     const bool minus = end > pos_ && src_[end - 1] == '-';
     const bool plus = end > pos_ && src_[end - 1] == '+';
     advance_to(end + 2);
@@ -119,8 +122,10 @@ class Lexer {
       q += 6;
       while (q < src_.size() && is_space(src_[q])) ++q;
       bool end_minus = false, end_plus = false;
-      if (q < src_.size() && src_[q] == '-') end_minus = true, ++q;
-      else if (q < src_.size() && src_[q] == '+') end_plus = true, ++q;
+      if (q < src_.size() && src_[q] == '-')
+        end_minus = true, ++q;
+      else if (q < src_.size() && src_[q] == '+')
+        end_plus = true, ++q;
       if (src_.compare(q, 2, "%}") != 0) continue;
       std::string text = src_.substr(pos_, s - pos_);
       if (lead_minus)
@@ -135,7 +140,8 @@ class Lexer {
 
   void lex_tag(bool is_block) {
     const int open_line = line_;
-    tokens_.push_back(Token{is_block ? TokenType::BlockBegin : TokenType::VarBegin, "", 0, 0, line_});
+    tokens_.push_back(
+        Token{is_block ? TokenType::BlockBegin : TokenType::VarBegin, "", 0, 0, line_});
     int depth = 0;  // open brackets: a '}}' inside a dict literal does not close the tag
     const char close = is_block ? '%' : '}';
     while (true) {
@@ -148,7 +154,8 @@ class Lexer {
         const bool minus = c == '-' && src_.compare(pos_ + 1, 2, std::string(1, close) + "}") == 0;
         const bool plus = is_block && c == '+' && src_.compare(pos_ + 1, 2, "%}") == 0;
         if (minus || plus || (c == close && pos_ + 1 < src_.size() && src_[pos_ + 1] == '}')) {
-          tokens_.push_back(Token{is_block ? TokenType::BlockEnd : TokenType::VarEnd, "", 0, 0, line_});
+          tokens_.push_back(
+              Token{is_block ? TokenType::BlockEnd : TokenType::VarEnd, "", 0, 0, line_});
           advance_to(pos_ + 2 + ((minus || plus) ? 1 : 0));
           after_close(minus, plus, is_block);
           return;
@@ -156,7 +163,9 @@ class Lexer {
       }
       if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
         size_t e = pos_;
-        while (e < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[e])) || src_[e] == '_')) ++e;
+        while (e < src_.size() &&
+               (std::isalnum(static_cast<unsigned char>(src_[e])) || src_[e] == '_'))
+          ++e;
         tokens_.push_back(Token{TokenType::Name, src_.substr(pos_, e - pos_), 0, 0, line_});
         advance_to(e);
       } else if (std::isdigit(static_cast<unsigned char>(c))) {
@@ -164,9 +173,9 @@ class Lexer {
       } else if (c == '\'' || c == '"') {
         lex_string(c);
       } else {
-        static const char* const kOps[] = {"//", "**", "==", "!=", ">=", "<=", "+", "-", "/", "*",
-                                           "%",  "~",  "[",  "]",  "(",  ")",  "{", "}", "<", ">",
-                                           "=",  ".",  ":",  "|",  ",",  ";"};
+        static const char* const kOps[] = {"//", "**", "==", "!=", ">=", "<=", "+", "-", "/",
+                                           "*",  "%",  "~",  "[",  "]",  "(",  ")", "{", "}",
+                                           "<",  ">",  "=",  ".",  ":",  "|",  ",", ";"};
         const char* found = nullptr;
         for (const char* op : kOps)
           if (src_.compare(pos_, std::strlen(op), op) == 0) {
@@ -186,14 +195,16 @@ class Lexer {
     size_t e = pos_;
     std::string digits;
     auto take_digits = [&] {
-      while (e < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[e])) || src_[e] == '_')) {
+      while (e < src_.size() &&
+             (std::isdigit(static_cast<unsigned char>(src_[e])) || src_[e] == '_')) {
         if (src_[e] != '_') digits += src_[e];
         ++e;
       }
     };
     take_digits();
     bool is_float = false;
-    if (e + 1 < src_.size() && src_[e] == '.' && std::isdigit(static_cast<unsigned char>(src_[e + 1]))) {
+    if (e + 1 < src_.size() && src_[e] == '.' &&
+        std::isdigit(static_cast<unsigned char>(src_[e + 1]))) {
       is_float = true;
       digits += '.';
       ++e;
@@ -212,8 +223,10 @@ class Lexer {
     }
     Token t{is_float ? TokenType::Float : TokenType::Int, digits, 0, 0, line_};
     try {
-      if (is_float) t.real = std::stod(digits);
-      else t.integer = std::stoll(digits);
+      if (is_float)
+        t.real = std::stod(digits);
+      else
+        t.integer = std::stoll(digits);
     } catch (const std::exception&) {
       fail("chat template: number out of range: ", digits, " (line ", line_, ")");
     }
@@ -226,7 +239,8 @@ class Lexer {
     std::string out;
     size_t p = pos_ + 1;
     while (true) {
-      if (p >= src_.size()) fail("chat template: unterminated string literal (line ", open_line, ")");
+      if (p >= src_.size())
+        fail("chat template: unterminated string literal (line ", open_line, ")");
       const char c = src_[p];
       if (c == quote) break;
       if (c != '\\' || p + 1 >= src_.size()) {
@@ -237,17 +251,40 @@ class Lexer {
       const char n = src_[p + 1];
       p += 2;
       switch (n) {
-        case 'n': out += '\n'; break;
-        case 't': out += '\t'; break;
-        case 'r': out += '\r'; break;
-        case '0': out += '\0'; break;
-        case 'a': out += '\a'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'v': out += '\v'; break;
-        case '\\': case '\'': case '"': out += n; break;
-        case '\n': break;  // line continuation
-        case 'x': case 'u': case 'U': {
+        case 'n':
+          out += '\n';
+          break;
+        case 't':
+          out += '\t';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case '0':
+          out += '\0';
+          break;
+        case 'a':
+          out += '\a';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'v':
+          out += '\v';
+          break;
+        case '\\':
+        case '\'':
+        case '"':
+          out += n;
+          break;
+        case '\n':
+          break;  // line continuation
+        case 'x':
+        case 'u':
+        case 'U': {
           const size_t len = n == 'x' ? 2 : n == 'u' ? 4 : 8;
           uint32_t cp = 0;
           for (size_t i = 0; i < len; ++i, ++p) {
@@ -258,7 +295,9 @@ class Lexer {
           append_utf8(out, cp);
           break;
         }
-        default: out += '\\'; out += n;  // Python keeps unknown escapes as written
+        default:
+          out += '\\';
+          out += n;  // Python keeps unknown escapes as written
       }
     }
     tokens_.push_back(Token{TokenType::String, out, 0, 0, line_});

@@ -9,7 +9,19 @@
 
 namespace gyre::jinja {
 
-enum class TokenType { Data, BlockBegin, BlockEnd, VarBegin, VarEnd, Name, String, Int, Float, Op, End };
+enum class TokenType {
+  Data,
+  BlockBegin,
+  BlockEnd,
+  VarBegin,
+  VarEnd,
+  Name,
+  String,
+  Int,
+  Float,
+  Op,
+  End
+};
 
 struct Token {
   TokenType type;

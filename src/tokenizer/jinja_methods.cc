@@ -84,40 +84,48 @@ Value string_method(const std::string& s, const std::string& name, List& args, K
   if (name == "lower") return Value::from_string(ascii_lower(s));
   if (name == "title") return Value::from_string(python_title(s));
   if (name == "capitalize") return Value::from_string(capitalize(s));
-  if (name == "startswith") return Value::from_bool(prefix_test(s, arg(args, 0, name.c_str()), false));
+  if (name == "startswith")
+    return Value::from_bool(prefix_test(s, arg(args, 0, name.c_str()), false));
   if (name == "endswith") return Value::from_bool(prefix_test(s, arg(args, 0, name.c_str()), true));
   if (name == "split" || name == "rsplit") {
     int64_t maxsplit = -1;
     if (args.size() > 1) maxsplit = arg(args, 1, "split").integer;
     for (auto& [k, v] : kwargs)
       if (k == "maxsplit") maxsplit = v.integer;
-    if (name == "rsplit" && maxsplit >= 0) fail("chat template: unsupported construct: rsplit with maxsplit");
+    if (name == "rsplit" && maxsplit >= 0)
+      fail("chat template: unsupported construct: rsplit with maxsplit");
     const bool has_sep = !args.empty() && !args[0].is_none();
     List parts;
-    for (auto& p : has_sep ? split_on(s, str_arg(args, 0, "split"), maxsplit) : split_whitespace(s, maxsplit))
+    for (auto& p :
+         has_sep ? split_on(s, str_arg(args, 0, "split"), maxsplit) : split_whitespace(s, maxsplit))
       parts.push_back(Value::from_string(std::move(p)));
     return Value::from_list(std::move(parts));
   }
   if (name == "replace") {
     int64_t count = args.size() > 2 ? args[2].integer : -1;
-    return Value::from_string(replace_all(s, str_arg(args, 0, "replace"), str_arg(args, 1, "replace"), count));
+    return Value::from_string(
+        replace_all(s, str_arg(args, 0, "replace"), str_arg(args, 1, "replace"), count));
   }
   if (name == "find") {
     const size_t at = s.find(str_arg(args, 0, "find"));
-    return Value::from_int(at == std::string::npos ? -1 : static_cast<int64_t>(utf8_chars(s.substr(0, at)).size()));
+    return Value::from_int(
+        at == std::string::npos ? -1 : static_cast<int64_t>(utf8_chars(s.substr(0, at)).size()));
   }
   if (name == "count") {
     const std::string& needle = str_arg(args, 0, "count");
     int64_t n = 0;
     if (needle.empty()) return Value::from_int(static_cast<int64_t>(utf8_chars(s).size()) + 1);
-    for (size_t at = s.find(needle); at != std::string::npos; at = s.find(needle, at + needle.size())) ++n;
+    for (size_t at = s.find(needle); at != std::string::npos;
+         at = s.find(needle, at + needle.size()))
+      ++n;
     return Value::from_int(n);
   }
   if (name == "join") {
     std::string out;
     bool first = true;
     for (const auto& item : iterate(arg(args, 0, "join"))) {
-      if (!item.is_string()) fail("chat template: join(): sequence item is ", type_name(item), ", not str");
+      if (!item.is_string())
+        fail("chat template: join(): sequence item is ", type_name(item), ", not str");
       out += (first ? "" : s) + item.str;
       first = false;
     }
@@ -135,16 +143,16 @@ Value string_method(const std::string& s, const std::string& name, List& args, K
   fail("chat template: unsupported construct: str method '", name, "'");
 }
 
-const char* const kStringMethods[] = {"strip", "lstrip", "rstrip", "upper", "lower", "title",
-                                      "capitalize", "startswith", "endswith", "split", "rsplit",
-                                      "replace", "find", "count", "join", "format", "splitlines",
-                                      "isdigit", "isalpha", "isspace", "isalnum", "islower",
-                                      "isupper"};
+const char* const kStringMethods[] = {
+    "strip",      "lstrip",  "rstrip",  "upper",   "lower",   "title",   "capitalize", "startswith",
+    "endswith",   "split",   "rsplit",  "replace", "find",    "count",   "join",       "format",
+    "splitlines", "isdigit", "isalpha", "isspace", "isalnum", "islower", "isupper"};
 
 Value dict_method(const Value& d, const std::string& name, List& args) {
   if (name == "items") {
     List out;
-    for (const auto& [k, v] : d.dict->entries) out.push_back(Value::tuple({Value::from_string(k), v}));
+    for (const auto& [k, v] : d.dict->entries)
+      out.push_back(Value::tuple({Value::from_string(k), v}));
     return Value::from_list(std::move(out));
   }
   if (name == "keys") return Value::from_list(iterate(d));
@@ -162,7 +170,8 @@ Value dict_method(const Value& d, const std::string& name, List& args) {
 
 int64_t clamp_index(const Value* v, int64_t len, int64_t step, bool is_start) {
   if (!v || v->is_none()) return step > 0 ? (is_start ? 0 : len) : (is_start ? len - 1 : -1);
-  if (v->kind != Kind::Int && v->kind != Kind::Bool) fail("chat template: slice indices must be integers");
+  if (v->kind != Kind::Int && v->kind != Kind::Bool)
+    fail("chat template: slice indices must be integers");
   int64_t i = v->kind == Kind::Bool ? v->boolean : v->integer;
   if (i < 0) i += len;
   if (step > 0) return std::clamp<int64_t>(i, 0, len);
@@ -174,9 +183,11 @@ int64_t clamp_index(const Value* v, int64_t len, int64_t step, bool is_start) {
 Value get_attr(const Value& obj, const std::string& name) {
   if (obj.is_undefined()) fail_undefined(obj);
   if (obj.is_dict()) {
-    if (!obj.dict->is_namespace && (name == "items" || name == "keys" || name == "values" || name == "get")) {
+    if (!obj.dict->is_namespace &&
+        (name == "items" || name == "keys" || name == "values" || name == "get")) {
       Value self = obj;
-      return Value::function(name, [self, name](List& args, Kwargs&) { return dict_method(self, name, args); });
+      return Value::function(
+          name, [self, name](List& args, Kwargs&) { return dict_method(self, name, args); });
     }
     const Value* found = obj.dict->find(name);
     return found ? *found : Value::undefined(name);
@@ -217,15 +228,18 @@ Value get_item(const Value& obj, const Value& key) {
 
 Value get_slice(const Value& obj, const Value* start, const Value* stop, const Value* step_v) {
   if (obj.is_undefined()) fail_undefined(obj);
-  if (!obj.is_list() && !obj.is_string()) fail("chat template: '", type_name(obj), "' object is not subscriptable");
+  if (!obj.is_list() && !obj.is_string())
+    fail("chat template: '", type_name(obj), "' object is not subscriptable");
   int64_t step = 1;
   if (step_v && !step_v->is_none()) step = step_v->integer;
   if (step == 0) fail("chat template: slice step cannot be zero");
   const List items = obj.is_list() ? *obj.list : iterate(obj);
   const int64_t len = static_cast<int64_t>(items.size());
-  const int64_t from = clamp_index(start, len, step, true), to = clamp_index(stop, len, step, false);
+  const int64_t from = clamp_index(start, len, step, true),
+                to = clamp_index(stop, len, step, false);
   List out;
-  for (int64_t i = from; step > 0 ? i < to : i > to; i += step) out.push_back(items[static_cast<size_t>(i)]);
+  for (int64_t i = from; step > 0 ? i < to : i > to; i += step)
+    out.push_back(items[static_cast<size_t>(i)]);
   if (obj.is_list()) return Value::from_list(std::move(out));
   std::string s;
   for (const auto& c : out) s += c.str;
@@ -235,25 +249,33 @@ Value get_slice(const Value& obj, const Value* start, const Value* stop, const V
 Value make_globals() {
   Value g = Value::new_dict();
   g.dict->set("range", Value::function("range", [](List& args, Kwargs&) {
-    int64_t lo = 0, hi = 0, step = 1;
-    for (const auto& a : args)
-      if (a.kind != Kind::Int && a.kind != Kind::Bool) fail("chat template: range() needs integers");
-    if (args.size() == 1) hi = args[0].integer;
-    else if (args.size() >= 2) lo = args[0].integer, hi = args[1].integer;
-    if (args.size() == 3) step = args[2].integer;
-    if (args.empty() || args.size() > 3 || step == 0) fail("chat template: bad range() arguments");
-    const double count = std::ceil((static_cast<double>(hi) - static_cast<double>(lo)) / static_cast<double>(step));
-    if (count > static_cast<double>(kMaxListItems)) fail("chat template: range() too large");
-    List out;
-    for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step) out.push_back(Value::from_int(i));
-    return Value::from_list(std::move(out));
-  }));
+                int64_t lo = 0, hi = 0, step = 1;
+                for (const auto& a : args)
+                  if (a.kind != Kind::Int && a.kind != Kind::Bool)
+                    fail("chat template: range() needs integers");
+                if (args.size() == 1)
+                  hi = args[0].integer;
+                else if (args.size() >= 2)
+                  lo = args[0].integer, hi = args[1].integer;
+                if (args.size() == 3) step = args[2].integer;
+                if (args.empty() || args.size() > 3 || step == 0)
+                  fail("chat template: bad range() arguments");
+                const double count = std::ceil((static_cast<double>(hi) - static_cast<double>(lo)) /
+                                               static_cast<double>(step));
+                if (count > static_cast<double>(kMaxListItems))
+                  fail("chat template: range() too large");
+                List out;
+                for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step)
+                  out.push_back(Value::from_int(i));
+                return Value::from_list(std::move(out));
+              }));
   auto make_dict = [](bool is_namespace) {
     return [is_namespace](List& args, Kwargs& kwargs) {
       Value d = Value::new_dict();
       d.dict->is_namespace = is_namespace;
       for (const auto& a : args) {
-        if (!a.is_dict()) fail("chat template: namespace()/dict() takes a dict or keyword arguments");
+        if (!a.is_dict())
+          fail("chat template: namespace()/dict() takes a dict or keyword arguments");
         for (const auto& [k, v] : a.dict->entries) d.dict->set(k, v);
       }
       for (auto& [k, v] : kwargs) d.dict->set(k, v);
@@ -262,18 +284,21 @@ Value make_globals() {
   };
   g.dict->set("namespace", Value::function("namespace", make_dict(true)));
   g.dict->set("dict", Value::function("dict", make_dict(false)));
-  g.dict->set("raise_exception", Value::function("raise_exception", [](List& args, Kwargs&) -> Value {
-    throw Error(args.empty() ? std::string("chat template raised an exception") : to_str(args[0]));
-  }));
+  g.dict->set("raise_exception",
+              Value::function("raise_exception", [](List& args, Kwargs&) -> Value {
+                throw Error(args.empty() ? std::string("chat template raised an exception")
+                                         : to_str(args[0]));
+              }));
   g.dict->set("strftime_now", Value::function("strftime_now", [](List& args, Kwargs&) {
-    const std::string& fmt = str_arg(args, 0, "strftime_now");
-    const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-    std::tm local{};
-    localtime_r(&now, &local);
-    char buf[512];
-    const size_t n = std::strftime(buf, sizeof buf, fmt.c_str(), &local);
-    return Value::from_string(std::string(buf, n));
-  }));
+                const std::string& fmt = str_arg(args, 0, "strftime_now");
+                const std::time_t now =
+                    std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+                std::tm local{};
+                localtime_r(&now, &local);
+                char buf[512];
+                const size_t n = std::strftime(buf, sizeof buf, fmt.c_str(), &local);
+                return Value::from_string(std::string(buf, n));
+              }));
   return g;
 }
 

@@ -41,11 +41,16 @@ class Parser {
   }
   std::string describe() const {
     switch (cur().type) {
-      case TokenType::End: return "end of template";
-      case TokenType::BlockEnd: return "'%}'";
-      case TokenType::VarEnd: return "'}}'";
-      case TokenType::Data: return "text";
-      default: return "'" + cur().text + "'";
+      case TokenType::End:
+        return "end of template";
+      case TokenType::BlockEnd:
+        return "'%}'";
+      case TokenType::VarEnd:
+        return "'}}'";
+      case TokenType::Data:
+        return "text";
+      default:
+        return "'" + cur().text + "'";
     }
   }
   void expect_op(const char* op) {
@@ -511,6 +516,8 @@ class Parser {
 
 }  // namespace
 
-Body parse_template(const std::string& source) { return Parser(lex_template(source)).parse_all(); }
+Body parse_template(const std::string& source) {
+  return Parser(lex_template(source)).parse_all();
+}
 
 }  // namespace gyre::jinja

@@ -11,15 +11,21 @@
 namespace gyre::jinja {
 namespace {
 
-bool is_ws(char c) { return c != '\0' && std::strchr(kWhitespace, c) != nullptr; }
-bool is_alpha(char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0; }
+bool is_ws(char c) {
+  return c != '\0' && std::strchr(kWhitespace, c) != nullptr;
+}
+bool is_alpha(char c) {
+  return std::isalpha(static_cast<unsigned char>(c)) != 0;
+}
 
 }  // namespace
 
 std::string strip_chars(const std::string& s, const std::string& chars, bool left, bool right) {
   const auto set = utf8_chars(chars);
   const auto cps = utf8_chars(s);
-  auto in_set = [&](const std::string& c) { return std::find(set.begin(), set.end(), c) != set.end(); };
+  auto in_set = [&](const std::string& c) {
+    return std::find(set.begin(), set.end(), c) != set.end();
+  };
   size_t lo = 0, hi = cps.size();
   if (left)
     while (lo < hi && in_set(cps[lo])) ++lo;
@@ -57,7 +63,9 @@ std::string python_title(const std::string& s) {
 
 std::string jinja_title(const std::string& s) {
   // jinja2 splits on runs of [-\s({\[<] and upper-cases the first character of every piece.
-  auto is_delim = [](char c) { return is_ws(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<'; };
+  auto is_delim = [](char c) {
+    return is_ws(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
+  };
   std::string out;
   size_t i = 0;
   while (i < s.size()) {
@@ -81,7 +89,8 @@ std::vector<std::string> split_on(const std::string& s, const std::string& sep, 
   if (sep.empty()) fail("chat template: split(): empty separator");
   std::vector<std::string> out;
   size_t start = 0;
-  for (size_t at = s.find(sep); at != std::string::npos && (maxsplit < 0 || static_cast<int64_t>(out.size()) < maxsplit);
+  for (size_t at = s.find(sep);
+       at != std::string::npos && (maxsplit < 0 || static_cast<int64_t>(out.size()) < maxsplit);
        at = s.find(sep, start)) {
     out.push_back(s.substr(start, at - start));
     start = at + sep.size();
@@ -126,7 +135,8 @@ std::vector<std::string> split_lines(const std::string& s) {
   return out;
 }
 
-std::string replace_all(const std::string& s, const std::string& from, const std::string& to, int64_t count) {
+std::string replace_all(const std::string& s, const std::string& from, const std::string& to,
+                        int64_t count) {
   std::string out;
   if (from.empty()) {
     // Python inserts `to` between every character (and at both ends).
@@ -141,7 +151,8 @@ std::string replace_all(const std::string& s, const std::string& from, const std
   }
   size_t start = 0;
   int64_t done = 0;
-  for (size_t at = s.find(from); at != std::string::npos && (count < 0 || done < count); at = s.find(from, start)) {
+  for (size_t at = s.find(from); at != std::string::npos && (count < 0 || done < count);
+       at = s.find(from, start)) {
     out.append(s, start, at - start);
     out += to;
     if (out.size() > kMaxStringBytes) fail("chat template: string too long");

@@ -19,7 +19,8 @@ std::string capitalize(const std::string& s);
 std::vector<std::string> split_on(const std::string& s, const std::string& sep, int64_t maxsplit);
 std::vector<std::string> split_whitespace(const std::string& s, int64_t maxsplit);
 std::vector<std::string> split_lines(const std::string& s);
-std::string replace_all(const std::string& s, const std::string& from, const std::string& to, int64_t count);
+std::string replace_all(const std::string& s, const std::string& from, const std::string& to,
+                        int64_t count);
 bool char_class_test(const std::string& s, const std::string& method);  // isdigit, isalpha, ...
 
 }  // namespace gyre::jinja

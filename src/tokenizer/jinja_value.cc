@@ -200,7 +200,8 @@ std::string format_float(double f) {
   }
   if (exponent < 0) return sign + "0." + std::string(-exponent - 1, '0') + digits;
   const size_t int_len = static_cast<size_t>(exponent) + 1;
-  if (digits.size() <= int_len) return sign + digits + std::string(int_len - digits.size(), '0') + ".0";
+  if (digits.size() <= int_len)
+    return sign + digits + std::string(int_len - digits.size(), '0') + ".0";
   return sign + digits.substr(0, int_len) + "." + digits.substr(int_len);
 }
 
@@ -209,11 +210,16 @@ static std::string repr_string(const std::string& s) {
   const char quote = use_double ? '"' : '\'';
   std::string out(1, quote);
   for (unsigned char c : s) {
-    if (c == '\\') out += "\\\\";
-    else if (c == quote) out += std::string("\\") + static_cast<char>(c);
-    else if (c == '\n') out += "\\n";
-    else if (c == '\r') out += "\\r";
-    else if (c == '\t') out += "\\t";
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == quote)
+      out += std::string("\\") + static_cast<char>(c);
+    else if (c == '\n')
+      out += "\\n";
+    else if (c == '\r')
+      out += "\\r";
+    else if (c == '\t')
+      out += "\\t";
     else if (c < 0x20 || c == 0x7f) {
       char buf[8];
       std::snprintf(buf, sizeof buf, "\\x%02x", c);
@@ -275,13 +281,27 @@ static std::string json_string(const std::string& s) {
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -301,17 +321,31 @@ static void dump_json(const Value& v, int indent, bool sort_keys, int depth, std
   const std::string close = indent >= 0 ? "\n" + std::string(depth * indent, ' ') : "";
   const std::string item_sep = indent >= 0 ? "," : ", ";
   switch (v.kind) {
-    case Kind::None: out += "null"; return;
-    case Kind::Bool: out += v.boolean ? "true" : "false"; return;
-    case Kind::Int: out += std::to_string(v.integer); return;
-    case Kind::Float:
-      if (std::isnan(v.real)) out += "NaN";
-      else if (std::isinf(v.real)) out += v.real > 0 ? "Infinity" : "-Infinity";
-      else out += format_float(v.real);
+    case Kind::None:
+      out += "null";
       return;
-    case Kind::String: out += json_string(v.str); return;
+    case Kind::Bool:
+      out += v.boolean ? "true" : "false";
+      return;
+    case Kind::Int:
+      out += std::to_string(v.integer);
+      return;
+    case Kind::Float:
+      if (std::isnan(v.real))
+        out += "NaN";
+      else if (std::isinf(v.real))
+        out += v.real > 0 ? "Infinity" : "-Infinity";
+      else
+        out += format_float(v.real);
+      return;
+    case Kind::String:
+      out += json_string(v.str);
+      return;
     case Kind::List:
-      if (v.list->empty()) { out += "[]"; return; }
+      if (v.list->empty()) {
+        out += "[]";
+        return;
+      }
       out += "[";
       for (size_t i = 0; i < v.list->size(); ++i) {
         out += (i ? item_sep : "") + newline;
@@ -320,7 +354,10 @@ static void dump_json(const Value& v, int indent, bool sort_keys, int depth, std
       out += close + "]";
       return;
     case Kind::Dict: {
-      if (v.dict->entries.empty()) { out += "{}"; return; }
+      if (v.dict->entries.empty()) {
+        out += "{}";
+        return;
+      }
       std::vector<const std::pair<std::string, Value>*> entries;
       for (const auto& e : v.dict->entries) entries.push_back(&e);
       if (sort_keys)

@@ -6,11 +6,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace gyre::jinja {
 
@@ -67,8 +66,8 @@ struct Value {
 [[noreturn]] void fail_undefined(const Value& v);
 bool truthy(const Value& v);
 std::string type_name(const Value& v);
-std::string to_str(const Value& v);   // Python str()
-std::string repr(const Value& v);     // Python repr()
+std::string to_str(const Value& v);  // Python str()
+std::string repr(const Value& v);    // Python repr()
 std::string format_float(double f);  // Python repr of a float
 // json.dumps(v, ensure_ascii=False, indent=indent, sort_keys=sort_keys); indent < 0: one line.
 std::string to_json(const Value& v, int indent, bool sort_keys);
