@@ -197,7 +197,7 @@ TEST(ChatTemplate, HostileTemplatesHitLimitsNotCrashes) {
           .find("too many loop iterations"),
       std::string::npos);
   EXPECT_NE(
-      error_of("{% for i in range(20000) %}{{ 'x' * 1000 }}{% endfor %}").find("output larger"),
+      error_of("{% for i in range(200) %}{{ 'x' * 100000 }}{% endfor %}").find("output larger"),
       std::string::npos);
   EXPECT_NE(error_of("{{ 'x' * 10000000000 }}").find("too large"), std::string::npos);
   EXPECT_NE(error_of("{{ 2 ** 64 }}").find("overflow"), std::string::npos);

@@ -10,7 +10,7 @@ namespace gyre::jinja {
 namespace {
 
 constexpr int kMaxDepth = 200;          // evaluation recursion (macro calls, nesting)
-constexpr int64_t kMaxSteps = 500'000;  // loop iterations + macro calls per render
+constexpr int64_t kMaxSteps = 100'000;  // loop iterations + macro calls per render
 constexpr size_t kMaxOutputBytes = 8u << 20;
 
 using Frame = std::map<std::string, Value>;
@@ -186,14 +186,22 @@ class Evaluator {
 
   Value make_macro(const Node& n) {
     const Node* def = &n;
-    Scope closure = scope_;
+    // Weak references: the macro lives in one of these frames, and a strong reference would
+    // make a cycle that is never freed.
+    std::vector<std::weak_ptr<Frame>> closure(scope_.begin(), scope_.end());
     return Value::function(n.text, [this, def, closure](List& args, Kwargs& kwargs) {
       step(def->line);
+      Scope frames;
+      for (const auto& weak : closure) {
+        frames.push_back(weak.lock());
+        if (!frames.back())
+          fail("chat template: macro '", def->text, "' called outside the scope it was defined in");
+      }
       if (args.size() > def->params.size())
         fail("chat template: macro '", def->text, "' takes ", def->params.size(),
              " arguments, got ", args.size(), " (line ", def->line, ")");
       Scope saved = std::move(scope_);
-      scope_ = closure;
+      scope_ = std::move(frames);
       scope_.push_back(std::make_shared<Frame>());
       std::string out;
       try {
