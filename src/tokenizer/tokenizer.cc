@@ -393,28 +393,34 @@ StreamDecoder::StreamDecoder(const Tokenizer& tok, bool skip_special)
     : tok_(tok), skip_special_(skip_special) {}
 
 // Decodes all ids each time (decoders such as Strip depend on the start of the text) and holds
-// back a tail that later tokens may still change: an incomplete UTF-8 sequence or U+FFFD
+// back a tail that later tokens may still change: an incomplete UTF-8 sequence, or U+FFFD
 // characters made from a byte run that has not finished yet.
+// HF's ByteFallback turns a whole run of byte tokens into U+FFFDs when any part of it is invalid,
+// so a complete character followed by a dangling byte can be rewritten after it was emitted; then
+// this stream keeps what it already emitted and resumes at the next character boundary.
 std::string StreamDecoder::push(int id) {
   ids_.push_back(id);
   const std::string text = tok_.decode(ids_, skip_special_);
   size_t ready = text.size() - tok::utf8_incomplete_tail(text);
   static constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
-  while (ready >= emitted_ + kReplacement.size() &&
+  while (ready >= kReplacement.size() &&
          std::string_view(text).substr(ready - kReplacement.size(), kReplacement.size()) ==
              kReplacement)
     ready -= kReplacement.size();
-  if (ready <= emitted_) return {};
-  std::string out = text.substr(emitted_, ready - emitted_);
+  size_t start = emitted_;
+  while (start < ready && (static_cast<uint8_t>(text[start]) & 0xC0) == 0x80) ++start;
+  if (ready <= start) return {};
   emitted_ = ready;
-  return out;
+  return text.substr(start, ready - start);
 }
 
 std::string StreamDecoder::flush() {
   const std::string text = tok_.decode(ids_, skip_special_);
-  std::string out = text.size() > emitted_ ? text.substr(emitted_) : std::string();
-  emitted_ = text.size();
-  return tok::utf8_lossy(out);
+  size_t start = emitted_;
+  while (start < text.size() && (static_cast<uint8_t>(text[start]) & 0xC0) == 0x80) ++start;
+  emitted_ = std::max(emitted_, text.size());
+  return start < text.size() ? tok::utf8_lossy(std::string_view(text).substr(start))
+                             : std::string();
 }
 
 }  // namespace gyre
