@@ -192,5 +192,17 @@ TEST(TokenizerHf, MissingOrBrokenFolderThrowsError) {
   std::filesystem::remove_all(dir);
 }
 
+// The fuzzing seeds are small valid files; they must keep loading as the parser evolves.
+TEST(TokenizerHf, FuzzSeedsLoad) {
+  int loaded = 0;
+  const auto dir = std::filesystem::path(GYRE_SOURCE_DIR) / "fuzz/seeds/fuzz_tokenizer_json";
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    EXPECT_NO_THROW(Tokenizer::from_hf(test::read_text(entry.path().string()), nullptr))
+        << entry.path();
+    ++loaded;
+  }
+  EXPECT_GE(loaded, 2);
+}
+
 }  // namespace
 }  // namespace gyre

@@ -17,7 +17,7 @@ namespace {
 using nlohmann::json;
 
 // Ids beyond this are surely corrupt and would only make us allocate a huge table.
-constexpr int64_t kMaxVocab = 1 << 22;
+constexpr int64_t kMaxVocab = 1 << 21;
 // nlohmann parses iteratively, but a sane tokenizer.json is shallow; refuse absurd nesting early.
 constexpr int kMaxDepth = 64;
 

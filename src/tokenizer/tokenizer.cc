@@ -22,6 +22,12 @@ bool is_word_byte(char c) {
          u == '_';
 }
 
+// Chained Replace steps could grow text exponentially; real ones at most triple it.
+void check_growth(size_t before, size_t after) {
+  GYRE_CHECK(after <= 16 * before + 4096, "tokenizer: normalizer or decoder grows the text from ",
+             before, " to ", after, " bytes");
+}
+
 uint64_t pair_key(int left, int right) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
 }
@@ -130,6 +136,7 @@ void BpeTokenizer::encode_segment(std::string_view segment, bool first_segment,
       norm = step.to + norm;
     else
       replace_all(norm, step.from, step.to);
+    check_growth(segment.size(), norm.size());
   }
   if (spec_.byte_level_prefix_space && norm[0] != ' ') norm = ' ' + norm;
   std::vector<std::string_view> pieces;
@@ -312,6 +319,12 @@ std::string BpeTokenizer::decode(const std::vector<int>& ids, bool skip_special)
     for (size_t i = 0; i < tokens.size(); ++i) joined += (i ? " " : "") + tokens[i];
     return joined;
   }
+  const auto total_size = [&] {
+    size_t n = 0;
+    for (const auto& t : tokens) n += t.size();
+    return n;
+  };
+  const size_t original_size = total_size();
   for (const DecoderStep& step : spec_.decoder) {
     switch (step.kind) {
       case DecodeStep::kByteLevel: {
@@ -381,6 +394,7 @@ std::string BpeTokenizer::decode(const std::vector<int>& ids, bool skip_special)
         }
         break;
     }
+    check_growth(original_size, total_size());
   }
   std::string text;
   for (const auto& t : tokens) text += t;
