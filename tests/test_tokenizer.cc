@@ -141,6 +141,17 @@ TEST(TokenizerHf, LongTextEncodesQuickly) {
   }
 }
 
+// Long runs of one character class stress the regexes' backtracking and the merge queue.
+TEST(TokenizerHf, LongUniformRunsRoundTrip) {
+  const std::vector<std::string> texts = {
+      std::string(200000, ' '), std::string(200000, 'a'), std::string(100000, '\n') + "x",
+      std::string(50000, '1') + " \t\r\n" + std::string(50000, '!')};
+  for (const char* name : {"llama3", "llama2"}) {
+    const Tokenizer& tok = hf_tokenizer(name);
+    for (const auto& text : texts) EXPECT_EQ(tok.decode(tok.encode(text, false), false), text);
+  }
+}
+
 TEST(TokenizerHf, DecodeRejectsOutOfRangeIds) {
   const Tokenizer& tok = hf_tokenizer("stories260K");
   EXPECT_THROW(tok.decode({5, 512}, false), Error);
