@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "test_tokenizer_util.h"
+#include "tokenizer/text_util.h"
 
 namespace gyre {
 namespace {
@@ -201,6 +202,24 @@ TEST(TokenizerHf, MissingOrBrokenFolderThrowsError) {
   std::ofstream(dir / "tokenizer.json") << "{ \"model\": ";
   EXPECT_THROW(Tokenizer::from_folder(dir.string()), Error);
   std::filesystem::remove_all(dir);
+}
+
+// Expected strings: Python's bytes.decode("utf-8", "replace"), which like Rust's
+// String::from_utf8_lossy replaces each maximal invalid subpart with one U+FFFD.
+TEST(TokenizerText, LossyUtf8MatchesPython) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"\x61\x62\xFF", "\x61\x62\xEF\xBF\xBD"},
+      {"\xF0\x9F\x91", "\xEF\xBF\xBD"},
+      {"\xF0\x9F\x91\x61", "\xEF\xBF\xBD\x61"},
+      {"\xE0\x80\x80", "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"},
+      {"\xED\xA0\x80", "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"},
+      {"\xF4\x90\x80\x80", "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"},
+      {"\xC3", "\xEF\xBF\xBD"},
+      {"\x80\x80", "\xEF\xBF\xBD\xEF\xBF\xBD"},
+      {"\xE4\xBD\xA0\xE5", "\xE4\xBD\xA0\xEF\xBF\xBD"},
+      {"\x6F\x6B\xC3\xA9", "\x6F\x6B\xC3\xA9"},
+  };
+  for (const auto& [bytes, want] : cases) EXPECT_EQ(tok::utf8_lossy(bytes), want);
 }
 
 // The fuzzing seeds are small valid files; they must keep loading as the parser evolves.
