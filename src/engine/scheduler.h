@@ -52,6 +52,20 @@ struct BatchPlan {
   bool empty() const { return seqs.empty(); }
 };
 
+// The same plan as flat arrays, the layout a batched attention kernel takes (one upload each).
+// Row r is the r-th token of the step over all sequences in plan order.
+struct FlatBatch {
+  std::vector<int32_t> tokens;        // [rows]
+  std::vector<int32_t> positions;     // [rows]
+  std::vector<int64_t> slots;         // [rows] KV slot written: page * page_size + pos % page_size
+  std::vector<int32_t> seq_starts;    // [seqs + 1] first row of each sequence, then rows
+  std::vector<int32_t> context_lens;  // [seqs]
+  int max_pages = 0;                  // row length of page_tables
+  std::vector<int32_t> page_tables;   // [seqs][max_pages], padded with -1
+  std::vector<int32_t> logit_rows;    // rows whose logits are sampled, in plan order
+};
+FlatBatch flatten(const BatchPlan& plan, int page_size);
+
 // The token sampled for a sequence whose SeqStep had need_logits.
 struct StepResult {
   SeqId id = 0;
