@@ -224,6 +224,7 @@ TEST(KvPages, ConcurrentIdenticalBlocksAreDeduplicated) {
   EXPECT_NE(h.kv.page_table(1)[2], h.kv.page_table(2)[2]);  // partial pages stay private
   h.check_invariants();
   EXPECT_EQ(h.kv.stats().used_pages, 4);
+  EXPECT_EQ(h.kv.stats().deduplicated_pages, 2);
 }
 
 TEST(KvPages, ForkSharesPagesAndCopiesOnWrite) {

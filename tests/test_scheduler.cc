@@ -92,6 +92,7 @@ struct Driver {
         EXPECT_EQ(st.positions[i], st.context_len - n + i);
         EXPECT_EQ(st.tokens[i], t.at(st.positions[i])) << "wrong token for " << st.id;
         computed[st.id][st.positions[i]]++;
+        first_step.emplace(st.id, steps);
       }
       EXPECT_EQ(st.need_logits, st.context_len == int(t.size()));
       logit_seqs += st.need_logits;
@@ -172,6 +173,7 @@ struct Driver {
   std::map<SeqId, std::vector<int32_t>> expected;  // reference outputs
   std::map<SeqId, std::map<int, int>> computed;    // times each position's KV was computed
   std::vector<SeqId> finish_order;
+  std::map<SeqId, int> first_step;  // step in which each sequence first ran
 };
 
 Request make_request(SeqId id, std::vector<int32_t> prompt, int max_tokens, int priority = 0) {
@@ -387,6 +389,15 @@ void random_run(uint32_t seed, bool priorities) {
   EXPECT_GT(st.preemptions, 0);
   EXPECT_GT(st.cached_prompt_tokens, 0);
   EXPECT_GT(st.cancelled, 0);
+  EXPECT_GT(d.kv.stats().deduplicated_pages, 0);
+  if (!priorities) {
+    // First come, first served: ids grow with arrival, so first runs must not go backwards.
+    int last = -1;
+    for (const auto& [id, step] : d.first_step) {
+      EXPECT_GE(step, last) << "request " << id << " overtaken by a later one";
+      last = step;
+    }
+  }
 }
 
 TEST(Scheduler, RandomWorkloadsFinishCorrectly) {

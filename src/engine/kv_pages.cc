@@ -232,6 +232,7 @@ void KvPageManager::publish_block(SeqPages& s, int block) {
     add_ref(twin);
     s.pages[block] = twin;
     drop_ref(page);
+    ++deduplicated_;
     return;
   }
   m.published = true;
@@ -271,6 +272,7 @@ KvPageStats KvPageManager::stats() const {
   st.prefix_hit_tokens = prefix_hit_tokens_;
   st.evictions = evictions_;
   st.cow_copies = cow_copies_;
+  st.deduplicated_pages = deduplicated_;
   return st;
 }
 

@@ -47,6 +47,7 @@ struct KvPageStats {
   int64_t prefix_hit_tokens = 0;    // of those, found in the cache
   int64_t evictions = 0;
   int64_t cow_copies = 0;
+  int64_t deduplicated_pages = 0;  // full pages replaced by an identical published one
   double hit_rate() const {
     return prefix_query_tokens ? double(prefix_hit_tokens) / double(prefix_query_tokens) : 0.0;
   }
@@ -135,7 +136,8 @@ class KvPageManager {
   std::unordered_multimap<uint64_t, PageId> index_;  // hash -> published pages (used or cached)
   std::unordered_map<SeqId, SeqPages> seqs_;
   std::vector<PageCopy> copies_;
-  int64_t prefix_query_tokens_ = 0, prefix_hit_tokens_ = 0, evictions_ = 0, cow_copies_ = 0;
+  int64_t prefix_query_tokens_ = 0, prefix_hit_tokens_ = 0, evictions_ = 0, cow_copies_ = 0,
+          deduplicated_ = 0;
 };
 
 }  // namespace gyre
