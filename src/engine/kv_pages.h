@@ -16,7 +16,9 @@
 // h_b = hash(h_{b-1}, tokens of block b) (h_{-1} = 0). A lookup walks a new prompt block by
 // block and only accepts a candidate whose stored tokens equal the prompt's block and whose
 // parent is exactly the page matched for block b-1 (page id plus generation, which changes
-// whenever a page is reallocated), so a hash collision can never map wrong content.
+// whenever a page is reallocated), so a hash collision can never map wrong content. A block
+// that fills up while an identical one is already published (two requests prefilling the same
+// prompt together) is swapped for the published page, and its own page is freed.
 #pragma once
 #include <cstdint>
 #include <list>
