@@ -8,9 +8,7 @@
 namespace gyre {
 
 namespace {
-size_t tensor_bytes(const Tensor& t) {
-  return static_cast<size_t>(t.rows) * t.row_bytes();
-}
+size_t tensor_bytes(const Tensor& t) { return static_cast<size_t>(t.rows) * t.row_bytes(); }
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& config, const WeightSet& weights, Backend& backend,
@@ -112,7 +110,8 @@ void Transformer::run_ops(const int32_t* tokens, int n, int pos, const int32_t* 
 void Transformer::forward(const int32_t* tokens, int n, int pos, float* logits, bool all_logits) {
   const ModelConfig& c = config_;
   GYRE_CHECK(n > 0, "forward pass over zero tokens");
-  GYRE_CHECK(pos >= 0 && pos + n <= max_seq_, "sequence of ", pos + n,
+  // Compared as n <= max_seq_ - pos: pos + n could overflow for a hostile pos.
+  GYRE_CHECK(pos >= 0 && n <= max_seq_ - pos, "sequence of ", int64_t{pos} + n,
              " tokens exceeds the context of ", max_seq_);
   for (int i = 0; i < n; ++i)
     GYRE_CHECK(tokens[i] >= 0 && tokens[i] < c.vocab_size, "token id ", tokens[i],
