@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -219,6 +220,69 @@ TEST_F(CudaOps, AttentionPrefillAndDecode) {
       pos += n;
     }
   }
+}
+
+// GGUF blocks of random bytes with a sane f16 scale in front: valid Q4_0 (18-byte) or Q8_0
+// (34-byte) blocks whatever the nibble layout. The CPU backend dequantizes them at upload (the
+// oracle), the CUDA backend repacks them for qlinear's GEMV (n <= 8) and GEMM.
+std::vector<uint8_t> random_blocks(DType t, int rows, int cols, std::mt19937& rng) {
+  const int block_bytes = dtype_info(t).block_bytes;
+  std::vector<uint8_t> data(dtype_row_bytes(t, cols) * rows);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& b : data) b = static_cast<uint8_t>(byte(rng));
+  std::uniform_real_distribution<float> scale(0.001f, 0.01f);
+  for (size_t i = 0; i < data.size(); i += block_bytes) {
+    const uint16_t d = f32_to_f16(scale(rng));
+    std::memcpy(&data[i], &d, 2);
+  }
+  return data;
+}
+
+TEST_F(CudaOps, QuantizedGgufMatmul) {
+  for (DType t : {DType::Q4_0, DType::Q8_0}) {
+    const int rows = 96, cols = 512;
+    const std::vector<uint8_t> blocks = random_blocks(t, rows, cols, rng);
+    TensorView w;
+    w.name = "model.layers.0.mlp.up_proj.weight";
+    w.dtype = t;
+    w.shape = {rows, cols};
+    w.data = blocks.data();
+    w.nbytes = blocks.size();
+    Pair wp{cpu->upload_weight(w), gpu->upload_weight(w)};
+    for (int n : {1, 5, 37, 70}) {  // 70: dequantized weight + cuBLAS
+      Pair x = upload(*cpu, *gpu, random_f16(n * cols, rng), n, cols);
+      Pair out{cpu->alloc(n, rows), gpu->alloc(n, rows)};
+      cpu->matmul(out.cpu, x.cpu, wp.cpu, nullptr);
+      gpu->matmul(out.gpu, x.gpu, wp.gpu, nullptr);
+      expect_close(out, 3e-3, (std::string(dtype_name(t)) + " n=" + std::to_string(n)).c_str());
+    }
+  }
+}
+
+// --bits 8: F32 weights requantized at upload (group 32); the error is the 8-bit rounding.
+TEST_F(CudaOps, RequantizedEightBitMatmul) {
+#ifdef GYRE_HAVE_CUDA
+  BackendOptions o;
+  o.weight_bits = 8;
+  o.group_size = 32;
+  auto q8 = make_cuda_backend(0, o);
+  const int rows = 80, cols = 256, n = 3;
+  auto wv = std::make_shared<std::vector<float>>(random_f16(rows * cols, rng, 0.1f));
+  TensorView w;
+  w.name = "model.layers.0.self_attn.o_proj.weight";
+  w.dtype = DType::F32;
+  w.shape = {rows, cols};
+  w.data = wv->data();
+  w.nbytes = wv->size() * sizeof(float);
+  Tensor wc = cpu->upload_weight(w), wg = q8->upload_weight(w);
+  auto xv = random_f16(n * cols, rng);
+  Pair x{cpu->upload_weight({"x", DType::F32, {n, cols}, xv.data(), xv.size() * 4}),
+         q8->upload_weight({"x", DType::F32, {n, cols}, xv.data(), xv.size() * 4}), nullptr};
+  Tensor oc = cpu->alloc(n, rows), og = q8->alloc(n, rows);
+  cpu->matmul(oc, x.cpu, wc, nullptr);
+  q8->matmul(og, x.gpu, wg, nullptr);
+  EXPECT_LT(rel_error(host(*q8, og), host(*cpu, oc)), 1e-2);
+#endif
 }
 
 TEST_F(CudaOps, OutOfMemoryIsAClearError) {

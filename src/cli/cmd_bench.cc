@@ -206,17 +206,24 @@ void run_bench(const BenchOptions& o) {
     long_s = time_decode(t, long_ctx, o.decode, logits);
   }
 
-  // Bytes one decode step must read: every linear weight and the LM head once, the KV cache of
-  // the context, the norms (the embedding row is negligible).
-  const double wbytes = o.bits / 8.0;
-  const double linear =
-      static_cast<double>(config.n_layers) *
-          (2.0 * config.dim * config.q_dim() + 2.0 * config.dim * config.kv_dim() +
-           3.0 * config.dim * config.hidden_dim) +
-      static_cast<double>(config.vocab_size) * config.dim;
+  // Bytes one decode step must read: every weight the backend holds (packed sizes for quantized
+  // ones) except the embedding table, of which one row is read (unless it is also the LM head),
+  // plus the KV cache of the context.
+  double weights_read = static_cast<double>(t.weight_bytes());
+#ifdef GYRE_HAVE_CUDA
+  if (cuda) weights_read = static_cast<double>(cuda_memory_report(*backend).weights);
+#endif
+  if (!config.tie_embeddings) {
+    const double embed_elem =
+        cuda || o.model.empty()
+            ? 2.0
+            : static_cast<double>(loaded->weights.get("model.embed_tokens.weight").nbytes) /
+                  (static_cast<double>(config.vocab_size) * config.dim);
+    weights_read -= embed_elem * config.vocab_size * config.dim;
+  }
   auto step_bytes = [&](int ctx) {
     const int span = config.sliding_window > 0 ? std::min(ctx, config.sliding_window) : ctx;
-    return linear * wbytes + 2.0 * config.n_layers * config.kv_dim() * 2.0 * span;
+    return weights_read + 2.0 * config.n_layers * config.kv_dim() * 2.0 * span;
   };
   const double bytes_short = step_bytes(short_ctx), bytes_long = step_bytes(long_ctx);
   auto roofline = [&](double bytes, double s) { return s > 0 ? bytes / bandwidth / s : 0.0; };

@@ -66,8 +66,9 @@ half* CudaKvCache::base(int layer, int kv) const {
 
 CudaBackend::CudaBackend(int device, const BackendOptions& options)
     : device_(device), options_(options) {
-  GYRE_CHECK(options.weight_bits == 0, "--bits ", options.weight_bits,
-             " on CUDA needs the quantized CUDA kernels (qlinear), which this build lacks");
+  GYRE_CHECK(options.weight_bits == 0 || options.weight_bits == 4 || options.weight_bits == 8,
+             "weight bits must be 4 or 8 (or 0 for the file's precision), got ",
+             options.weight_bits);
   GYRE_CHECK(options.kv_cache == "f16", "KV cache type '", options.kv_cache,
              "' is not supported on CUDA yet (only f16)");
   GYRE_CUDA_CHECK(cudaSetDevice(device));
@@ -135,6 +136,7 @@ void CudaBackend::upload_converted(half* dst, const TensorView& w) {
 }
 
 Tensor CudaBackend::upload_weight(const TensorView& w) {
+  if (Tensor q; try_upload_quantized(w, q)) return q;
   Tensor t = device_tensor(w.rows(), w.cols(), "weight " + w.name);
   half* dst = static_cast<half*>(t.data);
   const size_t bytes = static_cast<size_t>(t.rows) * t.cols * sizeof(half);
@@ -160,10 +162,8 @@ Tensor CudaBackend::upload_weight(const TensorView& w) {
     case DType::I32:
       fail("weight ", w.name, " has integer type I32");
     default: {
-      // QLINEAR HOOK: GGUF blocks (Q4_0/Q4_1/Q8_0/Q4_K/Q6_K) are to be repacked here by
-      // qlinear (src/backend/cuda/qlinear.h) into its own device layout, keeping the block dtype
-      // on the Tensor so matmul() dispatches to the quantized GEMV/GEMM. Until then: dequantize
-      // on the host to FP16, row by row, so every model runs.
+      // GGUF blocks qlinear cannot repack (and block-typed embedding tables): dequantized on
+      // the host to FP16, row by row.
       const int64_t cols = t.cols;
       const size_t src_row = dtype_row_bytes(w.dtype, cols);
       std::vector<float> f(static_cast<size_t>(cols));

@@ -13,7 +13,15 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.h"
 
+namespace gyre {
+struct QWeightDevice;
+}
+
 namespace gyre::cuda {
+
+// Linear weights packed by qlinear (cuda_qweights.cc).
+bool is_quantized_tensor(const Tensor& t);
+const QWeightDevice& qweight_of(const Tensor& t);
 
 class CudaKvCache final : public KvCache {
  public:
@@ -88,6 +96,7 @@ class CudaBackend final : public Backend {
   void drop_graph();
   Tensor device_tensor(int64_t rows, int64_t cols, const std::string& what);
   void upload_converted(half* dst, const TensorView& w);
+  bool try_upload_quantized(const TensorView& w, Tensor& out);
   float* workspace(size_t floats);
   const float* rope_table(const std::vector<float>& inv_freq);
 
@@ -103,6 +112,8 @@ class CudaBackend final : public Backend {
   std::shared_ptr<void> workspace_;
   size_t workspace_floats_ = 0;
   std::shared_ptr<void> to_host_buf_, to_host_pinned_;
+  std::shared_ptr<void> dequant_;  // FP16 copy of a quantized weight for prefill GEMMs
+  size_t dequant_elems_ = 0;
   size_t to_host_floats_ = 0;
   cudaGraphExec_t graph_ = nullptr;
   const void* graph_owner_ = nullptr;
