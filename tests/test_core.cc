@@ -40,7 +40,9 @@ TEST(Half, F32ToF16RoundsToNearestEven) {
 TEST(Half, Bf16RoundTripAndRounding) {
   for (uint32_t h = 0; h < 65536; ++h) {
     const float f = bf16_to_f32(static_cast<uint16_t>(h));
-    if (!std::isnan(f)) ASSERT_EQ(f32_to_bf16(f), h);
+    if (!std::isnan(f)) {
+      ASSERT_EQ(f32_to_bf16(f), h);
+    }
   }
   EXPECT_EQ(f32_to_bf16(1.0f + 1.0f / 256), f32_to_bf16(1.0f));  // tie to even
   EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f + 3.0f / 256)), 1.0f + 4.0f / 256);
