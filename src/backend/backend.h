@@ -91,9 +91,19 @@ class Backend {
   virtual void add(Tensor& x, const Tensor& y) = 0;
 };
 
+// How a backend stores what it is given. The CPU backend honours n_threads only.
+struct BackendOptions {
+  int n_threads = 0;     // <= 0: all cores
+  int weight_bits = 0;   // 0: the file's precision (F16/BF16 -> FP16; GGUF blocks repacked);
+                         // 4 or 8: requantize F16/BF16/F32 linear weights at load
+  int group_size = 128;  // for weight_bits 4/8
+  std::string kv_cache = "f16";  // "f16", "q8", "q4"
+};
+
 // "cpu" or "cuda" / "cuda:N"; "auto" picks CUDA when a GPU is present. Throws on an unknown or
 // unavailable device.
 std::unique_ptr<Backend> backend_create(const std::string& device, int n_threads);
+std::unique_ptr<Backend> backend_create(const std::string& device, const BackendOptions& options);
 bool cuda_available();
 
 }  // namespace gyre

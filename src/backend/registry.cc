@@ -19,9 +19,16 @@ bool cuda_available() {
 }
 
 std::unique_ptr<Backend> backend_create(const std::string& device, int n_threads) {
-  if (device == "cpu") return make_cpu_backend(n_threads);
-  if (device == "auto") return cuda_available() ? backend_create("cuda:0", n_threads)
-                                                : make_cpu_backend(n_threads);
+  BackendOptions o;
+  o.n_threads = n_threads;
+  return backend_create(device, o);
+}
+
+std::unique_ptr<Backend> backend_create(const std::string& device, const BackendOptions& options) {
+  if (device == "cpu") return make_cpu_backend(options.n_threads);
+  if (device == "auto")
+    return cuda_available() ? backend_create("cuda:0", options)
+                            : make_cpu_backend(options.n_threads);
   if (device == "cuda" || device.rfind("cuda:", 0) == 0) {
 #ifdef GYRE_HAVE_CUDA
     int index = 0;
@@ -35,7 +42,7 @@ std::unique_ptr<Backend> backend_create(const std::string& device, int n_threads
     const int count = cuda_device_count();
     GYRE_CHECK(index >= 0 && index < count, "device '", device, "' is not present (", count,
                " CUDA devices found)");
-    return make_cuda_backend(index);
+    return make_cuda_backend(index, options);
 #else
     fail("this Gyre was built without CUDA; use --device cpu");
 #endif

@@ -103,6 +103,11 @@ ModelConfig config_from_hf_json(const json& j, const json* generation) {
   c.rope.rot_dim = c.head_dim;
   c.rope.interleaved = false;
   if (j.contains("rope_scaling")) parse_rope_scaling(j["rope_scaling"], c.rope);
+  // transformers >= 5 writes theta and scaling together as rope_parameters.
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
+    c.rope.theta = get_float(j["rope_parameters"], "rope_theta", c.rope.theta);
+    parse_rope_scaling(j["rope_parameters"], c.rope);
+  }
   if (c.rope.original_max_pos == 0) c.rope.original_max_pos = c.max_seq_len;
   c.bos_id = get_int(j, "bos_token_id", -1, false);
   if (j.contains("eos_token_id")) add_eos(c.eos_ids, j["eos_token_id"]);

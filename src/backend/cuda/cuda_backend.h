@@ -7,6 +7,6 @@
 namespace gyre {
 
 int cuda_device_count();  // 0 when no driver or device
-std::unique_ptr<Backend> make_cuda_backend(int device_index);
+std::unique_ptr<Backend> make_cuda_backend(int device_index, const BackendOptions& options);
 
 }  // namespace gyre
