@@ -101,7 +101,8 @@ std::vector<int> ids_of(const nlohmann::json& j) {
 TEST(GeneratorStories, ReproducesGreedyGoldens) {
   Stories m;
   Generator gen(*m.transformer, *m.model->tokenizer);
-  for (const auto& c : golden()["cases"]) {
+  const auto all = golden();
+  for (const auto& c : all["cases"]) {
     const auto want = ids_of(c["generated_ids"]);
     std::string streamed;
     const GenerationResult r =
