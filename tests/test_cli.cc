@@ -55,12 +55,12 @@ const char* gyre_bin() {
 }
 
 // Runs GYRE_BIN with args; stdout and stderr go to files so neither pipe can fill up.
-Output run_gyre(const std::vector<std::string>& args) {
+Output run_gyre(const std::vector<std::string>& args, const std::string& stdin_path = "/dev/null") {
   TempDir io;
   const std::string out_path = (io.path / "out").string(), err_path = (io.path / "err").string();
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 0, stdin_path.c_str(), O_RDONLY, 0);
   posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
   posix_spawn_file_actions_addopen(&fa, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
   std::vector<std::string> argv_s = {gyre_bin()};
@@ -125,23 +125,67 @@ TEST(CliRun, StreamsTextAndOneStatsLine) {
 
 TEST(CliTokenize, Llama3MatchesGolden) {
   REQUIRE_GYRE_BIN();
+  // Loading the 9 MB tokenizer dominates, so one rich case each way.
   const auto g = nlohmann::json::parse(read_file(fixture("tokenizers/llama3/golden.json")));
-  int checked = 0;
-  for (const auto& c : g["cases"]) {
-    const std::string text = c["text"];
-    if (text.empty() || checked >= 6) continue;
-    const Output o = run_gyre(
-        {"tokenize", "-m", fixture("tokenizers/llama3"), "--text=" + text, "--no-special"});
-    ASSERT_EQ(o.rc, 0) << o.err;
-    EXPECT_EQ(nlohmann::json::parse(o.out), c["ids"]) << text;
-    ++checked;
-  }
+  const nlohmann::json* rich = nullptr;
+  for (const auto& c : g["cases"])
+    if (!rich || c["ids"].size() > (*rich)["ids"].size()) rich = &c;
+  ASSERT_NE(rich, nullptr);
+  const std::string text = (*rich)["text"];
+  const Output o =
+      run_gyre({"tokenize", "-m", fixture("tokenizers/llama3"), "--text=" + text, "--no-special"});
+  ASSERT_EQ(o.rc, 0) << o.err;
+  EXPECT_EQ(nlohmann::json::parse(o.out), (*rich)["ids"]) << text;
+
   const auto& c = g["cases"][0];
   std::vector<std::string> args = {"detokenize", "-m", fixture("tokenizers/llama3")};
   for (int id : c["ids"]) args.push_back(std::to_string(id));
   const Output d = run_gyre(args);
   ASSERT_EQ(d.rc, 0) << d.err;
   EXPECT_EQ(d.out, c["decoded"].get<std::string>() + "\n");
+}
+
+TEST(CliTokenize, AddsBosUnlessNoSpecial) {
+  REQUIRE_GYRE_BIN();
+  const auto golden = stories_golden();
+  const auto& c = golden["cases"][2];
+  const Output with = run_gyre({"tokenize", "-m", fixture("stories260K"), "--text", c["prompt"]});
+  ASSERT_EQ(with.rc, 0) << with.err;
+  EXPECT_EQ(nlohmann::json::parse(with.out), c["prompt_ids"]);
+  const Output without =
+      run_gyre({"tokenize", "-m", fixture("stories260K"), "--text", c["prompt"], "--no-special"});
+  ASSERT_EQ(without.rc, 0) << without.err;
+  auto ids = c["prompt_ids"];
+  ids.erase(ids.begin());  // run.c's BOS
+  EXPECT_EQ(nlohmann::json::parse(without.out), ids);
+}
+
+TEST(CliChat, FirstReplyIsTheGreedyContinuation) {
+  REQUIRE_GYRE_BIN();
+  // stories260K with a template that writes BOS and the users' words: the first reply to
+  // "Once upon a time" must be run.c's greedy continuation.
+  TempDir t;
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json"})
+    fs::copy_file(fixture(std::string("stories260K/") + f), t.path / f);
+  auto tc = nlohmann::json::parse(read_file(fixture("stories260K/tokenizer_config.json")));
+  tc["chat_template"] =
+      "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] }}"
+      "{% else %}{{ m['content'] }}{% endif %}{% endfor %}";
+  write_file(t.path / "tokenizer_config.json", tc.dump());
+  write_file(t.path / "input.txt", "Once upon a time\n and then\n");
+  const auto golden = stories_golden();
+  const auto& c = golden["cases"][1];
+  ASSERT_EQ(c["prompt"], "Once upon a time");
+  const int n = static_cast<int>(c["generated_ids"].size());
+  const Output o =
+      run_gyre({"chat", "-m", t.path.string(), "--temp", "0", "-n", std::to_string(n), "--device",
+                "cpu", "--threads", "1", "--stop-id", "1", "--max-seq-len", "512"},
+               (t.path / "input.txt").string());
+  ASSERT_EQ(o.rc, 0) << o.err;
+  const std::string first = c["generated_text"].get<std::string>() + "\n";
+  ASSERT_GE(o.out.size(), first.size());
+  EXPECT_EQ(o.out.substr(0, first.size()), first);
+  EXPECT_GT(o.out.size(), first.size());  // a second reply followed
 }
 
 TEST(CliInfo, Stories260KShapes) {

@@ -1,5 +1,6 @@
 // gyre info: what a model file holds, without uploading the weights anywhere.
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -40,6 +41,13 @@ std::string tokenizer_kind(const Tokenizer& t) {
   return "bpe";
 }
 
+// Floats as they were written (1e-05, not 9.999999747378752e-06).
+double shortest(float f) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.7g", static_cast<double>(f));
+  return std::strtod(buf, nullptr);
+}
+
 nlohmann::json describe(const LoadedModel& m) {
   const ModelConfig& c = m.config;
   std::map<std::string, nlohmann::json> dtypes;
@@ -54,11 +62,11 @@ nlohmann::json describe(const LoadedModel& m) {
     weight_bytes += t.nbytes;
   }
   const int64_t kv_elems_per_token = 2LL * c.n_layers * c.kv_dim();
-  const nlohmann::json rope = {{"theta", c.rope.theta},
+  const nlohmann::json rope = {{"theta", shortest(c.rope.theta)},
                                {"rot_dim", c.rope.rot_dim > 0 ? c.rope.rot_dim : c.head_dim},
                                {"interleaved", c.rope.interleaved},
                                {"scaling", rope_scaling_name(c.rope.scaling)},
-                               {"factor", c.rope.factor}};
+                               {"factor", shortest(c.rope.factor)}};
   const Tokenizer& tok = *m.tokenizer;
   return {{"path", m.path},
           {"format", m.format},
@@ -68,7 +76,7 @@ nlohmann::json describe(const LoadedModel& m) {
            {{"qkv_bias", c.qkv_bias},
             {"sliding_window", c.sliding_window},
             {"tie_embeddings", c.tie_embeddings},
-            {"norm_eps", c.norm_eps},
+            {"norm_eps", shortest(c.norm_eps)},
             {"rope", rope}}},
           {"layers", c.n_layers},
           {"heads", c.n_heads},

@@ -18,7 +18,7 @@ struct RunOptions {
   bool json = false;
 };
 
-nlohmann::json result_json(const GenerationResult& r, uint64_t seed) {
+nlohmann::ordered_json result_json(const GenerationResult& r, uint64_t seed) {
   const GenerationStats& s = r.stats;
   return {{"prompt_tokens", r.prompt_ids},
           {"tokens", r.tokens},
