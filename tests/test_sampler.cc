@@ -109,8 +109,16 @@ SamplerSettings to_settings(const RefSettings& r) {
   return s;
 }
 
-void expect_same_set(const RefSettings& r, const std::vector<float>& logits,
+// The reference sees the settings as the sampler does: rounded to float.
+RefSettings as_float(RefSettings r) {
+  for (double* v : {&r.temperature, &r.top_p, &r.min_p, &r.typical_p, &r.rep, &r.freq, &r.pres})
+    *v = static_cast<float>(*v);
+  return r;
+}
+
+void expect_same_set(RefSettings r, const std::vector<float>& logits,
                      const std::vector<int>& history = {}) {
+  r = as_float(r);
   Sampler sampler(to_settings(r));
   for (int h : history) sampler.accept(h);
   const auto got = sampler.candidates(logits.data(), static_cast<int>(logits.size()));
@@ -151,6 +159,14 @@ TEST(SamplerFilters, TopP) {
 TEST(SamplerFilters, TopPLargeVocabulary) {
   // Flat logits: the nucleus needs many tokens, exercising the growing partial sort.
   expect_same_set({.top_p = 0.9}, random_logits(5000, 5, 0.5f));
+}
+
+TEST(SamplerFilters, TopPWideLogitRange) {
+  // Gaps of up to 100 nats between logits: tiny probabilities, ties, and a nucleus boundary deep
+  // in the tail.
+  std::vector<float> l(200);
+  for (size_t i = 0; i < l.size(); ++i) l[i] = -0.25f * static_cast<float>(i / 2);
+  for (double p : {0.5, 0.999, 0.9999999}) expect_same_set({.top_p = p}, l);
 }
 
 TEST(SamplerFilters, MinP) {
@@ -234,7 +250,8 @@ TEST(SamplerGreedy, PenaltiesApplyBeforeArgmax) {
 // Pearson chi-square of n draws against the reference probabilities; the bound is the mean plus
 // about 7 standard deviations (df + 7 sqrt(2 df)), so a correct sampler essentially never fails,
 // while a wrong distribution with this many draws lands far above.
-void expect_distribution(const RefSettings& r, const std::vector<float>& logits, int draws) {
+void expect_distribution(RefSettings r, const std::vector<float>& logits, int draws) {
+  r = as_float(r);
   SamplerSettings st = to_settings(r);
   st.seed = 1234;
   Sampler s(st);

@@ -11,17 +11,15 @@ namespace gyre {
 
 namespace {
 
-// A candidate while filtering: tempered logit (for ordering) and probability.
-struct Entry {
-  int id;
-  double logit;
-  double prob;
-};
+using Entry = detail::SamplerEntry;
 
 // Most likely first; equal logits by lowest id, so results never depend on sort stability.
-bool more_likely(const Entry& a, const Entry& b) {
-  return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
-}
+// A function object (not a function pointer) so the sorts inline the comparison.
+constexpr struct {
+  bool operator()(const Entry& a, const Entry& b) const {
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+  }
+} more_likely;
 
 void renormalize(std::vector<Entry>& set) {
   double sum = 0.0;
@@ -29,25 +27,43 @@ void renormalize(std::vector<Entry>& set) {
   for (Entry& e : set) e.prob /= sum;
 }
 
-// Sorts the most likely prefix of `set` until its cumulative probability reaches p, then drops
-// the rest. Sorting grows geometrically so a nucleus of a few tokens in a large vocabulary does
-// not pay for a full sort.
+// Keeps the smallest most-likely prefix whose probability reaches p, without sorting the
+// vocabulary: entries are bucketed by how far their logit lies below the best one (buckets are
+// ordered like more_likely), the bucket where the cumulative probability crosses p is found, and
+// only that bucket is sorted (ties to the lowest id through more_likely).
 void keep_nucleus(std::vector<Entry>& set, double p) {
-  size_t m = std::min<size_t>(set.size(), 64);
-  for (;;) {
-    std::partial_sort(set.begin(), set.begin() + static_cast<std::ptrdiff_t>(m), set.end(),
-                      more_likely);
-    double cum = 0.0;
-    for (size_t i = 0; i < m; ++i) {
-      cum += set[i].prob;
-      if (cum >= p) {
-        set.resize(i + 1);
-        return;
-      }
+  constexpr int kBuckets = 2048;
+  constexpr double kSpan = 40.0;  // logit gaps beyond this (p ratio < 4e-18) share the last one
+  double max_l = set[0].logit;
+  for (const Entry& e : set) max_l = std::max(max_l, e.logit);
+  auto bucket_of = [max_l](const Entry& e) {
+    const double b = (max_l - e.logit) * (kBuckets / kSpan);
+    return b >= kBuckets - 1 ? kBuckets - 1 : static_cast<int>(b);
+  };
+  std::vector<double> mass(kBuckets, 0.0);
+  for (const Entry& e : set) mass[static_cast<size_t>(bucket_of(e))] += e.prob;
+  int cross = kBuckets - 1;
+  double before = 0.0;  // probability of the buckets before `cross`
+  for (int b = 0; b < kBuckets; ++b) {
+    if (before + mass[static_cast<size_t>(b)] >= p) {
+      cross = b;
+      break;
     }
-    if (m == set.size()) return;  // rounding: the whole set sums to just under p
-    m = std::min(set.size(), m * 8);
+    if (b < kBuckets - 1) before += mass[static_cast<size_t>(b)];
   }
+  const auto boundary =
+      std::partition(set.begin(), set.end(), [&](const Entry& e) { return bucket_of(e) < cross; });
+  const auto rest =
+      std::partition(boundary, set.end(), [&](const Entry& e) { return bucket_of(e) == cross; });
+  std::sort(boundary, rest, more_likely);
+  double cum = before;
+  auto end = boundary;
+  while (end != rest) {
+    cum += end->prob;
+    ++end;
+    if (cum >= p) break;
+  }
+  set.erase(end, set.end());
 }
 
 }  // namespace
@@ -78,10 +94,16 @@ void Sampler::accept(int id) {
 }
 
 std::vector<float> Sampler::penalized(const float* logits, int n_vocab) const {
-  std::vector<float> out(logits, logits + n_vocab);
+  std::vector<float> out;
+  penalize_into(logits, n_vocab, out);
+  return out;
+}
+
+void Sampler::penalize_into(const float* logits, int n_vocab, std::vector<float>& out) const {
+  out.assign(logits, logits + n_vocab);
   const bool any =
       s_.repetition_penalty != 1.0f || s_.frequency_penalty != 0.0f || s_.presence_penalty != 0.0f;
-  if (!any || history_.empty()) return out;
+  if (!any || history_.empty()) return;
   std::unordered_map<int, int> counts;
   for (int id : history_)
     if (id >= 0 && id < n_vocab) ++counts[id];
@@ -91,7 +113,6 @@ std::vector<float> Sampler::penalized(const float* logits, int n_vocab) const {
       l = l > 0 ? l / s_.repetition_penalty : l * s_.repetition_penalty;
     l -= static_cast<float>(count) * s_.frequency_penalty + s_.presence_penalty;
   }
-  return out;
 }
 
 namespace {
@@ -106,10 +127,12 @@ int argmax_lowest_id(const std::vector<float>& l) {
 }
 
 // Steps 3 to 7 of the header: the final set, probabilities summing to 1, in no particular order.
-std::vector<Entry> filtered_set(const std::vector<float>& logits, const SamplerSettings& s) {
+// `set` is the caller's buffer, reused between tokens (a vocabulary-sized allocation per token
+// costs more than the filtering).
+void filtered_set(const std::vector<float>& logits, const SamplerSettings& s,
+                  std::vector<Entry>& set) {
   const double inv_t = 1.0 / static_cast<double>(s.temperature);
-  std::vector<Entry> set;
-  set.reserve(logits.size());
+  set.clear();
   double max_l = -std::numeric_limits<double>::infinity();
   for (size_t i = 0; i < logits.size(); ++i) {
     const float l = logits[i];
@@ -160,7 +183,6 @@ std::vector<Entry> filtered_set(const std::vector<float>& logits, const SamplerS
     std::erase_if(set, [threshold](const Entry& e) { return e.prob < threshold; });
     renormalize(set);
   }
-  return set;
 }
 
 }  // namespace
@@ -169,7 +191,8 @@ std::vector<Candidate> Sampler::candidates(const float* logits, int n_vocab) con
   GYRE_CHECK(n_vocab > 0, "empty vocabulary");
   const std::vector<float> l = penalized(logits, n_vocab);
   if (s_.temperature <= 0.0f) return {{argmax_lowest_id(l), 1.0f}};
-  std::vector<Entry> set = filtered_set(l, s_);
+  std::vector<Entry> set;
+  filtered_set(l, s_, set);
   std::sort(set.begin(), set.end(), more_likely);
   std::vector<Candidate> out;
   out.reserve(set.size());
@@ -183,9 +206,10 @@ double Sampler::uniform() {
 
 int Sampler::sample(const float* logits, int n_vocab) {
   GYRE_CHECK(n_vocab > 0, "empty vocabulary");
-  const std::vector<float> l = penalized(logits, n_vocab);
-  if (s_.temperature <= 0.0f) return argmax_lowest_id(l);
-  const std::vector<Entry> set = filtered_set(l, s_);
+  penalize_into(logits, n_vocab, logits_buf_);
+  if (s_.temperature <= 0.0f) return argmax_lowest_id(logits_buf_);
+  std::vector<Entry>& set = set_buf_;
+  filtered_set(logits_buf_, s_, set);
   const double u = uniform();
   double cum = 0.0;
   for (const Entry& e : set) {

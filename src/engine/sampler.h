@@ -39,6 +39,15 @@ struct SamplerSettings {
   void validate() const;
 };
 
+namespace detail {
+// One token while filtering: tempered logit (for ordering) and probability.
+struct SamplerEntry {
+  int id;
+  double logit;
+  double prob;
+};
+}  // namespace detail
+
 struct Candidate {
   int id;
   float prob;
@@ -65,10 +74,15 @@ class Sampler {
 
  private:
   double uniform();  // [0, 1), 53 random bits, the same on every platform
+  void penalize_into(const float* logits, int n_vocab, std::vector<float>& out) const;
 
   SamplerSettings s_;
   std::mt19937_64 rng_;
   std::deque<int> history_;
+  // Buffers reused between tokens: a vocabulary-sized allocation per token would cost more than
+  // the filtering itself.
+  std::vector<float> logits_buf_;
+  std::vector<detail::SamplerEntry> set_buf_;
 };
 
 }  // namespace gyre
