@@ -11,4 +11,8 @@ namespace gyre {
 
 void dequantize_blocks(DType t, const void* src, float* dst, int64_t n);
 
+// Round-to-nearest quantization of n floats into Q8_0, Q4_0 or Q4_1 blocks (other types
+// throw). For tests and tools; not tuned for quality.
+void quantize_blocks(DType t, const float* src, void* dst, int64_t n);
+
 }  // namespace gyre

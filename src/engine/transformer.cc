@@ -72,7 +72,8 @@ void Transformer::ensure_scratch(int n) {
 void Transformer::forward(const int32_t* tokens, int n, int pos, float* logits, bool all_logits) {
   const ModelConfig& c = config_;
   GYRE_CHECK(n > 0, "forward pass over zero tokens");
-  GYRE_CHECK(pos >= 0 && pos + n <= max_seq_, "sequence of ", pos + n,
+  // Compared as n <= max_seq_ - pos: pos + n could overflow for a hostile pos.
+  GYRE_CHECK(pos >= 0 && n <= max_seq_ - pos, "sequence of ", int64_t{pos} + n,
              " tokens exceeds the context of ", max_seq_);
   for (int i = 0; i < n; ++i)
     GYRE_CHECK(tokens[i] >= 0 && tokens[i] < c.vocab_size, "token id ", tokens[i],

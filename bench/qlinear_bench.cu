@@ -1,0 +1,162 @@
+// Throughput of the quantized GEMV/GEMM on the Llama-3-8B shapes (build: bench/qlinear_device.sh).
+// Weights are random bytes filled on the device (speed only; correctness is in the tests),
+// rotated over enough copies to exceed the L2 cache so the numbers are DRAM numbers.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "backend/cuda/qlinear.h"
+
+using namespace gyre;
+
+#define CK(call)                                                                           \
+  do {                                                                                     \
+    cudaError_t e_ = (call);                                                               \
+    if (e_ != cudaSuccess) {                                                               \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+__global__ void fill_bytes(uint8_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    p[i] = uint8_t(h);
+  }
+}
+__global__ void fill_halves(__half* p, size_t n, float lo, float span, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 16;
+    h *= 2246822519u;
+    p[i] = __float2half(lo + span * float(h & 0xffff) / 65536.0f);
+  }
+}
+
+struct Weight {
+  QWeightDevice w;
+  void* mem;
+};
+
+Weight make(int rows, int cols, int bits, int group, uint32_t seed) {
+  QWeightDesc d;
+  d.bits = bits;
+  d.group_size = group;
+  d.rows = rows;
+  d.cols = cols;
+  Weight out{};
+  out.w.desc = d;
+  const size_t qb = d.qweight_bytes(), sb = d.scale_count() * 2;
+  CK(cudaMalloc(&out.mem, qb + sb + 256));
+  auto* p = static_cast<uint8_t*>(out.mem);
+  fill_bytes<<<1024, 256>>>(p, qb, seed);
+  fill_halves<<<1024, 256>>>(reinterpret_cast<__half*>(p + qb), sb / 2, 0.001f, 0.01f, seed);
+  CK(cudaGetLastError());
+  out.w.qweight = p;
+  out.w.scales = p + qb;
+  return out;
+}
+
+template <typename F>
+float time_ms(F&& f, int iters) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) f(i);
+  CK(cudaDeviceSynchronize());
+  std::vector<float> runs;
+  for (int rep = 0; rep < 5; ++rep) {
+    CK(cudaEventRecord(a));
+    for (int i = 0; i < iters; ++i) f(i);
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    runs.push_back(ms / iters);
+  }
+  std::sort(runs.begin(), runs.end());
+  return runs[runs.size() / 2];
+}
+
+int main() {
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20);
+  // Copy bandwidth: bytes read + bytes written.
+  const size_t big = size_t(1) << 30;
+  void *s, *t;
+  CK(cudaMalloc(&s, big));
+  CK(cudaMalloc(&t, big));
+  CK(cudaMemset(s, 1, big));
+  const float copy_ms =
+      time_ms([&](int) { CK(cudaMemcpyAsync(t, s, big, cudaMemcpyDeviceToDevice)); }, 10);
+  const double copy_gbs = 2.0 * big / copy_ms / 1e6;
+  std::printf("copy bandwidth: %.0f GB/s\n", copy_gbs);
+  CK(cudaFree(s));
+  CK(cudaFree(t));
+
+  const int shapes[][2] = {
+      {4096, 4096}, {14336, 4096}, {4096, 14336}, {1024, 4096}, {128256, 4096}};
+  __half *x, *y;
+  CK(cudaMalloc(&x, 2048 * 14336 * 2));
+  CK(cudaMalloc(&y, 2048 * 128256 * 2));
+  fill_halves<<<1024, 256>>>(x, 2048 * 14336, -1.0f, 2.0f, 5);
+  std::printf("\nGEMV (g128 sym, f16 scales)\n%-14s %4s %2s %3s %9s %8s %7s\n", "shape", "bits",
+              "n", "rpb", "us", "GB/s", "%copy");
+  for (const auto& sh : shapes) {
+    for (const int bits : {4, 8}) {
+      QWeightDesc d;
+      d.bits = bits;
+      d.group_size = 128;
+      d.rows = sh[0];
+      d.cols = sh[1];
+      const double bytes = double(d.qweight_bytes()) + d.scale_count() * 2.0;
+      const int copies = std::max(1, int(std::ceil(300e6 / bytes)));
+      std::vector<Weight> ws;
+      for (int c = 0; c < copies; ++c) ws.push_back(make(sh[0], sh[1], bits, 128, 17 + c));
+      for (const int n : {1, 4, 8}) {
+        for (const int rpb : {1, 2, 4}) {
+          if (n > 1 && rpb != 2) continue;
+          qlinear_detail::set_gemv_rows_per_block(rpb);
+          const float ms = time_ms(
+              [&](int i) { qlinear_gemv(ws[i % copies].w, x, y, n, nullptr, nullptr); }, 40);
+          const double moved = bytes + 2.0 * n * (sh[0] + sh[1]);
+          std::printf("%6dx%-7d %4d %2d %3d %9.2f %8.0f %6.1f%%\n", sh[0], sh[1], bits, n, rpb,
+                      ms * 1e3, moved / ms / 1e6, 100.0 * moved / ms / 1e6 / copy_gbs);
+        }
+      }
+      qlinear_detail::set_gemv_rows_per_block(0);
+      CK(cudaGetLastError());
+      for (auto& w : ws) CK(cudaFree(w.mem));
+    }
+  }
+
+  std::printf("\nGEMM n=2048 (g128 sym)\n%-14s %4s %9s %8s %12s\n", "shape", "bits", "us",
+              "TFLOP/s", "dequant us");
+  __half* deq;
+  CK(cudaMalloc(&deq, size_t(14336) * 4096 * 2));
+  for (const auto& sh : shapes) {
+    if (sh[0] > 14336) continue;
+    for (const int bits : {4, 8}) {
+      Weight w = make(sh[0], sh[1], bits, 128, 99);
+      const int n = 2048;
+      const float ms = time_ms([&](int) { qlinear_gemm(w.w, x, y, n, nullptr, nullptr); }, 10);
+      const float dq = time_ms([&](int) { qlinear_dequantize(w.w, deq, nullptr); }, 10);
+      std::printf("%6dx%-7d %4d %9.1f %8.1f %12.1f\n", sh[0], sh[1], bits, ms * 1e3,
+                  2.0 * n * sh[0] * sh[1] / ms / 1e9, dq * 1e3);
+      CK(cudaFree(w.mem));
+    }
+  }
+  CK(cudaDeviceSynchronize());
+  return 0;
+}

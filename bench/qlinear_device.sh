@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Builds the quantized-linear GPU test and benchmark as self-contained binaries (static CUDA
+# runtime and GoogleTest) into $1 (default build-qlinear), for running on a machine without the
+# project's build dependencies. Usage: bench/qlinear_device.sh [outdir] [arch, default 90]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-build-qlinear}
+arch=${2:-90}
+mkdir -p "$out"
+flags=(-std=c++20 -O3 -arch=sm_"$arch" -Isrc -DGYRE_HAVE_CUDA=1 --expt-relaxed-constexpr
+       -Xcompiler=-Wall,-Wextra,-Werror --Werror all-warnings -lineinfo -cudart static)
+core=(src/backend/cpu/qlinear_ref.cc src/core/dtype.cc)
+cuda=(src/backend/cuda/qlinear.cu src/backend/cuda/qlinear_gemm.cu)
+for f in "${core[@]}" "${cuda[@]}"; do
+  nvcc "${flags[@]}" -c "$f" -o "$out/$(basename "$f").o" &
+done
+wait
+mkdir -p "$out/main"
+nvcc "${flags[@]}" -x cu -c bench/qlinear_bench.cu -o "$out/main/bench.o" &
+nvcc "${flags[@]}" -x cu -c tests/test_cuda_qlinear.cc -o "$out/main/tests.o" &
+wait
+nvcc "${flags[@]}" "$out/main/bench.o" "$out"/*.o -o "$out/qlinear_bench"
+nvcc "${flags[@]}" "$out/main/tests.o" "$out"/*.o -lgtest -lgtest_main -lpthread \
+  -o "$out/qlinear_tests"

@@ -1,0 +1,291 @@
+#include "backend/cpu/qlinear_ref.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/half.h"
+
+// The reference dequantization must round exactly as GGUF's does (multiply, then add): no FMA.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+namespace gyre {
+
+namespace {
+
+// Byte offset and bit shift of packed column c of row r (see the layout in the header).
+void locate(const QWeightDesc& d, int64_t r, int64_t c, int64_t& byte, int& shift) {
+  const int64_t row_bytes = int64_t{d.cols} * d.bits / 8;
+  if (d.bits == 8) {
+    byte = r * row_bytes + c;
+    shift = 0;
+    return;
+  }
+  const int64_t chunk = c / 32, in_chunk = c % 32;
+  const int64_t word = in_chunk / 8, e = in_chunk % 8;
+  const int bit = static_cast<int>((e % 2) * 16 + 4 * (e / 2));
+  byte = r * row_bytes + chunk * 16 + word * 4 + bit / 8;
+  shift = bit % 8;
+}
+
+void put_q(QWeightHost& w, int64_t r, int64_t c, int q) {
+  int64_t byte;
+  int shift;
+  locate(w.desc, r, c, byte, shift);
+  const int mask = (w.desc.bits == 8 ? 0xff : 0x0f) << shift;
+  w.qweight[byte] = static_cast<uint8_t>((w.qweight[byte] & ~mask) | ((q << shift) & mask));
+}
+
+void put_scalar(std::vector<uint8_t>& v, bool f32, int64_t i, float x) {
+  if (f32) {
+    std::memcpy(&v[i * 4], &x, 4);
+  } else {
+    const uint16_t h = f32_to_f16(x);
+    std::memcpy(&v[i * 2], &h, 2);
+  }
+}
+
+float get_scalar(const std::vector<uint8_t>& v, bool f32, int64_t i) {
+  if (f32) {
+    float x;
+    std::memcpy(&x, &v[i * 4], 4);
+    return x;
+  }
+  uint16_t h;
+  std::memcpy(&h, &v[i * 2], 2);
+  return f16_to_f32(h);
+}
+
+float round_f16(float x) {
+  return f16_to_f32(f32_to_f16(x));
+}
+
+QWeightHost allocate(const QWeightDesc& d) {
+  qweight_validate(d);
+  QWeightHost w;
+  w.desc = d;
+  w.qweight.assign(static_cast<size_t>(d.qweight_bytes()), 0);
+  w.scales.assign(static_cast<size_t>(d.scale_count() * d.scale_bytes()), 0);
+  if (d.asymmetric) w.mins.assign(w.scales.size(), 0);
+  return w;
+}
+
+float load_f16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+// Sub-block j's 6-bit scale and min of a Q4_K/Q5_K super-block (the GGUF packing of 12 bytes).
+void k_scale_min(const uint8_t* s, int j, int& sc, int& mn) {
+  if (j < 4) {
+    sc = s[j] & 63;
+    mn = s[j + 4] & 63;
+  } else {
+    sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+    mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+void repack_block(DType t, const uint8_t* b, QWeightHost& w, int64_t r, int64_t col0,
+                  int64_t group0) {
+  auto copy_f16 = [&](std::vector<uint8_t>& v, int64_t i, const uint8_t* src) {
+    std::memcpy(&v[i * 2], src, 2);  // the same half bits: exact by construction
+  };
+  switch (t) {
+    case DType::Q4_0:
+    case DType::Q4_1: {
+      const uint8_t* qs = b + (t == DType::Q4_0 ? 2 : 4);
+      copy_f16(w.scales, group0, b);
+      if (t == DType::Q4_1) copy_f16(w.mins, group0, b + 2);
+      for (int i = 0; i < 16; ++i) {
+        put_q(w, r, col0 + i, qs[i] & 0x0f);
+        put_q(w, r, col0 + i + 16, qs[i] >> 4);
+      }
+      return;
+    }
+    case DType::Q8_0:
+      copy_f16(w.scales, group0, b);
+      for (int i = 0; i < 32; ++i) put_q(w, r, col0 + i, (static_cast<int8_t>(b[2 + i]) + 128));
+      return;
+    case DType::Q4_K:
+    case DType::Q5_K: {
+      const float d = load_f16(b), dmin = load_f16(b + 2);
+      const uint8_t* qh = t == DType::Q5_K ? b + 16 : nullptr;
+      const uint8_t* qs = b + (t == DType::Q5_K ? 48 : 16);
+      for (int sub = 0; sub < 8; ++sub) {
+        int sc, mn;
+        k_scale_min(b + 4, sub, sc, mn);
+        // d*sc and dmin*mn are exact in f32 (11 + 6 significant bits).
+        put_scalar(w.scales, true, group0 + sub, d * static_cast<float>(sc));
+        put_scalar(w.mins, true, group0 + sub, -(dmin * static_cast<float>(mn)));
+        const uint8_t* q = qs + 32 * (sub / 2);
+        for (int l = 0; l < 32; ++l) {
+          int v = (q[l] >> (4 * (sub % 2))) & 0x0f;
+          if (qh != nullptr) v |= ((qh[l] >> sub) & 1) << 4;
+          put_q(w, r, col0 + 32 * sub + l, v);
+        }
+      }
+      return;
+    }
+    case DType::Q6_K: {
+      const uint8_t* ql = b;
+      const uint8_t* qh = b + 128;
+      const auto* sc = b + 192;
+      const float d = load_f16(b + 208);
+      for (int half = 0; half < 2; ++half) {
+        for (int g = 0; g < 8; ++g) {
+          const float s = d * static_cast<float>(static_cast<int8_t>(sc[8 * half + g]));
+          put_scalar(w.scales, true, group0 + 8 * half + g, s);
+        }
+        for (int k = 0; k < 4; ++k) {
+          for (int l = 0; l < 32; ++l) {
+            const int lo = (ql[64 * half + l + 32 * (k % 2)] >> (4 * (k / 2))) & 0x0f;
+            const int hi = (qh[32 * half + l] >> (2 * k)) & 3;
+            // q6 - 32 + 128: the 8-bit symmetric offset reproduces (q6 - 32) exactly.
+            put_q(w, r, col0 + 128 * half + 32 * k + l, (lo | (hi << 4)) + 96);
+          }
+        }
+      }
+      return;
+    }
+    default:
+      fail("qweight_pack_from_gguf: unsupported type ", dtype_name(t));
+  }
+}
+
+}  // namespace
+
+void qweight_validate(const QWeightDesc& d) {
+  GYRE_CHECK(d.bits == 4 || d.bits == 8, "quantized weight: bits must be 4 or 8, got ", d.bits);
+  const int g = d.group_size;
+  GYRE_CHECK(g == 16 || g == 32 || g == 64 || g == 128 || g == 256,
+             "quantized weight: group size must be 16, 32, 64, 128 or 256, got ", g);
+  GYRE_CHECK(g >= d.chunk_cols(), "quantized weight: ", d.bits, "-bit groups must be at least ",
+             d.chunk_cols(), " wide, got ", g);
+  GYRE_CHECK(d.rows > 0 && d.cols > 0, "quantized weight: empty shape [", d.rows, ", ", d.cols,
+             "]");
+  GYRE_CHECK(d.cols % g == 0, "quantized weight: ", d.cols,
+             " columns are not a multiple of the group size ", g);
+}
+
+int QWeightHost::q(int64_t r, int64_t packed_col) const {
+  int64_t byte;
+  int shift;
+  locate(desc, r, packed_col, byte, shift);
+  return (qweight[byte] >> shift) & (desc.bits == 8 ? 0xff : 0x0f);
+}
+
+float QWeightHost::scale(int64_t r, int64_t group) const {
+  return get_scalar(scales, desc.scale_f32, r * desc.groups_per_row() + group);
+}
+
+float QWeightHost::min(int64_t r, int64_t group) const {
+  return get_scalar(mins, desc.scale_f32, r * desc.groups_per_row() + group);
+}
+
+QWeightHost qweight_pack_from_f32(const float* w, int rows, int cols, int bits, int group_size,
+                                  bool asymmetric, const int32_t* perm) {
+  QWeightDesc d;
+  d.bits = bits;
+  d.group_size = group_size;
+  d.asymmetric = asymmetric;
+  d.has_perm = perm != nullptr;
+  d.rows = rows;
+  d.cols = cols;
+  QWeightHost out = allocate(d);
+  if (perm != nullptr) {
+    std::vector<bool> seen(static_cast<size_t>(cols), false);
+    for (int j = 0; j < cols; ++j) {
+      GYRE_CHECK(perm[j] >= 0 && perm[j] < cols && !seen[perm[j]],
+                 "quantized weight: the column permutation is not a permutation of 0..", cols - 1);
+      seen[perm[j]] = true;
+    }
+    out.perm.assign(perm, perm + cols);
+  }
+  const int qmax = (1 << bits) - 1, offset = 1 << (bits - 1);
+  std::vector<float> g(static_cast<size_t>(group_size));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t grp = 0; grp < d.groups_per_row(); ++grp) {
+      float lo = INFINITY, hi = -INFINITY, amax = 0.0f;
+      for (int i = 0; i < group_size; ++i) {
+        const int64_t c = grp * group_size + i;
+        g[i] = w[r * cols + (perm ? perm[c] : c)];
+        GYRE_CHECK(std::isfinite(g[i]), "quantized weight: non-finite value at [", r, ", ", c, "]");
+        lo = std::min(lo, g[i]);
+        hi = std::max(hi, g[i]);
+        amax = std::max(amax, std::fabs(g[i]));
+      }
+      const int64_t si = r * d.groups_per_row() + grp;
+      const float s = round_f16(asymmetric ? (hi - lo) / static_cast<float>(qmax)
+                                           : amax / static_cast<float>(offset - 1));
+      const float m = asymmetric ? round_f16(lo) : 0.0f;
+      GYRE_CHECK(std::isfinite(s), "quantized weight: group scale overflows f16 in row ", r);
+      put_scalar(out.scales, false, si, s);
+      if (asymmetric) put_scalar(out.mins, false, si, m);
+      for (int i = 0; i < group_size; ++i) {
+        long q;
+        if (s == 0.0f) {
+          q = asymmetric ? 0 : offset;
+        } else {
+          q = asymmetric ? std::lround((g[i] - m) / s) : std::lround(g[i] / s) + offset;
+        }
+        put_q(out, r, grp * group_size + i, static_cast<int>(std::clamp(q, 0L, long{qmax})));
+      }
+    }
+  }
+  return out;
+}
+
+bool qweight_gguf_supported(DType t) {
+  return t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q8_0 || t == DType::Q4_K ||
+         t == DType::Q5_K || t == DType::Q6_K;
+}
+
+QWeightHost qweight_pack_from_gguf(DType t, const void* blocks, int rows, int cols) {
+  GYRE_CHECK(qweight_gguf_supported(t), "qweight_pack_from_gguf: cannot repack ", dtype_name(t));
+  QWeightDesc d;
+  d.rows = rows;
+  d.cols = cols;
+  d.bits = (t == DType::Q4_0 || t == DType::Q4_1 || t == DType::Q4_K) ? 4 : 8;
+  d.group_size = t == DType::Q6_K ? 16 : 32;
+  d.asymmetric = t == DType::Q4_1 || t == DType::Q4_K || t == DType::Q5_K;
+  d.scale_f32 = t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K;
+  QWeightHost out = allocate(d);
+  const DTypeInfo& info = dtype_info(t);
+  const size_t row_bytes = dtype_row_bytes(t, cols);  // throws on a partial block
+  const auto* src = static_cast<const uint8_t*>(blocks);
+  const int64_t groups_per_block = info.block_elems / d.group_size;
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* row = src + r * row_bytes;
+    for (int64_t b = 0; b < cols / info.block_elems; ++b) {
+      repack_block(t, row + b * info.block_bytes, out, r, b * info.block_elems,
+                   r * d.groups_per_row() + b * groups_per_block);
+    }
+  }
+  return out;
+}
+
+void qweight_dequantize_row(const QWeightHost& w, int64_t r, float* out) {
+  const QWeightDesc& d = w.desc;
+  const int offset = 1 << (d.bits - 1);
+  for (int64_t grp = 0; grp < d.groups_per_row(); ++grp) {
+    const float s = w.scale(r, grp);
+    const float m = d.asymmetric ? w.min(r, grp) : 0.0f;
+    for (int64_t i = 0; i < d.group_size; ++i) {
+      const int64_t c = grp * d.group_size + i;
+      const int q = w.q(r, c);
+      // Symmetric: one product, no "+ 0" (it would turn -0 into +0 and break bit-exactness).
+      const float v =
+          d.asymmetric ? s * static_cast<float>(q) + m : s * static_cast<float>(q - offset);
+      out[d.has_perm ? w.perm[c] : c] = v;
+    }
+  }
+}
+
+}  // namespace gyre

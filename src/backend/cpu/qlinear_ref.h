@@ -1,0 +1,80 @@
+// Gyre's group-quantized linear weight layout (host side): packing from floats (round to
+// nearest) and exact repacking of GGUF blocks, plus a float reference dequantizer. The CUDA
+// kernels (backend/cuda/qlinear.h) read exactly these bytes; this file has no CUDA dependency.
+//
+// Layout of a weight W [rows, cols] (a linear layer's [out, in]):
+//   qweight: row-major; each row is cols/C chunks of 16 bytes, C = 32 (4-bit) or 16 (8-bit), so
+//            one 16-byte load yields one chunk and a warp reads 512 contiguous bytes of a row.
+//            4-bit: a chunk is 4 little-endian u32 words of 8 columns each; in word i, column
+//            8i+2k sits at bits 4k..4k+3 and column 8i+2k+1 at bits 16+4k..19+4k (k = 0..3), so
+//            (word >> 4k) & 0x000F000F holds the adjacent pair (2k, 2k+1) in the two 16-bit
+//            halves (the input of the 0x6400 magic-number int->half conversion).
+//            8-bit: bytes in column order.
+//   scales:  [rows, cols/group] of f16 (or f32 when scale_f32: exact K-quant repacks).
+//   mins:    same shape, only when asymmetric.
+//   perm:    optional [cols] int32 (act-order): packed column j holds W[:, perm[j]], so
+//            y = W x = Wp x[perm].
+// Element value, with q the unsigned stored integer:
+//   symmetric:  w = s * (q - 2^(bits-1))       (Q4_0: offset 8; Q8_0/Q6_K: offset 128)
+//   asymmetric: w = s * q + m                  (Q4_1; Q4_K/Q5_K with m = -dmin*min)
+// Both are computed in float exactly as GGUF's dequantization does, so repacks are bit-exact.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace gyre {
+
+struct QWeightDesc {
+  int bits = 4;        // 4 or 8
+  int group_size = 0;  // 4-bit: 32, 64, 128, 256; 8-bit: also 16
+  bool asymmetric = false;
+  bool scale_f32 = false;  // scales (and mins) are f32 instead of f16
+  bool has_perm = false;
+  int rows = 0, cols = 0;
+
+  int chunk_cols() const { return bits == 4 ? 32 : 16; }
+  int64_t groups_per_row() const { return cols / group_size; }
+  int64_t qweight_bytes() const { return int64_t{rows} * cols * bits / 8; }
+  int64_t scale_count() const { return int64_t{rows} * groups_per_row(); }
+  int scale_bytes() const { return scale_f32 ? 4 : 2; }
+  // Stored bits per weight, scales and mins included.
+  double bits_per_weight() const {
+    return bits + 8.0 * scale_bytes() * (asymmetric ? 2 : 1) / group_size;
+  }
+};
+
+// Throws unless the description is one the kernels support.
+void qweight_validate(const QWeightDesc& d);
+
+struct QWeightHost {
+  QWeightDesc desc;
+  std::vector<uint8_t> qweight;  // desc.qweight_bytes()
+  std::vector<uint8_t> scales;   // scale_count() * scale_bytes(), little-endian
+  std::vector<uint8_t> mins;     // same, or empty when symmetric
+  std::vector<int32_t> perm;     // cols, or empty
+
+  int q(int64_t r, int64_t packed_col) const;  // the stored unsigned integer
+  float scale(int64_t r, int64_t group) const;
+  float min(int64_t r, int64_t group) const;
+};
+
+// Round-to-nearest quantization of w [rows, cols] (row-major floats). Symmetric:
+// s = max|w| / (2^(bits-1) - 1) per group; asymmetric: s = (max - min) / (2^bits - 1), m = min;
+// s and m are rounded to f16 first and q = clamp(round(...)) uses the rounded values.
+// perm (cols entries, a permutation) packs column j from w[:, perm[j]]; nullptr for none.
+QWeightHost qweight_pack_from_f32(const float* w, int rows, int cols, int bits, int group_size,
+                                  bool asymmetric, const int32_t* perm = nullptr);
+
+// Exact repack of GGUF blocks (rows of dtype_row_bytes(t, cols) bytes, any alignment):
+// Q4_0 -> 4-bit g32 sym f16; Q4_1 -> 4-bit g32 asym f16; Q8_0 -> 8-bit g32 sym f16;
+// Q4_K -> 4-bit g32 asym f32; Q5_K -> 8-bit g32 asym f32; Q6_K -> 8-bit g16 sym f32.
+// Other types throw (callers convert F16/BF16/F32 with qweight_pack_from_f32 or keep FP16).
+bool qweight_gguf_supported(DType t);
+QWeightHost qweight_pack_from_gguf(DType t, const void* blocks, int rows, int cols);
+
+// Row r of W in the original column order (perm undone), computed in float as documented above.
+void qweight_dequantize_row(const QWeightHost& w, int64_t r, float* out);
+
+}  // namespace gyre

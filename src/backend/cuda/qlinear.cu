@@ -1,0 +1,298 @@
+// Quantized GEMV (decode), dequantization, upload and dispatch. The GEMM is in qlinear_gemm.cu.
+//
+// GEMV work split: a block of kGemvWarps warps; each group of p.ksplit warps owns R weight rows
+// and walks their 16-byte chunks with a stride of the group, so each warp reads 512 contiguous
+// bytes per row per step and the columns are split across the group's warps (a split-K inside
+// the block, reduced in shared memory). ksplit is 1 when there are rows enough to fill the GPU,
+// more for short matrices. Each lane keeps U * R chunk loads in flight before using any.
+#include <algorithm>
+#include <cstring>
+
+#include "backend/cuda/qlinear.h"
+#include "backend/cuda/qlinear_kernels.cuh"
+#include "core/error.h"
+
+namespace gyre {
+
+using qlinear_detail::Params;
+
+namespace qlinear_detail {
+void launch_gemm(const Params& p, cudaStream_t stream);  // qlinear_gemm.cu
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail("CUDA error in ", what, ": ", cudaGetErrorString(e));
+}
+}  // namespace qlinear_detail
+
+namespace {
+
+using qlinear_detail::check_cuda;
+
+constexpr int kGemvWarps = 4;
+int g_rows_per_block = 0;
+
+template <int BITS, int NT, int R>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(Params p) {
+  using namespace qlinear_detail;
+  constexpr int kCols = BITS == 4 ? 32 : 16;  // columns per 16-byte chunk
+  constexpr int kPairs = kCols / 2;
+  constexpr int kUnroll = NT <= 2 ? 4 : 2;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int kStride = p.ksplit * 32;
+  const int row0 = (blockIdx.x * (kGemvWarps / p.ksplit) + warp / p.ksplit) * R;
+  const int chunks = p.cols / kCols;
+  const int64_t row_bytes = static_cast<int64_t>(chunks) * 16;
+  const int groups = p.cols / p.group;
+
+  float acc[NT][R];
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[t][r] = 0.0f;
+
+  for (int base = (warp % p.ksplit) * 32 + lane; base < chunks; base += kUnroll * kStride) {
+    uint4 q[kUnroll][R];
+    // Issue every load of this step before the first use.
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int ch = min(base + u * kStride, chunks - 1);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int row = min(row0 + r, p.rows - 1);
+        q[u][r] = load_stream(p.qweight + row * row_bytes + static_cast<int64_t>(ch) * 16);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int ch = base + u * kStride;
+      if (ch >= chunks) break;
+      __half2 w[R][kPairs];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int row = min(row0 + r, p.rows - 1);
+        __half2 s, m;
+        load_scale(p, static_cast<int64_t>(row) * groups + ch * kCols / p.group, s, m);
+        dequant_chunk<BITS>(q[u][r], s, m, p.asym, w[r]);
+      }
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        __half2 xv[kPairs];
+        load_x<kCols>(p, t, ch * kCols, xv);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          // At most kCols products in FP16 before the float accumulator takes them.
+          __half2 a = __hmul2(w[r][0], xv[0]);
+#pragma unroll
+          for (int j = 1; j < kPairs; ++j) a = __hfma2(w[r][j], xv[j], a);
+          const float2 f = __half22float2(a);
+          acc[t][r] += f.x + f.y;
+        }
+      }
+    }
+  }
+
+  __shared__ float partial[kGemvWarps][NT * R];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float v = acc[t][r];
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (lane == 0) partial[warp][t * R + r] = v;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < kGemvWarps / p.ksplit * NT * R) {
+    const int g = threadIdx.x / (NT * R), j = threadIdx.x % (NT * R);
+    const int t = j / R, row = (blockIdx.x * (kGemvWarps / p.ksplit) + g) * R + j % R;
+    if (row < p.rows) {
+      float v = 0.0f;
+      for (int wi = 0; wi < p.ksplit; ++wi) v += partial[g * p.ksplit + wi][j];
+      if (p.bias != nullptr) v += __half2float(p.bias[row]);
+      p.y[static_cast<int64_t>(t) * p.rows + row] = __float2half_rn(v);
+    }
+  }
+}
+
+template <int BITS, int NT, int R>
+void launch_gemv(const Params& p, cudaStream_t stream) {
+  // Enough row groups to give every SM many warps: no split-K; fewer: split the columns.
+  Params q = p;
+  const int row_groups = (p.rows + R - 1) / R;
+  q.ksplit = row_groups >= 2048 ? 1 : row_groups >= 1024 ? 2 : 4;
+  const int per_block = R * (kGemvWarps / q.ksplit);
+  const int blocks = (p.rows + per_block - 1) / per_block;
+  gemv_kernel<BITS, NT, R><<<blocks, kGemvWarps * 32, 0, stream>>>(q);
+}
+
+template <int BITS>
+void dispatch_gemv(const Params& p, int rows_per_block, cudaStream_t stream) {
+  if (p.n == 1 && rows_per_block == 1) return launch_gemv<BITS, 1, 1>(p, stream);
+  if (p.n == 1 && rows_per_block == 4) return launch_gemv<BITS, 1, 4>(p, stream);
+  switch (p.n) {
+    case 1:
+      return launch_gemv<BITS, 1, 2>(p, stream);
+    case 2:
+      return launch_gemv<BITS, 2, 2>(p, stream);
+    case 3:
+      return launch_gemv<BITS, 3, 2>(p, stream);
+    case 4:
+      return launch_gemv<BITS, 4, 2>(p, stream);
+    case 5:
+      return launch_gemv<BITS, 5, 2>(p, stream);
+    case 6:
+      return launch_gemv<BITS, 6, 2>(p, stream);
+    case 7:
+      return launch_gemv<BITS, 7, 2>(p, stream);
+    default:
+      return launch_gemv<BITS, 8, 2>(p, stream);
+  }
+}
+
+// One thread per chunk: dequantize and store in the original column order.
+template <int BITS>
+__global__ void dequant_kernel(Params p, __half* out) {
+  using namespace qlinear_detail;
+  constexpr int kCols = BITS == 4 ? 32 : 16;
+  const int chunks = p.cols / kCols;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<int64_t>(p.rows) * chunks) return;
+  const int64_t row = i / chunks;
+  const int ch = static_cast<int>(i % chunks);
+  __half2 s, m, w[kCols / 2];
+  load_scale(p, row * (p.cols / p.group) + ch * kCols / p.group, s, m);
+  dequant_chunk<BITS>(load_stream(p.qweight + i * 16), s, m, p.asym, w);
+  __half* dst = out + row * p.cols;
+  const int c0 = ch * kCols;
+  if (p.perm == nullptr) {
+    uint4* d4 = reinterpret_cast<uint4*>(dst + c0);
+    for (int j = 0; j < kCols / 8; ++j) {
+      uint4 v;
+      memcpy(&v, &w[4 * j], 16);
+      d4[j] = v;
+    }
+  } else {
+    for (int j = 0; j < kCols / 2; ++j) {
+      dst[p.perm[c0 + 2 * j]] = __low2half(w[j]);
+      dst[p.perm[c0 + 2 * j + 1]] = __high2half(w[j]);
+    }
+  }
+}
+
+Params make_params(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias) {
+  GYRE_CHECK(w.qweight != nullptr && w.scales != nullptr, "qlinear: weight is not uploaded");
+  GYRE_CHECK(n >= 1, "qlinear: batch of ", n, " rows");
+  GYRE_CHECK(x != nullptr && y != nullptr, "qlinear: null activation pointer");
+  GYRE_CHECK(reinterpret_cast<uintptr_t>(x) % 16 == 0, "qlinear: x must be 16-byte aligned");
+  const QWeightDesc& d = w.desc;
+  return Params{w.qweight, w.scales, w.mins,       w.perm, x, y,           bias,        d.rows,
+                d.cols,    n,        d.group_size, d.bits, 0, d.scale_f32, d.asymmetric};
+}
+
+size_t align256(size_t v) {
+  return (v + 255) / 256 * 256;
+}
+
+}  // namespace
+
+size_t qweight_device_bytes(const QWeightDesc& d) {
+  const size_t scale_bytes = static_cast<size_t>(d.scale_count()) * d.scale_bytes();
+  return align256(static_cast<size_t>(d.qweight_bytes())) + align256(scale_bytes) +
+         (d.asymmetric ? align256(scale_bytes) : 0) +
+         (d.has_perm ? align256(static_cast<size_t>(d.cols) * 4) : 0);
+}
+
+QWeightDevice qweight_upload(const QWeightHost& w) {
+  const QWeightDesc& d = w.desc;
+  qweight_validate(d);
+  GYRE_CHECK(static_cast<int64_t>(w.qweight.size()) == d.qweight_bytes() &&
+                 static_cast<int64_t>(w.scales.size()) == d.scale_count() * d.scale_bytes() &&
+                 w.mins.size() == (d.asymmetric ? w.scales.size() : 0) &&
+                 w.perm.size() == (d.has_perm ? static_cast<size_t>(d.cols) : 0),
+             "qweight_upload: buffers do not match the layout");
+  QWeightDevice out;
+  out.desc = d;
+  void* mem = nullptr;
+  check_cuda(cudaMalloc(&mem, qweight_device_bytes(d)), "cudaMalloc (quantized weight)");
+  out.allocation = mem;
+  auto* p = static_cast<uint8_t*>(mem);
+  auto put = [&](const void* src, size_t bytes) {
+    check_cuda(cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (weight)");
+    const void* at = p;
+    p += align256(bytes);
+    return at;
+  };
+  try {
+    out.qweight = static_cast<const uint8_t*>(put(w.qweight.data(), w.qweight.size()));
+    out.scales = put(w.scales.data(), w.scales.size());
+    if (d.asymmetric) out.mins = put(w.mins.data(), w.mins.size());
+    if (d.has_perm) out.perm = static_cast<const int32_t*>(put(w.perm.data(), w.perm.size() * 4));
+  } catch (...) {
+    qweight_free(out);
+    throw;
+  }
+  return out;
+}
+
+void qweight_free(QWeightDevice& w) {
+  if (w.allocation != nullptr) cudaFree(w.allocation);
+  w = QWeightDevice{};
+}
+
+void qlinear_gemv(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
+                  cudaStream_t stream) {
+  GYRE_CHECK(n >= 1 && n <= 8, "qlinear_gemv: n must be 1..8, got ", n);
+  const Params p = make_params(w, x, y, n, bias);
+  int rpb = g_rows_per_block;
+  if (rpb == 0) rpb = 2;
+  if (w.desc.bits == 4) {
+    dispatch_gemv<4>(p, rpb, stream);
+  } else {
+    dispatch_gemv<8>(p, rpb, stream);
+  }
+  check_cuda(cudaGetLastError(), "qlinear_gemv launch");
+}
+
+void qlinear_gemm(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
+                  cudaStream_t stream) {
+  qlinear_detail::launch_gemm(make_params(w, x, y, n, bias), stream);
+  check_cuda(cudaGetLastError(), "qlinear_gemm launch");
+}
+
+void qlinear_matmul(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
+                    cudaStream_t stream) {
+  if (n <= 8) {
+    qlinear_gemv(w, x, y, n, bias, stream);
+  } else {
+    qlinear_gemm(w, x, y, n, bias, stream);
+  }
+}
+
+void qlinear_dequantize(const QWeightDevice& w, __half* out, cudaStream_t stream) {
+  GYRE_CHECK(w.qweight != nullptr && out != nullptr, "qlinear_dequantize: null pointer");
+  GYRE_CHECK(reinterpret_cast<uintptr_t>(out) % 16 == 0,
+             "qlinear_dequantize: out must be 16-byte aligned");
+  const QWeightDesc& d = w.desc;
+  const Params p{w.qweight,    w.scales, w.mins, w.perm,      nullptr,
+                 nullptr,      nullptr,  d.rows, d.cols,      0,
+                 d.group_size, d.bits,   0,      d.scale_f32, d.asymmetric};
+  const int64_t chunks = static_cast<int64_t>(w.desc.rows) * (w.desc.cols / w.desc.chunk_cols());
+  const int threads = 256;
+  const auto blocks = static_cast<unsigned>((chunks + threads - 1) / threads);
+  if (w.desc.bits == 4) {
+    dequant_kernel<4><<<blocks, threads, 0, stream>>>(p, out);
+  } else {
+    dequant_kernel<8><<<blocks, threads, 0, stream>>>(p, out);
+  }
+  check_cuda(cudaGetLastError(), "qlinear_dequantize launch");
+}
+
+namespace qlinear_detail {
+void set_gemv_rows_per_block(int rows) {
+  GYRE_CHECK(rows == 0 || rows == 1 || rows == 2 || rows == 4,
+             "qlinear: rows per block must be 0, 1, 2 or 4");
+  g_rows_per_block = rows;
+}
+}  // namespace qlinear_detail
+
+}  // namespace gyre

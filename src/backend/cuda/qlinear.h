@@ -1,0 +1,57 @@
+// Group-quantized linear layers on the GPU: the device side of Gyre's 4/8-bit weight layout
+// (documented in backend/cpu/qlinear_ref.h, which also packs and repacks on the host).
+//
+// All entry points take raw device pointers and a stream so the CUDA backend can wrap them in
+// its own Tensor ownership. Activations are FP16, row-major [n, cols] in and [n, rows] out;
+// accumulation is in float (per-chunk partial sums of at most 16 products in FP16).
+// Invalid arguments throw gyre::Error; CUDA failures throw gyre::Error naming the call.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cpu/qlinear_ref.h"
+
+namespace gyre {
+
+// A packed weight in device memory. Views: copying it does not copy the memory.
+struct QWeightDevice {
+  QWeightDesc desc;
+  const uint8_t* qweight = nullptr;  // desc.qweight_bytes(), 16-byte aligned
+  const void* scales = nullptr;      // f16 or f32 (desc.scale_f32), [rows, cols / group]
+  const void* mins = nullptr;        // same shape, asymmetric only
+  const int32_t* perm = nullptr;     // [cols] or null
+  void* allocation = nullptr;        // the one cudaMalloc holding all of the above
+};
+
+// Device bytes qweight_upload allocates for this layout.
+size_t qweight_device_bytes(const QWeightDesc& desc);
+
+// Copies a packed weight to the current device in one allocation (synchronous).
+QWeightDevice qweight_upload(const QWeightHost& w);
+void qweight_free(QWeightDevice& w);  // frees and nulls; safe on an empty weight
+
+// y[t, r] = sum_c x[t, c] * W[r, c] (+ bias[r]) for t < n.
+// qlinear_gemv: decode, n = 1..8, bandwidth-bound (one pass over the weight).
+// qlinear_gemm: any n >= 1 (tensor cores, 128x128 tiles); meant for prefill.
+// qlinear_matmul: picks one of the two by n.
+// x must be 16-byte aligned; bias may be null.
+void qlinear_gemv(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
+                  cudaStream_t stream);
+void qlinear_gemm(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
+                  cudaStream_t stream);
+void qlinear_matmul(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
+                    cudaStream_t stream);
+
+// out [rows, cols] = W in FP16, original column order (perm undone): for prefill through
+// cuBLASLt when a scratch buffer is cheaper than the custom GEMM.
+void qlinear_dequantize(const QWeightDevice& w, __half* out, cudaStream_t stream);
+
+namespace qlinear_detail {
+// Tuning knob for benchmarks: weight rows per thread block of the GEMV (1, 2 or 4; 0 = auto).
+void set_gemv_rows_per_block(int rows);
+}  // namespace qlinear_detail
+
+}  // namespace gyre
