@@ -106,16 +106,18 @@ int main() {
   CK(cudaFree(t));
 
   // Llama-3-8B: q/o, gate/up, down, k/v, lm_head; then fused QKV and gate+up.
-  const int shapes[][2] = {{4096, 4096},  {14336, 4096},  {4096, 14336}, {1024, 4096},
-                           {128256, 4096}, {6144, 4096}, {28672, 4096}};
+  const int shapes[][2] = {{4096, 4096},   {14336, 4096}, {4096, 14336}, {1024, 4096},
+                           {128256, 4096}, {6144, 4096},  {28672, 4096}};
   const int n_gemm_shapes = 5;
   __half *x, *y;
   CK(cudaMalloc(&x, 2048 * 14336 * 2));
   CK(cudaMalloc(&y, 2048 * 128256 * 2));
   fill_halves<<<1024, 256>>>(x, 2048 * 14336, -1.0f, 2.0f, 5);
-  std::printf("\nGEMV (g128 sym, f16 scales); 4-bit: cfg = ksplit/unroll (0 = auto), 8-bit: rows\n"
-              "%-14s %4s %2s %5s %9s %8s %7s\n",
-              "shape", "bits", "n", "cfg", "us", "GB/s", "%copy");
+  std::printf(
+      "\nGEMV (g128 sym, f16 scales); 4-bit: cfg = ksplit/variant (0 = auto; variant 2/4 = U2/U4, "
+      "12/14 = U2/U4 pipelined), 8-bit: rows\n"
+      "%-14s %4s %2s %5s %9s %8s %7s\n",
+      "shape", "bits", "n", "cfg", "us", "GB/s", "%copy");
   for (const auto& sh : shapes) {
     for (const int bits : {4, 8}) {
       QWeightDesc d;
@@ -128,14 +130,15 @@ int main() {
       std::vector<Weight> ws;
       for (int c = 0; c < copies; ++c) ws.push_back(make(sh[0], sh[1], bits, 128, 17 + c));
       auto run = [&](int n, const char* cfg) {
-        const float ms = time_ms(
-            [&](int i) { qlinear_gemv(ws[i % copies].w, x, y, n, nullptr, nullptr); }, 40);
+        const float ms =
+            time_ms([&](int i) { qlinear_gemv(ws[i % copies].w, x, y, n, nullptr, nullptr); }, 40);
         const double moved = bytes + 2.0 * n * (sh[0] + sh[1]);
         std::printf("%6dx%-7d %4d %2d %5s %9.2f %8.0f %6.1f%%\n", sh[0], sh[1], bits, n, cfg,
                     ms * 1e3, moved / ms / 1e6, 100.0 * moved / ms / 1e6 / copy_gbs);
       };
       if (bits == 4) {
-        const int cfgs[][2] = {{0, 0}, {0, 8}, {0, 2}, {1, 4}, {2, 4}, {4, 4}, {8, 4}, {16, 4}};
+        const int cfgs[][2] = {{0, 0},  {0, 2},  {0, 4},   {0, 14}, {2, 12},
+                               {4, 12}, {8, 12}, {16, 12}, {4, 4},  {8, 4}};
         for (const auto& c : cfgs) {
           qlinear_detail::set_gemv_ksplit(c[0]);
           qlinear_detail::set_gemv_unroll(c[1]);

@@ -241,8 +241,7 @@ void device_sizes(const QWeightDesc& d, size_t& qbytes, size_t& scale_bytes) {
 size_t qweight_device_bytes(const QWeightDesc& d) {
   size_t qbytes = 0, scale_bytes = 0;
   device_sizes(d, qbytes, scale_bytes);
-  return align256(qbytes) + align256(scale_bytes) +
-         (d.asymmetric ? align256(scale_bytes) : 0) +
+  return align256(qbytes) + align256(scale_bytes) + (d.asymmetric ? align256(scale_bytes) : 0) +
          (d.has_perm ? align256(static_cast<size_t>(d.cols) * 4) : 0);
 }
 

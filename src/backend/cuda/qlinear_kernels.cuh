@@ -137,7 +137,8 @@ __device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], uint3
 // scale array is [tiles][groups_p][16] with row order 0, 8, 1, 9, ... (one 2-element load).
 __device__ __forceinline__ float2 load_tile_pair(const void* base, bool f32, int64_t idx) {
   if (f32) return __ldg(reinterpret_cast<const float2*>(static_cast<const float*>(base) + idx));
-  const uint32_t v = __ldg(reinterpret_cast<const unsigned int*>(static_cast<const __half*>(base) + idx));
+  const uint32_t v =
+      __ldg(reinterpret_cast<const unsigned int*>(static_cast<const __half*>(base) + idx));
   return __half22float2(as_half2(v));
 }
 

@@ -24,8 +24,8 @@ namespace {
 // The nibble of packed column c of row r in the host layout (qlinear_ref.h), 0 when padding.
 __device__ uint32_t host_nibble(const uint8_t* src, int rows, int cols, int r, int c) {
   if (r >= rows || c >= cols) return 0;
-  const int64_t byte = int64_t{r} * (cols / 2) + (c / 32) * 16 + ((c % 32) / 8) * 4 +
-                       (c % 2) * 2 + ((c % 8) / 2) / 2;
+  const int64_t byte = int64_t{r} * (cols / 2) + (c / 32) * 16 + ((c % 32) / 8) * 4 + (c % 2) * 2 +
+                       ((c % 8) / 2) / 2;
   return (src[byte] >> (((c % 8) / 2) % 2 * 4)) & 0xF;
 }
 
@@ -39,10 +39,11 @@ __global__ void tile_weights_kernel(const uint8_t* src, uint32_t* dst, int rows,
   const int g = lane / 4, t = lane % 4;
   const int c = 64 * b + 32 * (j / 2) + 8 * t + 4 * (j % 2);
   const int r0 = 16 * tile + g, r1 = r0 + 8;
-  const uint32_t v = host_nibble(src, rows, cols, r0, c) | host_nibble(src, rows, cols, r0, c + 1) << 16 |
-                     host_nibble(src, rows, cols, r1, c) << 4 | host_nibble(src, rows, cols, r1, c + 1) << 20 |
-                     host_nibble(src, rows, cols, r0, c + 2) << 8 | host_nibble(src, rows, cols, r0, c + 3) << 24 |
-                     host_nibble(src, rows, cols, r1, c + 2) << 12 | host_nibble(src, rows, cols, r1, c + 3) << 28;
+  const uint32_t v =
+      host_nibble(src, rows, cols, r0, c) | host_nibble(src, rows, cols, r0, c + 1) << 16 |
+      host_nibble(src, rows, cols, r1, c) << 4 | host_nibble(src, rows, cols, r1, c + 1) << 20 |
+      host_nibble(src, rows, cols, r0, c + 2) << 8 | host_nibble(src, rows, cols, r0, c + 3) << 24 |
+      host_nibble(src, rows, cols, r1, c + 2) << 12 | host_nibble(src, rows, cols, r1, c + 3) << 28;
   dst[o] = v;
 }
 
@@ -62,9 +63,31 @@ __global__ void tile_scales_kernel(const uint8_t* src, uint8_t* dst, int rows, i
 }
 
 int g_ksplit = 0, g_unroll = 0;
+constexpr int kDefaultVariant = 12;
 
-// Block: kWarps warps = (kWarps / ksplit) tiles x ksplit warps splitting the column blocks.
-template <bool G32, int U>
+// Everything one lane needs for one 64-column block, fetched together so that a batch of
+// blocks costs one memory round trip: the weight piece, x for its 16 columns (token g), and the
+// raw scale (and min) pairs of its group(s) (f16 pair in .x, or two floats).
+struct BlockData {
+  uint4 q, x[2];
+  uint2 s[2], m[2];
+};
+
+__device__ __forceinline__ uint2 load_pair_raw(const void* base, bool f32, int64_t idx) {
+  if (f32) return __ldg(reinterpret_cast<const uint2*>(static_cast<const float*>(base) + idx));
+  return make_uint2(
+      __ldg(reinterpret_cast<const unsigned int*>(static_cast<const __half*>(base) + idx)), 0u);
+}
+
+__device__ __forceinline__ float2 pair_to_float2(uint2 v, bool f32) {
+  return f32 ? make_float2(__uint_as_float(v.x), __uint_as_float(v.y))
+             : __half22float2(as_half2(v.x));
+}
+
+// Block: warps = (warps / ksplit) tiles x ksplit warps splitting the column blocks. Each warp
+// takes blocks ks, ks + ksplit, ... in batches of U; PIPE fetches the next batch before
+// computing the current one.
+template <bool G32, int U, bool PIPE>
 __global__ void __launch_bounds__(512) gemv4_kernel(Params p) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -78,16 +101,43 @@ __global__ void __launch_bounds__(512) gemv4_kernel(Params p) {
   const __half2 hi_base = __float2half2_rn(p.asym ? -64.f : -72.f);
   const uint32_t ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
 
+  // Loads are unconditional (block index clamped) so the compiler can issue a whole batch at once.
+  auto fetch = [&](int b, BlockData& d) {
+    b = min(b, p.kblocks - 1);
+    d.q = load_stream(wbase + int64_t{b} * 512);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int c = 64 * b + 32 * h + 8 * t;
+      d.x[h] = make_uint4(0, 0, 0, 0);
+      if (c < p.cols) {
+        if (p.perm == nullptr) {
+          d.x[h] = __ldg(reinterpret_cast<const uint4*>(xrow + c));
+        } else {
+          __half hx[8];
+#pragma unroll
+          for (int i = 0; i < 8; ++i) hx[i] = xrow[__ldg(p.perm + c + i)];
+          memcpy(&d.x[h], hx, 16);
+        }
+      }
+    }
+    const int gi = G32 ? 2 * b : (64 * b) >> p.group_log2;
+#pragma unroll
+    for (int k = 0; k < (G32 ? 2 : 1); ++k) {
+      d.s[k] = load_pair_raw(p.scales, p.scale_f32, sbase + int64_t{gi + k} * 16);
+      if (p.asym) d.m[k] = load_pair_raw(p.mins, p.scale_f32, sbase + int64_t{gi + k} * 16);
+    }
+  };
+
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  // Scale the partial sums of one group into acc: rows g, g+8 x tokens 2t, 2t+1.
-  auto flush = [&](float (&cg)[4], float (&cx)[4], int gi) {
-    const float2 s = load_tile_pair(p.scales, p.scale_f32, sbase + int64_t{gi} * 16);
+  // Rows g, g+8 x tokens 2t, 2t+1: acc += s * sum(q x) (+ m * sum(x)) for one group.
+  auto flush = [&](float(&cg)[4], float(&cx)[4], uint2 sr, uint2 mr) {
+    const float2 s = pair_to_float2(sr, p.scale_f32);
     acc[0] += s.x * cg[0];
     acc[1] += s.x * cg[1];
     acc[2] += s.y * cg[2];
     acc[3] += s.y * cg[3];
     if (p.asym) {
-      const float2 m = load_tile_pair(p.mins, p.scale_f32, sbase + int64_t{gi} * 16);
+      const float2 m = pair_to_float2(mr, p.scale_f32);
       acc[0] += m.x * cx[0];
       acc[1] += m.x * cx[1];
       acc[2] += m.y * cx[2];
@@ -96,51 +146,45 @@ __global__ void __launch_bounds__(512) gemv4_kernel(Params p) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) cg[i] = cx[i] = 0.f;
   };
-
-  for (int b0 = ks; b0 < p.kblocks; b0 += U * p.ksplit) {
-    uint4 q[U];
+  auto compute = [&](const BlockData& d) {
+    const uint32_t words[4] = {d.q.x, d.q.y, d.q.z, d.q.w};
+    const uint32_t xs[8] = {d.x[0].x, d.x[0].y, d.x[0].z, d.x[0].w,
+                            d.x[1].x, d.x[1].y, d.x[1].z, d.x[1].w};
+    float cg[4] = {0.f, 0.f, 0.f, 0.f}, cx[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int b = min(b0 + u * p.ksplit, p.kblocks - 1);
-      q[u] = load_stream(wbase + int64_t{b} * 512);
+    for (int j = 0; j < 4; ++j) {
+      uint32_t a[4];
+      int4_word_to_fragment(words[j], lo_base, hi_base, a);
+      mma_16816(cg, a, xs[2 * j], xs[2 * j + 1]);
+      if (p.asym) mma_16816(cx, ones, xs[2 * j], xs[2 * j + 1]);
+      if (G32 && j == 1) flush(cg, cx, d.s[0], d.m[0]);
+    }
+    flush(cg, cx, d.s[G32 ? 1 : 0], d.m[G32 ? 1 : 0]);
+  };
+
+  const int step = U * p.ksplit;
+  BlockData cur[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) fetch(ks + u * p.ksplit, cur[u]);
+  for (int b0 = ks; b0 < p.kblocks; b0 += step) {
+    BlockData nxt[PIPE ? U : 1];
+    if (PIPE && b0 + step < p.kblocks) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) fetch(b0 + step + u * p.ksplit, nxt[u]);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int b = b0 + u * p.ksplit;
-      if (b >= p.kblocks) break;
-      // x for steps 0-1 (columns 64b + 8t ..) and 2-3 (64b + 32 + 8t ..).
-      uint32_t xv[2][4];
+      if (b0 + u * p.ksplit < p.kblocks) compute(cur[u]);
+    }
+    if (b0 + step < p.kblocks) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int c = 64 * b + 32 * h + 8 * t;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (c < p.cols) {
-          if (p.perm == nullptr) {
-            v = __ldg(reinterpret_cast<const uint4*>(xrow + c));
-          } else {
-            __half hx[8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) hx[i] = xrow[__ldg(p.perm + c + i)];
-            memcpy(&v, hx, 16);
-          }
+      for (int u = 0; u < U; ++u) {
+        if constexpr (PIPE) {
+          cur[u] = nxt[u];
+        } else {
+          fetch(b0 + step + u * p.ksplit, cur[u]);
         }
-        xv[h][0] = v.x;
-        xv[h][1] = v.y;
-        xv[h][2] = v.z;
-        xv[h][3] = v.w;
       }
-      const uint32_t words[4] = {q[u].x, q[u].y, q[u].z, q[u].w};
-      float cg[4] = {0.f, 0.f, 0.f, 0.f}, cx[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        uint32_t a[4];
-        int4_word_to_fragment(words[j], lo_base, hi_base, a);
-        const uint32_t bx0 = xv[j / 2][2 * (j % 2)], bx1 = xv[j / 2][2 * (j % 2) + 1];
-        mma_16816(cg, a, bx0, bx1);
-        if (p.asym) mma_16816(cx, ones, bx0, bx1);
-        if (G32 && j == 1) flush(cg, cx, 2 * b);
-      }
-      flush(cg, cx, G32 ? 2 * b + 1 : (64 * b) >> p.group_log2);
     }
   }
 
@@ -181,21 +225,26 @@ __global__ void dequant4_kernel(Params p, __half* out) {
   for (int j = 0; j < 4; ++j) {
     const int c0 = 64 * b + 32 * (j / 2) + 8 * t + 4 * (j % 2);
     if (c0 >= p.cols) continue;
-    const int gi = c0 >> p.group_log2;
-    const int64_t sidx = (int64_t{tile} * p.groups_p + gi) * 16 + 2 * g;
+    const int64_t sidx = (int64_t{tile} * p.groups_p + (c0 >> p.group_log2)) * 16 + 2 * g;
     const float2 s = load_tile_pair(p.scales, p.scale_f32, sidx);
     const float2 m = p.asym ? load_tile_pair(p.mins, p.scale_f32, sidx) : make_float2(0.f, 0.f);
-    for (int e = 0; e < 8; ++e) {
-      // Bit positions as in the layout comment: e = 2 * (column pair) + upper row.
-      const int hi_row = e % 2, pair = e / 2;  // pair 0: c, c+1; pair 1: c+2, c+3 (regs 0-3)
-      const int reg = (pair / 2) * 2 + hi_row, col = c0 + 2 * (pair / 2) + pair % 2;
-      const int shift = 4 * reg + 16 * (pair % 2);
+    for (int hi_row = 0; hi_row < 2; ++hi_row) {
       const int row = 16 * tile + g + 8 * hi_row;
       if (row >= p.rows) continue;
-      const float qv = static_cast<float>((words[j] >> shift) & 0xF) - off;
-      const float v = hi_row ? qv * s.y + m.y : qv * s.x + m.x;
-      const int dst_col = p.perm == nullptr ? col : p.perm[col];
-      out[int64_t{row} * p.cols + dst_col] = __float2half_rn(v);
+      __half v[4];
+      for (int d = 0; d < 4; ++d) {  // column c0 + d: register 2 (d / 2) + hi_row, half d % 2
+        const int shift = 4 * (2 * (d / 2) + hi_row) + 16 * (d % 2);
+        const float qv = static_cast<float>((words[j] >> shift) & 0xF) - off;
+        v[d] = __float2half_rn(hi_row ? qv * s.y + m.y : qv * s.x + m.x);
+      }
+      __half* dst = out + int64_t{row} * p.cols;
+      if (p.perm == nullptr) {
+        uint2 packed;
+        memcpy(&packed, v, 8);
+        *reinterpret_cast<uint2*>(dst + c0) = packed;  // c0 % 4 == 0: 8-byte aligned
+      } else {
+        for (int d = 0; d < 4; ++d) dst[p.perm[c0 + d]] = v[d];
+      }
     }
   }
 }
@@ -247,17 +296,24 @@ void launch_gemv4(const Params& p, cudaStream_t stream) {
   q.ksplit = ks;
   const int warps = std::max(8, ks), tiles_per_block = warps / ks;
   const unsigned blocks = static_cast<unsigned>((q.tiles + tiles_per_block - 1) / tiles_per_block);
+  // Variant (bench knob): 2 = U2, 4 = U4, 8 = U8, 12 = U2 pipelined, 14 = U4 pipelined.
+  const int variant = g_unroll == 0 ? kDefaultVariant : g_unroll;
+  const unsigned threads = warps * 32;
   const bool g32 = q.group == 32;
-  const int unroll = g_unroll == 0 ? 4 : g_unroll;
-  if (unroll == 8) {
-    if (g32) gemv4_kernel<true, 8><<<blocks, warps * 32, 0, stream>>>(q);
-    else gemv4_kernel<false, 8><<<blocks, warps * 32, 0, stream>>>(q);
-  } else if (unroll == 2) {
-    if (g32) gemv4_kernel<true, 2><<<blocks, warps * 32, 0, stream>>>(q);
-    else gemv4_kernel<false, 2><<<blocks, warps * 32, 0, stream>>>(q);
-  } else {
-    if (g32) gemv4_kernel<true, 4><<<blocks, warps * 32, 0, stream>>>(q);
-    else gemv4_kernel<false, 4><<<blocks, warps * 32, 0, stream>>>(q);
+  auto go = [&](auto kernel_g32, auto kernel) {
+    (g32 ? kernel_g32 : kernel)<<<blocks, threads, 0, stream>>>(q);
+  };
+  switch (variant) {
+    case 2:
+      return go(gemv4_kernel<true, 2, false>, gemv4_kernel<false, 2, false>);
+    case 8:
+      return go(gemv4_kernel<true, 8, false>, gemv4_kernel<false, 8, false>);
+    case 12:
+      return go(gemv4_kernel<true, 2, true>, gemv4_kernel<false, 2, true>);
+    case 14:
+      return go(gemv4_kernel<true, 4, true>, gemv4_kernel<false, 4, true>);
+    default:
+      return go(gemv4_kernel<true, 4, false>, gemv4_kernel<false, 4, false>);
   }
 }
 
@@ -266,7 +322,11 @@ void launch_dequant4(const Params& p, __half* out, cudaStream_t stream) {
   dequant4_kernel<<<static_cast<unsigned>((pieces + 255) / 256), 256, 0, stream>>>(p, out);
 }
 
-void set_gemv_ksplit(int ksplit) { g_ksplit = ksplit; }
-void set_gemv_unroll(int unroll) { g_unroll = unroll; }
+void set_gemv_ksplit(int ksplit) {
+  g_ksplit = ksplit;
+}
+void set_gemv_unroll(int unroll) {
+  g_unroll = unroll;
+}
 
 }  // namespace gyre::qlinear_detail
