@@ -114,8 +114,8 @@ int main() {
   CK(cudaMalloc(&y, 2048 * 128256 * 2));
   fill_halves<<<1024, 256>>>(x, 2048 * 14336, -1.0f, 2.0f, 5);
   std::printf(
-      "\nGEMV (g128 sym, f16 scales); 4-bit: cfg = ksplit/variant (0 = auto; variant 2/4 = U2/U4, "
-      "12/14 = U2/U4 pipelined), 8-bit: rows\n"
+      "\nGEMV (g128 sym, f16 scales); 4-bit: cfg = ksplit/unroll (0 = auto: ksplit by tile count, "
+      "unroll 2), 8-bit: rows\n"
       "%-14s %4s %2s %5s %9s %8s %7s\n",
       "shape", "bits", "n", "cfg", "us", "GB/s", "%copy");
   for (const auto& sh : shapes) {
@@ -137,8 +137,7 @@ int main() {
                     ms * 1e3, moved / ms / 1e6, 100.0 * moved / ms / 1e6 / copy_gbs);
       };
       if (bits == 4) {
-        const int cfgs[][2] = {{0, 0},  {0, 2},  {0, 4},   {0, 14}, {2, 12},
-                               {4, 12}, {8, 12}, {16, 12}, {4, 4},  {8, 4}};
+        const int cfgs[][2] = {{0, 0}, {0, 4}, {2, 2}, {4, 2}, {8, 2}, {16, 2}};
         for (const auto& c : cfgs) {
           qlinear_detail::set_gemv_ksplit(c[0]);
           qlinear_detail::set_gemv_unroll(c[1]);

@@ -60,8 +60,7 @@ namespace qlinear_detail {
 // Tuning knob for benchmarks: weight rows per thread block of the GEMV (1, 2 or 4; 0 = auto).
 void set_gemv_rows_per_block(int rows);  // 8-bit
 // 4-bit GEMV: warps splitting the columns of one 16-row tile (1..16, power of two; 0 = auto)
-// and kernel variant (2, 4, 8: 16-byte loads in flight per lane; 12, 14: 2 or 4 double-buffered;
-// 0 = default).
+// and 16-byte loads in flight per lane (2 or 4; 0 = 2).
 void set_gemv_ksplit(int ksplit);
 void set_gemv_unroll(int unroll);
 }  // namespace qlinear_detail

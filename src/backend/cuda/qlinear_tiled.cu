@@ -63,7 +63,6 @@ __global__ void tile_scales_kernel(const uint8_t* src, uint8_t* dst, int rows, i
 }
 
 int g_ksplit = 0, g_unroll = 0;
-constexpr int kDefaultVariant = 12;
 
 // Everything one lane needs for one 64-column block, fetched together so that a batch of
 // blocks costs one memory round trip: the weight piece, x for its 16 columns (token g), and the
@@ -85,9 +84,10 @@ __device__ __forceinline__ float2 pair_to_float2(uint2 v, bool f32) {
 }
 
 // Block: warps = (warps / ksplit) tiles x ksplit warps splitting the column blocks. Each warp
-// takes blocks ks, ks + ksplit, ... in batches of U; PIPE fetches the next batch before
-// computing the current one.
-template <bool G32, int U, bool PIPE>
+// takes blocks ks, ks + ksplit, ... in batches of U fetched before any is used. (A
+// double-buffered version needed ~100 registers and ran 1.3-1.5x slower: with at most ~30 warps
+// per SM resident, fewer registers and more warps beat deeper per-warp pipelines here.)
+template <bool G32, int U>
 __global__ void __launch_bounds__(512) gemv4_kernel(Params p) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -163,28 +163,13 @@ __global__ void __launch_bounds__(512) gemv4_kernel(Params p) {
   };
 
   const int step = U * p.ksplit;
-  BlockData cur[U];
-#pragma unroll
-  for (int u = 0; u < U; ++u) fetch(ks + u * p.ksplit, cur[u]);
   for (int b0 = ks; b0 < p.kblocks; b0 += step) {
-    BlockData nxt[PIPE ? U : 1];
-    if (PIPE && b0 + step < p.kblocks) {
+    BlockData cur[U];
 #pragma unroll
-      for (int u = 0; u < U; ++u) fetch(b0 + step + u * p.ksplit, nxt[u]);
-    }
+    for (int u = 0; u < U; ++u) fetch(b0 + u * p.ksplit, cur[u]);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (b0 + u * p.ksplit < p.kblocks) compute(cur[u]);
-    }
-    if (b0 + step < p.kblocks) {
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if constexpr (PIPE) {
-          cur[u] = nxt[u];
-        } else {
-          fetch(b0 + step + u * p.ksplit, cur[u]);
-        }
-      }
     }
   }
 
@@ -289,32 +274,23 @@ void launch_gemv4(const Params& p, cudaStream_t stream) {
   Params q = p;
   int ks = g_ksplit;
   if (ks == 0) {
-    // Aim at ~3000 warps (about 24 per SM) while keeping >= 4 column blocks per warp.
+    // Aim at ~7000 warps (measured best on H100 for 14336 / 28672 rows: ksplit 8 / 4) while
+    // keeping >= 4 column blocks per warp.
     ks = 1;
-    while (ks < 16 && q.tiles * ks < 3000 && q.kblocks / (2 * ks) >= 4) ks *= 2;
+    while (ks < 16 && q.tiles * ks < 7000 && q.kblocks / (2 * ks) >= 4) ks *= 2;
   }
   q.ksplit = ks;
   const int warps = std::max(8, ks), tiles_per_block = warps / ks;
   const unsigned blocks = static_cast<unsigned>((q.tiles + tiles_per_block - 1) / tiles_per_block);
-  // Variant (bench knob): 2 = U2, 4 = U4, 8 = U8, 12 = U2 pipelined, 14 = U4 pipelined.
-  const int variant = g_unroll == 0 ? kDefaultVariant : g_unroll;
+  // Bench knob: 16-byte loads in flight per lane (2 or 4). 2 keeps the kernel at 64 registers.
+  const int unroll = g_unroll == 0 ? 2 : g_unroll;
   const unsigned threads = warps * 32;
   const bool g32 = q.group == 32;
   auto go = [&](auto kernel_g32, auto kernel) {
     (g32 ? kernel_g32 : kernel)<<<blocks, threads, 0, stream>>>(q);
   };
-  switch (variant) {
-    case 2:
-      return go(gemv4_kernel<true, 2, false>, gemv4_kernel<false, 2, false>);
-    case 8:
-      return go(gemv4_kernel<true, 8, false>, gemv4_kernel<false, 8, false>);
-    case 12:
-      return go(gemv4_kernel<true, 2, true>, gemv4_kernel<false, 2, true>);
-    case 14:
-      return go(gemv4_kernel<true, 4, true>, gemv4_kernel<false, 4, true>);
-    default:
-      return go(gemv4_kernel<true, 4, false>, gemv4_kernel<false, 4, false>);
-  }
+  if (unroll == 4) return go(gemv4_kernel<true, 4>, gemv4_kernel<false, 4>);
+  return go(gemv4_kernel<true, 2>, gemv4_kernel<false, 2>);
 }
 
 void launch_dequant4(const Params& p, __half* out, cudaStream_t stream) {
