@@ -39,15 +39,15 @@ TEST(Safetensors, LoadsStories260K) {
 
 TEST(Safetensors, RejectsHostileHeaders) {
   const std::vector<std::pair<std::string, size_t>> bad = {
-      {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}})", 8},   // past the end
-      {R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8},    // size mismatch
-      {R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,8]}})", 8},   // negative dim
-      {R"({"a":{"dtype":"Q9","shape":[2],"data_offsets":[0,8]}})", 8},     // unknown dtype
-      {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8},    // reversed
-      {R"({"a":{"dtype":"F32","shape":[2]}})", 8},                         // no offsets
+      {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}})", 8},  // past the end
+      {R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8},   // size mismatch
+      {R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,8]}})", 8},  // negative dim
+      {R"({"a":{"dtype":"Q9","shape":[2],"data_offsets":[0,8]}})", 8},    // unknown dtype
+      {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8},   // reversed
+      {R"({"a":{"dtype":"F32","shape":[2]}})", 8},                        // no offsets
       {R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8},
-      {R"({"a":)", 8},                                                     // bad JSON
-      {R"([1,2])", 8},                                                     // not an object
+      {R"({"a":)", 8},  // bad JSON
+      {R"([1,2])", 8},  // not an object
   };
   for (const auto& [header, n] : bad) {
     WeightSet w;

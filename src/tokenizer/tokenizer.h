@@ -7,11 +7,10 @@
 // Added/special tokens are matched in the text before the model runs.
 #pragma once
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 namespace gyre {
 
@@ -21,8 +20,9 @@ struct GgufVocab {
   std::string pre;    // pre-tokenizer name for gpt2 models: "llama-bpe", "smollm", "qwen2", ...
   std::vector<std::string> tokens;
   std::vector<float> scores;
-  std::vector<int32_t> token_types;  // 1 normal, 2 unknown, 3 control, 4 user defined, 5 unused, 6 byte
-  std::vector<std::string> merges;   // "a b"
+  std::vector<int32_t>
+      token_types;  // 1 normal, 2 unknown, 3 control, 4 user defined, 5 unused, 6 byte
+  std::vector<std::string> merges;  // "a b"
   int bos_id = -1, eos_id = -1, unk_id = -1, pad_id = -1;
   bool add_bos = true, add_eos = false, add_space_prefix = true;
 };
@@ -45,10 +45,10 @@ class Tokenizer {
   virtual std::string decode(const std::vector<int>& ids, bool skip_special) const = 0;
 
   virtual int vocab_size() const = 0;
-  virtual int bos_id() const = 0;               // -1 when none
+  virtual int bos_id() const = 0;                // -1 when none
   virtual std::vector<int> eos_ids() const = 0;  // may be empty
   virtual bool is_special(int id) const = 0;
-  virtual std::string id_to_token(int id) const = 0;  // the raw vocabulary string
+  virtual std::string id_to_token(int id) const = 0;          // the raw vocabulary string
   virtual int token_to_id(std::string_view token) const = 0;  // -1 when absent
 };
 

@@ -1,0 +1,252 @@
+// Tokenizer::from_gguf and StreamDecoder. GGUF vocabularies are built from the fixture
+// tokenizer.json files the way a GGUF converter would write them, then checked against the same
+// Hugging Face goldens as the tokenizer.json path.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "test_tokenizer_util.h"
+
+namespace gyre {
+namespace {
+
+using test::ids_of;
+using test::load_json;
+using test::tokenizer_dir;
+
+// Token types as GGUF numbers them.
+constexpr int32_t kNormal = 1, kUnknown = 2, kControl = 3, kByte = 6;
+
+bool is_byte_token(const std::string& t) {
+  return t.size() == 6 && t.rfind("<0x", 0) == 0 && t.back() == '>';
+}
+
+// Vocabulary, token types and merges of a tokenizer.json, as a GGUF file would carry them.
+GgufVocab vocab_from_json(const std::string& name) {
+  const auto j = load_json(tokenizer_dir(name) + "/tokenizer.json");
+  GgufVocab v;
+  const auto& vocab = j.at("model").at("vocab");
+  size_t size = 0;
+  for (auto it = vocab.begin(); it != vocab.end(); ++it)
+    size = std::max<size_t>(size, it.value().get<int>() + 1);
+  for (const auto& a : j.at("added_tokens"))
+    size = std::max<size_t>(size, a.at("id").get<int>() + 1);
+  v.tokens.resize(size);
+  v.token_types.assign(size, kNormal);
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+    v.tokens[it.value().get<int>()] = it.key();
+    if (is_byte_token(it.key())) v.token_types[it.value().get<int>()] = kByte;
+  }
+  for (const auto& a : j.at("added_tokens")) {
+    const int id = a.at("id");
+    v.tokens[id] = a.at("content");
+    if (a.at("special").get<bool>())
+      v.token_types[id] = v.tokens[id] == "<unk>" ? kUnknown : kControl;
+  }
+  for (const auto& m : j.at("model").at("merges")) v.merges.push_back(m.get<std::string>());
+  return v;
+}
+
+// SentencePiece kind: a piece's score is minus the rank of the first merge that creates it, so
+// that "highest score first" replays the merge order of tokenizer.json.
+GgufVocab llama_vocab(const std::string& name) {
+  GgufVocab v = vocab_from_json(name);
+  v.model = "llama";
+  v.scores.assign(v.tokens.size(), -1e30f);
+  std::unordered_map<std::string, int> id_of;
+  for (size_t i = 0; i < v.tokens.size(); ++i) id_of.emplace(v.tokens[i], static_cast<int>(i));
+  for (size_t rank = 0; rank < v.merges.size(); ++rank) {
+    const std::string& m = v.merges[rank];
+    const size_t space = m.find(' ');
+    const int id = id_of.at(m.substr(0, space) + m.substr(space + 1));
+    v.scores[id] = std::max(v.scores[id], -static_cast<float>(rank));
+  }
+  v.merges.clear();
+  v.bos_id = 1;
+  v.eos_id = 2;
+  v.unk_id = 0;
+  v.add_bos = false;
+  return v;
+}
+
+GgufVocab llama3_vocab() {
+  GgufVocab v = vocab_from_json("llama3");
+  v.model = "gpt2";
+  v.pre = "llama-bpe";
+  v.bos_id = 128000;
+  v.eos_id = 128001;
+  v.add_bos = false;
+  return v;
+}
+
+std::unique_ptr<Tokenizer> gguf_tokenizer(const std::string& name) {
+  return Tokenizer::from_gguf(name == "llama3" ? llama3_vocab() : llama_vocab(name));
+}
+
+class TokenizerGguf : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TokenizerGguf, GoldenCasesMatchHuggingFace) {
+  const auto tok = gguf_tokenizer(GetParam());
+  const auto golden = load_json(tokenizer_dir(GetParam()) + "/golden.json");
+  for (const auto& c : golden.at("cases")) {
+    const std::string text = c.at("text");
+    EXPECT_EQ(tok->encode(text, false), ids_of(c.at("ids"))) << "text: " << text;
+    EXPECT_EQ(tok->decode(ids_of(c.at("ids")), false), c.at("decoded").get<std::string>());
+  }
+  if (golden.contains("chat_template_cases")) {
+    for (const auto& c : golden.at("chat_template_cases"))
+      EXPECT_EQ(tok->encode(c.at("rendered").get<std::string>(), false), ids_of(c.at("ids")));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, TokenizerGguf, ::testing::Values("llama2", "llama3", "mistral"));
+
+TEST(TokenizerGgufVocab, AddBosAndSpecialFlags) {
+  GgufVocab v = llama3_vocab();
+  v.add_bos = true;
+  const auto tok = Tokenizer::from_gguf(v);
+  const auto golden = load_json(tokenizer_dir("llama3") + "/golden.json");
+  auto want = ids_of(golden.at("cases")[0].at("ids"));
+  want.insert(want.begin(), 128000);
+  EXPECT_EQ(tok->encode(golden.at("cases")[0].at("text").get<std::string>(), true), want);
+  EXPECT_EQ(tok->bos_id(), 128000);
+  EXPECT_EQ(tok->eos_ids(), std::vector<int>{128001});
+  EXPECT_TRUE(tok->is_special(128009));
+  EXPECT_FALSE(tok->is_special(9906));
+  EXPECT_EQ(tok->decode({128000, 9906}, true), "Hello");
+}
+
+// run.c's own encoder merges by piece score, exactly what the GGUF llama kind does.
+TEST(TokenizerGgufVocab, Stories260KMatchesRunC) {
+  GgufVocab v = llama_vocab("stories260K");
+  v.add_bos = true;
+  const auto tok = Tokenizer::from_gguf(v);
+  const auto golden = load_json(tokenizer_dir("stories260K") + "/golden.json");
+  for (const auto& c : golden.at("cases")) {
+    const auto prompt_ids = ids_of(c.at("prompt_ids"));
+    EXPECT_EQ(tok->encode(c.at("prompt").get<std::string>(), true), prompt_ids);
+    auto all = prompt_ids;
+    for (int id : ids_of(c.at("generated_ids"))) all.push_back(id);
+    EXPECT_EQ(tok->decode(all, true), c.at("output_text").get<std::string>());
+  }
+}
+
+TEST(TokenizerGgufVocab, BadVocabThrowsError) {
+  GgufVocab empty;
+  empty.model = "llama";
+  EXPECT_THROW(Tokenizer::from_gguf(empty), Error);
+  GgufVocab v = llama_vocab("stories260K");
+  v.model = "wordpiece";
+  EXPECT_THROW(Tokenizer::from_gguf(v), Error);
+  v = llama_vocab("stories260K");
+  v.scores.pop_back();
+  EXPECT_THROW(Tokenizer::from_gguf(v), Error);
+  v = llama_vocab("stories260K");
+  v.bos_id = 100000;
+  EXPECT_THROW(Tokenizer::from_gguf(v), Error);
+  v = llama_vocab("stories260K");
+  v.token_types.resize(3);
+  EXPECT_THROW(Tokenizer::from_gguf(v), Error);
+  GgufVocab g;
+  g.model = "gpt2";
+  g.tokens = {"a", "b"};
+  g.merges = {"a b"};  // "ab" is not in the vocabulary
+  EXPECT_THROW(Tokenizer::from_gguf(g), Error);
+  g.merges = {"ab"};
+  EXPECT_THROW(Tokenizer::from_gguf(g), Error);
+}
+
+// --- StreamDecoder ---
+
+// An independent UTF-8 validity check (RFC 3629 table) for the streamed pieces.
+bool valid_utf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+    size_t n = b(i) < 0x80         ? 1
+               : (b(i) >> 5) == 6  ? 2
+               : (b(i) >> 4) == 14 ? 3
+               : (b(i) >> 3) == 30 ? 4
+                                   : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    uint32_t cp = n == 1 ? b(i) : b(i) & (0x7F >> n);
+    for (size_t k = 1; k < n; ++k) {
+      if ((b(i + k) & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (b(i + k) & 0x3F);
+    }
+    const uint32_t min_cp[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min_cp[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n;
+  }
+  return true;
+}
+
+std::string stream(const Tokenizer& tok, const std::vector<int>& ids, bool skip_special,
+                   std::vector<std::string>* pieces = nullptr) {
+  StreamDecoder dec(tok, skip_special);
+  std::string all;
+  for (int id : ids) {
+    const std::string piece = dec.push(id);
+    EXPECT_TRUE(valid_utf8(piece)) << "half a character emitted";
+    if (pieces) pieces->push_back(piece);
+    all += piece;
+  }
+  return all + dec.flush();
+}
+
+TEST_P(TokenizerGguf, StreamedGoldensEqualHuggingFaceDecode) {
+  const Tokenizer& tok = test::hf_tokenizer(GetParam());
+  const auto golden = load_json(tokenizer_dir(GetParam()) + "/golden.json");
+  for (const auto& c : golden.at("cases"))
+    EXPECT_EQ(stream(tok, ids_of(c.at("ids")), false), c.at("decoded").get<std::string>());
+}
+
+TEST(TokenizerStream, Stories260KOutputs) {
+  const Tokenizer& tok = test::hf_tokenizer("stories260K");
+  const auto golden = load_json(tokenizer_dir("stories260K") + "/golden.json");
+  for (const auto& c : golden.at("cases")) {
+    auto all = ids_of(c.at("prompt_ids"));
+    for (int id : ids_of(c.at("generated_ids"))) all.push_back(id);
+    EXPECT_EQ(stream(tok, all, true), c.at("output_text").get<std::string>());
+  }
+}
+
+// Emoji and CJK split over byte-fallback tokens (Llama 2 ids from golden.json) and over
+// byte-level tokens (Llama 3): nothing is emitted until the character is complete.
+TEST(TokenizerStream, HoldsIncompleteCharacters) {
+  const Tokenizer& l2 = test::hf_tokenizer("llama2");
+  std::vector<std::string> pieces;
+  // "👍": ▁ <0xF0> <0x9F> <0x91> <0x8D>
+  EXPECT_EQ(stream(l2, {29871, 243, 162, 148, 144}, false, &pieces), "\xF0\x9F\x91\x8D");
+  EXPECT_EQ(pieces, (std::vector<std::string>{"", "", "", "", "\xF0\x9F\x91\x8D"}));
+  // "입" (U+C785) from <0xEC> <0x9E> <0x85>, then "니다".
+  pieces.clear();
+  const std::string ip = "\xEC\x9E\x85";
+  const std::vector<int> korean = {l2.token_to_id("<0xEC>"), l2.token_to_id("<0x9E>"),
+                                   l2.token_to_id("<0x85>"), l2.token_to_id("니")};
+  EXPECT_EQ(stream(l2, korean, false, &pieces), ip + "니");
+  EXPECT_EQ(pieces, (std::vector<std::string>{"", "", ip, "니"}));
+
+  const Tokenizer& l3 = test::hf_tokenizer("llama3");
+  const auto golden = load_json(tokenizer_dir("llama3") + "/golden.json");
+  for (const auto& c : golden.at("cases")) {
+    if (c.at("text") != "👍") continue;
+    pieces.clear();
+    EXPECT_EQ(stream(l3, ids_of(c.at("ids")), false, &pieces), "👍");
+    ASSERT_EQ(pieces.size(), 3u);
+    EXPECT_EQ(pieces[0] + pieces[1], "");
+  }
+}
+
+TEST(TokenizerStream, FlushReplacesDanglingBytes) {
+  const Tokenizer& l2 = test::hf_tokenizer("llama2");
+  StreamDecoder dec(l2, false);
+  EXPECT_EQ(dec.push(l2.token_to_id("▁Hello")), "Hello");
+  EXPECT_EQ(dec.push(l2.token_to_id("<0xF0>")), "");
+  EXPECT_EQ(dec.push(l2.token_to_id("<0x9F>")), "");
+  EXPECT_EQ(dec.flush(), "\xEF\xBF\xBD\xEF\xBF\xBD");  // HF ByteFallback: one U+FFFD per byte
+}
+
+}  // namespace
+}  // namespace gyre
