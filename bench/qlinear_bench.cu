@@ -54,15 +54,15 @@ Weight make(int rows, int cols, int bits, int group, uint32_t seed) {
   d.rows = rows;
   d.cols = cols;
   Weight out{};
-  out.w.desc = d;
-  const size_t qb = d.qweight_bytes(), sb = d.scale_count() * 2;
-  CK(cudaMalloc(&out.mem, qb + sb + 256));
+  const size_t total = qweight_device_bytes(d);
+  CK(cudaMalloc(&out.mem, total));
+  out.w = qweight_device_view(d, out.mem);
   auto* p = static_cast<uint8_t*>(out.mem);
+  const size_t qb = static_cast<const uint8_t*>(out.w.scales) - p;  // incl. alignment padding
   fill_bytes<<<1024, 256>>>(p, qb, seed);
-  fill_halves<<<1024, 256>>>(reinterpret_cast<__half*>(p + qb), sb / 2, 0.001f, 0.01f, seed);
+  fill_halves<<<1024, 256>>>(reinterpret_cast<__half*>(p + qb), (total - qb) / 2, 0.001f, 0.01f,
+                             seed);
   CK(cudaGetLastError());
-  out.w.qweight = p;
-  out.w.scales = p + qb;
   return out;
 }
 
@@ -105,14 +105,19 @@ int main() {
   CK(cudaFree(s));
   CK(cudaFree(t));
 
-  const int shapes[][2] = {
-      {4096, 4096}, {14336, 4096}, {4096, 14336}, {1024, 4096}, {128256, 4096}};
+  // Llama-3-8B: q/o, gate/up, down, k/v, lm_head; then fused QKV and gate+up.
+  const int shapes[][2] = {{4096, 4096},   {14336, 4096}, {4096, 14336}, {1024, 4096},
+                           {128256, 4096}, {6144, 4096},  {28672, 4096}};
+  const int n_gemm_shapes = 5;
   __half *x, *y;
   CK(cudaMalloc(&x, 2048 * 14336 * 2));
   CK(cudaMalloc(&y, 2048 * 128256 * 2));
   fill_halves<<<1024, 256>>>(x, 2048 * 14336, -1.0f, 2.0f, 5);
-  std::printf("\nGEMV (g128 sym, f16 scales)\n%-14s %4s %2s %3s %9s %8s %7s\n", "shape", "bits",
-              "n", "rpb", "us", "GB/s", "%copy");
+  std::printf(
+      "\nGEMV (g128 sym, f16 scales); 4-bit: cfg = ksplit/unroll (0 = auto: ksplit by tile count, "
+      "unroll 2), 8-bit: rows\n"
+      "%-14s %4s %2s %5s %9s %8s %7s\n",
+      "shape", "bits", "n", "cfg", "us", "GB/s", "%copy");
   for (const auto& sh : shapes) {
     for (const int bits : {4, 8}) {
       QWeightDesc d;
@@ -124,15 +129,29 @@ int main() {
       const int copies = std::max(1, int(std::ceil(300e6 / bytes)));
       std::vector<Weight> ws;
       for (int c = 0; c < copies; ++c) ws.push_back(make(sh[0], sh[1], bits, 128, 17 + c));
-      for (const int n : {1, 4, 8}) {
-        for (const int rpb : {1, 2, 4}) {
-          if (n > 1 && rpb != 2) continue;
-          qlinear_detail::set_gemv_rows_per_block(rpb);
-          const float ms = time_ms(
-              [&](int i) { qlinear_gemv(ws[i % copies].w, x, y, n, nullptr, nullptr); }, 40);
-          const double moved = bytes + 2.0 * n * (sh[0] + sh[1]);
-          std::printf("%6dx%-7d %4d %2d %3d %9.2f %8.0f %6.1f%%\n", sh[0], sh[1], bits, n, rpb,
-                      ms * 1e3, moved / ms / 1e6, 100.0 * moved / ms / 1e6 / copy_gbs);
+      auto run = [&](int n, const char* cfg) {
+        const float ms =
+            time_ms([&](int i) { qlinear_gemv(ws[i % copies].w, x, y, n, nullptr, nullptr); }, 40);
+        const double moved = bytes + 2.0 * n * (sh[0] + sh[1]);
+        std::printf("%6dx%-7d %4d %2d %5s %9.2f %8.0f %6.1f%%\n", sh[0], sh[1], bits, n, cfg,
+                    ms * 1e3, moved / ms / 1e6, 100.0 * moved / ms / 1e6 / copy_gbs);
+      };
+      if (bits == 4) {
+        const int cfgs[][2] = {{0, 0}, {0, 4}, {2, 2}, {4, 2}, {8, 2}, {16, 2}};
+        for (const auto& c : cfgs) {
+          qlinear_detail::set_gemv_ksplit(c[0]);
+          qlinear_detail::set_gemv_unroll(c[1]);
+          char name[16];
+          std::snprintf(name, sizeof name, "%d/%d", c[0], c[1]);
+          run(1, name);
+        }
+        qlinear_detail::set_gemv_ksplit(0);
+        qlinear_detail::set_gemv_unroll(0);
+        for (const int n : {2, 4, 8}) run(n, "auto");
+      } else {
+        for (const int n : {1, 8}) {
+          qlinear_detail::set_gemv_rows_per_block(n == 1 ? 4 : 2);
+          run(n, n == 1 ? "4" : "2");
         }
       }
       qlinear_detail::set_gemv_rows_per_block(0);
@@ -145,7 +164,8 @@ int main() {
               "TFLOP/s", "dequant us");
   __half* deq;
   CK(cudaMalloc(&deq, size_t(14336) * 4096 * 2));
-  for (const auto& sh : shapes) {
+  for (int si = 0; si < n_gemm_shapes; ++si) {
+    const auto& sh = shapes[si];
     if (sh[0] > 14336) continue;
     for (const int bits : {4, 8}) {
       Weight w = make(sh[0], sh[1], bits, 128, 99);

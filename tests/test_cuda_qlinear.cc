@@ -170,6 +170,32 @@ TEST(CudaQlinear, GemvMatchesFloat64) {
   }
 }
 
+// 4-bit tiles are 16 rows x 64 columns: a fused (row-concatenated) weight whose parts and total
+// are not multiples of 16 rows, with 160 columns (a padded half block at group 32).
+TEST(CudaQlinear, FusedPaddedWeightMatchesFloat64) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Layout layouts[] = {
+      {"q4_g32_sym", 4, 32, false, false, DType::F32},
+      {"q4_g32_asym_perm", 4, 32, true, true, DType::F32},
+      {"gguf_q4_0", 4, 32, false, false, DType::Q4_0},
+      {"q8_g32_sym", 8, 32, false, false, DType::F32},
+  };
+  uint32_t seed = 900;
+  for (const Layout& l : layouts) {
+    // One seed for all parts: a fused act-order weight needs one column permutation.
+    std::vector<QWeightHost> parts;
+    for (const int rows : {21, 8, 35}) parts.push_back(make_weight(l, rows, 160, seed));
+    ++seed;
+    const QWeightHost fused = qweight_concat_rows({&parts[0], &parts[1], &parts[2]});
+    for (const int n : {1, 3, 8}) {
+      SCOPED_TRACE(l.name + " n " + std::to_string(n));
+      check_matmul(fused, n, false, seed++);
+    }
+    SCOPED_TRACE(l.name + " gemm");
+    check_matmul(fused, 40, true, seed++);
+  }
+}
+
 TEST(CudaQlinear, GemmMatchesFloat64) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   uint32_t seed = 100;

@@ -181,5 +181,37 @@ TEST(QlinearRef, RejectsBadInput) {
   EXPECT_THROW(qweight_pack_from_gguf(DType::F16, blocks.data(), 1, 128), Error);
 }
 
+// Oracle: each part's own dequantized rows (the fused weight must be their plain stack).
+TEST(QlinearRef, ConcatRowsStacksParts) {
+  for (const int bits : {4, 8}) {
+    const int cols = 96;
+    std::vector<QWeightHost> parts;
+    int seed = 40, total = 0;
+    for (const int rows : {5, 16, 3}) {
+      const std::vector<float> w = random_weights(rows, cols, seed++);
+      parts.push_back(qweight_pack_from_f32(w.data(), rows, cols, bits, 32, bits == 8));
+      total += rows;
+    }
+    const QWeightHost fused = qweight_concat_rows({&parts[0], &parts[1], &parts[2]});
+    ASSERT_EQ(fused.desc.rows, total);
+    std::vector<float> got(cols), want(cols);
+    int r = 0;
+    for (const QWeightHost& part : parts) {
+      for (int pr = 0; pr < part.desc.rows; ++pr, ++r) {
+        qweight_dequantize_row(fused, r, got.data());
+        qweight_dequantize_row(part, pr, want.data());
+        ASSERT_EQ(0, std::memcmp(got.data(), want.data(), cols * sizeof(float))) << "row " << r;
+      }
+    }
+  }
+  const std::vector<float> w = random_weights(4, 128, 7);
+  const QWeightHost a = qweight_pack_from_f32(w.data(), 4, 64, 4, 32, false);
+  const QWeightHost b = qweight_pack_from_f32(w.data(), 2, 128, 4, 32, false);
+  const QWeightHost c = qweight_pack_from_f32(w.data(), 4, 64, 4, 64, false);
+  EXPECT_THROW(qweight_concat_rows({&a, &b}), Error);  // columns differ
+  EXPECT_THROW(qweight_concat_rows({&a, &c}), Error);  // group size differs
+  EXPECT_THROW(qweight_concat_rows({}), Error);
+}
+
 }  // namespace
 }  // namespace gyre

@@ -14,8 +14,16 @@ int main(int argc, char** argv) {
   gyre::add_bench_command(app);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // Usage mistakes follow the same one-line rule as every other error.
+    std::fprintf(stderr, "gyre: error: %s (see --help)\n", e.what());
+    return 1;
   } catch (const gyre::Error& e) {
     std::fprintf(stderr, "gyre: error: %s\n", e.what());
     return 1;

@@ -1,6 +1,7 @@
 #include "backend/cpu/qlinear_ref.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 
@@ -267,6 +268,29 @@ QWeightHost qweight_pack_from_gguf(DType t, const void* blocks, int rows, int co
       repack_block(t, row + b * info.block_bytes, out, r, b * info.block_elems,
                    r * d.groups_per_row() + b * groups_per_block);
     }
+  }
+  return out;
+}
+
+QWeightHost qweight_concat_rows(const std::vector<const QWeightHost*>& parts) {
+  GYRE_CHECK(!parts.empty(), "qweight_concat_rows: no weights");
+  QWeightHost out;
+  out.desc = parts[0]->desc;
+  out.desc.rows = 0;
+  out.perm = parts[0]->perm;
+  for (const QWeightHost* w : parts) {
+    const QWeightDesc& d = w->desc;
+    const QWeightDesc& o = out.desc;
+    GYRE_CHECK(d.bits == o.bits && d.group_size == o.group_size && d.asymmetric == o.asymmetric &&
+                   d.scale_f32 == o.scale_f32 && d.has_perm == o.has_perm && d.cols == o.cols &&
+                   w->perm == out.perm,
+               "qweight_concat_rows: weights differ in layout or column count");
+    GYRE_CHECK(int64_t{o.rows} + d.rows <= INT32_MAX, "qweight_concat_rows: too many rows");
+    // Every array is row-major, so row concatenation is byte concatenation.
+    out.qweight.insert(out.qweight.end(), w->qweight.begin(), w->qweight.end());
+    out.scales.insert(out.scales.end(), w->scales.begin(), w->scales.end());
+    out.mins.insert(out.mins.end(), w->mins.begin(), w->mins.end());
+    out.desc.rows += d.rows;
   }
   return out;
 }

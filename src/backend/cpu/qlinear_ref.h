@@ -74,6 +74,11 @@ QWeightHost qweight_pack_from_f32(const float* w, int rows, int cols, int bits, 
 bool qweight_gguf_supported(DType t);
 QWeightHost qweight_pack_from_gguf(DType t, const void* blocks, int rows, int cols);
 
+// Row concatenation [a; b; ...] of weights with one layout (bits, group, symmetry, scale type,
+// cols; perms equal when present), e.g. to fuse Q/K/V or gate/up into one GEMV launch: the
+// output of the fused matmul is the parts' outputs side by side. Throws on mismatched layouts.
+QWeightHost qweight_concat_rows(const std::vector<const QWeightHost*>& parts);
+
 // Row r of W in the original column order (perm undone), computed in float as documented above.
 void qweight_dequantize_row(const QWeightHost& w, int64_t r, float* out);
 

@@ -18,6 +18,11 @@ using qlinear_detail::Params;
 
 namespace qlinear_detail {
 void launch_gemm(const Params& p, cudaStream_t stream);  // qlinear_gemm.cu
+// qlinear_tiled.cu: the 4-bit tiled layout.
+void tile_int4_upload(const uint8_t* host_q, const uint8_t* host_scales, const uint8_t* host_mins,
+                      const Params& p, uint8_t* dst_q, uint8_t* dst_scales, uint8_t* dst_mins);
+void launch_gemv4(const Params& p, cudaStream_t stream);
+void launch_dequant4(const Params& p, __half* out, cudaStream_t stream);
 void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("CUDA error in ", what, ": ", cudaGetErrorString(e));
 }
@@ -179,27 +184,84 @@ __global__ void dequant_kernel(Params p, __half* out) {
   }
 }
 
+Params layout_params(const QWeightDevice& w) {
+  const QWeightDesc& d = w.desc;
+  Params p{};
+  p.qweight = w.qweight;
+  p.scales = w.scales;
+  p.mins = w.mins;
+  p.perm = w.perm;
+  p.rows = d.rows;
+  p.cols = d.cols;
+  p.group = d.group_size;
+  p.bits = d.bits;
+  p.scale_f32 = d.scale_f32;
+  p.asym = d.asymmetric;
+  p.tiles = (d.rows + 15) / 16;
+  p.kblocks = (d.cols + 63) / 64;
+  p.groups_p = p.kblocks * 64 / d.group_size;  // cols / group, plus one pad group at g32
+  while ((1 << p.group_log2) < d.group_size) ++p.group_log2;
+  return p;
+}
+
 Params make_params(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias) {
   GYRE_CHECK(w.qweight != nullptr && w.scales != nullptr, "qlinear: weight is not uploaded");
   GYRE_CHECK(n >= 1, "qlinear: batch of ", n, " rows");
   GYRE_CHECK(x != nullptr && y != nullptr, "qlinear: null activation pointer");
   GYRE_CHECK(reinterpret_cast<uintptr_t>(x) % 16 == 0, "qlinear: x must be 16-byte aligned");
-  const QWeightDesc& d = w.desc;
-  return Params{w.qweight, w.scales, w.mins,       w.perm, x, y,           bias,        d.rows,
-                d.cols,    n,        d.group_size, d.bits, 0, d.scale_f32, d.asymmetric};
+  Params p = layout_params(w);
+  p.x = x;
+  p.y = y;
+  p.bias = bias;
+  p.n = n;
+  return p;
 }
 
 size_t align256(size_t v) {
   return (v + 255) / 256 * 256;
 }
 
+// Byte sizes of the device qweight and scale arrays: the host layout for 8-bit, the tiled layout
+// (qlinear_tiled.cu) for 4-bit.
+void device_sizes(const QWeightDesc& d, size_t& qbytes, size_t& scale_bytes) {
+  if (d.bits == 4) {
+    QWeightDevice w;
+    w.desc = d;
+    const Params p = layout_params(w);
+    qbytes = static_cast<size_t>(p.tiles) * p.kblocks * 512;
+    scale_bytes = static_cast<size_t>(p.tiles) * p.groups_p * 16 * d.scale_bytes();
+  } else {
+    qbytes = static_cast<size_t>(d.qweight_bytes());
+    scale_bytes = static_cast<size_t>(d.scale_count()) * d.scale_bytes();
+  }
+}
+
 }  // namespace
 
 size_t qweight_device_bytes(const QWeightDesc& d) {
-  const size_t scale_bytes = static_cast<size_t>(d.scale_count()) * d.scale_bytes();
-  return align256(static_cast<size_t>(d.qweight_bytes())) + align256(scale_bytes) +
-         (d.asymmetric ? align256(scale_bytes) : 0) +
+  size_t qbytes = 0, scale_bytes = 0;
+  device_sizes(d, qbytes, scale_bytes);
+  return align256(qbytes) + align256(scale_bytes) + (d.asymmetric ? align256(scale_bytes) : 0) +
          (d.has_perm ? align256(static_cast<size_t>(d.cols) * 4) : 0);
+}
+
+QWeightDevice qweight_device_view(const QWeightDesc& d, void* mem) {
+  qweight_validate(d);
+  size_t qbytes = 0, scale_bytes = 0;
+  device_sizes(d, qbytes, scale_bytes);
+  QWeightDevice out;
+  out.desc = d;
+  auto* p = static_cast<uint8_t*>(mem);
+  out.qweight = p;
+  p += align256(qbytes);
+  out.scales = p;
+  p += align256(scale_bytes);
+  if (d.asymmetric) {
+    out.mins = p;
+    p += align256(scale_bytes);
+  }
+  if (d.has_perm) out.perm = reinterpret_cast<const int32_t*>(p);
+  return out;
 }
 
 QWeightDevice qweight_upload(const QWeightHost& w) {
@@ -210,23 +272,27 @@ QWeightDevice qweight_upload(const QWeightHost& w) {
                  w.mins.size() == (d.asymmetric ? w.scales.size() : 0) &&
                  w.perm.size() == (d.has_perm ? static_cast<size_t>(d.cols) : 0),
              "qweight_upload: buffers do not match the layout");
-  QWeightDevice out;
-  out.desc = d;
   void* mem = nullptr;
   check_cuda(cudaMalloc(&mem, qweight_device_bytes(d)), "cudaMalloc (quantized weight)");
+  QWeightDevice out = qweight_device_view(d, mem);
   out.allocation = mem;
-  auto* p = static_cast<uint8_t*>(mem);
-  auto put = [&](const void* src, size_t bytes) {
-    check_cuda(cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (weight)");
-    const void* at = p;
-    p += align256(bytes);
-    return at;
+  auto put = [&](const void* dst, const void* src, size_t bytes) {
+    check_cuda(cudaMemcpy(const_cast<void*>(dst), src, bytes, cudaMemcpyHostToDevice),
+               "cudaMemcpy (weight)");
   };
   try {
-    out.qweight = static_cast<const uint8_t*>(put(w.qweight.data(), w.qweight.size()));
-    out.scales = put(w.scales.data(), w.scales.size());
-    if (d.asymmetric) out.mins = put(w.mins.data(), w.mins.size());
-    if (d.has_perm) out.perm = static_cast<const int32_t*>(put(w.perm.data(), w.perm.size() * 4));
+    if (d.bits == 4) {
+      const Params p = layout_params(out);
+      qlinear_detail::tile_int4_upload(
+          w.qweight.data(), w.scales.data(), d.asymmetric ? w.mins.data() : nullptr, p,
+          const_cast<uint8_t*>(out.qweight), static_cast<uint8_t*>(const_cast<void*>(out.scales)),
+          static_cast<uint8_t*>(const_cast<void*>(out.mins)));
+    } else {
+      put(out.qweight, w.qweight.data(), w.qweight.size());
+      put(out.scales, w.scales.data(), w.scales.size());
+      if (d.asymmetric) put(out.mins, w.mins.data(), w.mins.size());
+    }
+    if (d.has_perm) put(out.perm, w.perm.data(), w.perm.size() * 4);
   } catch (...) {
     qweight_free(out);
     throw;
@@ -246,7 +312,7 @@ void qlinear_gemv(const QWeightDevice& w, const __half* x, __half* y, int n, con
   int rpb = g_rows_per_block;
   if (rpb == 0) rpb = 2;
   if (w.desc.bits == 4) {
-    dispatch_gemv<4>(p, rpb, stream);
+    qlinear_detail::launch_gemv4(p, stream);
   } else {
     dispatch_gemv<8>(p, rpb, stream);
   }
@@ -272,16 +338,13 @@ void qlinear_dequantize(const QWeightDevice& w, __half* out, cudaStream_t stream
   GYRE_CHECK(w.qweight != nullptr && out != nullptr, "qlinear_dequantize: null pointer");
   GYRE_CHECK(reinterpret_cast<uintptr_t>(out) % 16 == 0,
              "qlinear_dequantize: out must be 16-byte aligned");
-  const QWeightDesc& d = w.desc;
-  const Params p{w.qweight,    w.scales, w.mins, w.perm,      nullptr,
-                 nullptr,      nullptr,  d.rows, d.cols,      0,
-                 d.group_size, d.bits,   0,      d.scale_f32, d.asymmetric};
-  const int64_t chunks = static_cast<int64_t>(w.desc.rows) * (w.desc.cols / w.desc.chunk_cols());
-  const int threads = 256;
-  const auto blocks = static_cast<unsigned>((chunks + threads - 1) / threads);
+  const Params p = layout_params(w);
   if (w.desc.bits == 4) {
-    dequant_kernel<4><<<blocks, threads, 0, stream>>>(p, out);
+    qlinear_detail::launch_dequant4(p, out, stream);
   } else {
+    const int64_t chunks = static_cast<int64_t>(w.desc.rows) * (w.desc.cols / w.desc.chunk_cols());
+    const int threads = 256;
+    const auto blocks = static_cast<unsigned>((chunks + threads - 1) / threads);
     dequant_kernel<8><<<blocks, threads, 0, stream>>>(p, out);
   }
   check_cuda(cudaGetLastError(), "qlinear_dequantize launch");

@@ -3,7 +3,7 @@
 //
 // All entry points take raw device pointers and a stream so the CUDA backend can wrap them in
 // its own Tensor ownership. Activations are FP16, row-major [n, cols] in and [n, rows] out;
-// accumulation is in float (per-chunk partial sums of at most 16 products in FP16).
+// accumulation is in float (8-bit GEMV: per-chunk partial sums of at most 8 products in FP16).
 // Invalid arguments throw gyre::Error; CUDA failures throw gyre::Error naming the call.
 #pragma once
 #include <cuda_fp16.h>
@@ -17,10 +17,13 @@
 namespace gyre {
 
 // A packed weight in device memory. Views: copying it does not copy the memory.
+// 8-bit weights keep the host layout; 4-bit weights are tiled for the tensor cores at upload
+// (16-row tiles, fragment-ordered nibbles, scales per tile: see qlinear_tiled.cu), so only
+// qweight_upload / qweight_device_view know the byte layout.
 struct QWeightDevice {
   QWeightDesc desc;
-  const uint8_t* qweight = nullptr;  // desc.qweight_bytes(), 16-byte aligned
-  const void* scales = nullptr;      // f16 or f32 (desc.scale_f32), [rows, cols / group]
+  const uint8_t* qweight = nullptr;  // device layout, 16-byte aligned
+  const void* scales = nullptr;      // f16 or f32 (desc.scale_f32), device layout
   const void* mins = nullptr;        // same shape, asymmetric only
   const int32_t* perm = nullptr;     // [cols] or null
   void* allocation = nullptr;        // the one cudaMalloc holding all of the above
@@ -31,10 +34,14 @@ size_t qweight_device_bytes(const QWeightDesc& desc);
 
 // Copies a packed weight to the current device in one allocation (synchronous).
 QWeightDevice qweight_upload(const QWeightHost& w);
+// The pointers of a weight laid out in caller-owned device memory of qweight_device_bytes(desc)
+// bytes (allocation stays null: qweight_free does not free it). For arenas and benchmarks.
+QWeightDevice qweight_device_view(const QWeightDesc& desc, void* mem);
 void qweight_free(QWeightDevice& w);  // frees and nulls; safe on an empty weight
 
 // y[t, r] = sum_c x[t, c] * W[r, c] (+ bias[r]) for t < n.
-// qlinear_gemv: decode, n = 1..8, bandwidth-bound (one pass over the weight).
+// qlinear_gemv: decode, n = 1..8, bandwidth-bound (one pass over the weight; 4-bit on tensor
+// cores with float accumulation, so n = 8 costs about what n = 1 does).
 // qlinear_gemm: any n >= 1 (tensor cores, 128x128 tiles); meant for prefill.
 // qlinear_matmul: picks one of the two by n.
 // x must be 16-byte aligned; bias may be null.
@@ -51,7 +58,11 @@ void qlinear_dequantize(const QWeightDevice& w, __half* out, cudaStream_t stream
 
 namespace qlinear_detail {
 // Tuning knob for benchmarks: weight rows per thread block of the GEMV (1, 2 or 4; 0 = auto).
-void set_gemv_rows_per_block(int rows);
+void set_gemv_rows_per_block(int rows);  // 8-bit
+// 4-bit GEMV: warps splitting the columns of one 16-row tile (1..16, power of two; 0 = auto)
+// and 16-byte loads in flight per lane (2 or 4; 0 = 2).
+void set_gemv_ksplit(int ksplit);
+void set_gemv_unroll(int unroll);
 }  // namespace qlinear_detail
 
 }  // namespace gyre

@@ -17,11 +17,13 @@ constexpr int kLd = kTileK + 8;  // padded row (80 bytes) against bank conflicts
 constexpr int kThreads = 256;
 
 // The global data of one k-step held in registers until it is stored to shared memory.
+// 4-bit (tiled layout): q.x, q.y are words 2h, 2h+1 of one lane piece (rows g, g+8 of a tile
+// x 8 columns) with s/m for both rows; 8-bit: one chunk of one row, s[0]/m[0].
 template <int BITS>
 struct Prefetch {
   uint4 x[2];
   uint4 q;
-  __half2 s, m;
+  __half2 s[2], m[2];
 };
 
 template <int BITS>
@@ -42,7 +44,23 @@ __device__ __forceinline__ void fetch(const Params& p, int tok0, int row0, int k
       memcpy(&f.x[i], h, 16);
     }
   }
-  // Weights: 4-bit: one chunk per row (threads 0..127); 8-bit: two chunks per row.
+  if constexpr (BITS == 4) {
+    // 8 tiles x 32 lanes: each thread takes the half (8 bytes) of its lane piece for k0.
+    const int tile = min(row0 / 16 + tid / 32, p.tiles - 1), lane = tid % 32;
+    const int b = k0 / 64, h = (k0 % 64) / 32;
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(
+        p.qweight + ((int64_t{tile} * p.kblocks + b) * 32 + lane) * 16 + 8 * h));
+    f.q = make_uint4(v.x, v.y, 0, 0);
+    const int64_t sidx = (int64_t{tile} * p.groups_p + (k0 >> p.group_log2)) * 16 + 2 * (lane / 4);
+    const float2 s = load_tile_pair(p.scales, p.scale_f32, sidx);
+    const float2 m = p.asym ? load_tile_pair(p.mins, p.scale_f32, sidx) : make_float2(0.f, 0.f);
+    f.s[0] = __float2half2_rn(s.x);
+    f.s[1] = __float2half2_rn(s.y);
+    f.m[0] = __float2half2_rn(m.x);
+    f.m[1] = __float2half2_rn(m.y);
+    return;
+  }
+  // Weights (8-bit): two chunks per row.
   constexpr int kChunkCols = BITS == 4 ? 32 : 16;
   const int per_row = kTileK / kChunkCols;
   if (tid < kTileRows * per_row) {
@@ -50,7 +68,7 @@ __device__ __forceinline__ void fetch(const Params& p, int tok0, int row0, int k
     const int c = k0 + (tid % per_row) * kChunkCols;
     const int64_t row_bytes = static_cast<int64_t>(p.cols) * BITS / 8;
     f.q = load_stream(p.qweight + row * row_bytes + static_cast<int64_t>(c) * BITS / 8);
-    load_scale(p, static_cast<int64_t>(row) * (p.cols / p.group) + c / p.group, f.s, f.m);
+    load_scale(p, static_cast<int64_t>(row) * (p.cols / p.group) + c / p.group, f.s[0], f.m[0]);
   }
 }
 
@@ -63,11 +81,31 @@ __device__ __forceinline__ void store(const Params& p, const Prefetch<BITS>& f, 
     const int idx = tid + i * kThreads;
     *reinterpret_cast<uint4*>(&xs[idx / 4][(idx % 4) * 8]) = f.x[i];
   }
+  if constexpr (BITS == 4) {
+    // Rows g, g+8 of the thread's tile, columns 8t .. 8t+7 of this 32-column step.
+    const int lane = tid % 32, r0 = (tid / 32) * 16 + lane / 4, c = (lane % 4) * 8;
+    const __half2 lo_base = __float2half2_rn(p.asym ? 1024.f : 1032.f);
+    const __half2 hi_base = __float2half2_rn(p.asym ? -64.f : -72.f);
+    uint32_t a[2][4];
+    int4_word_to_fragment(f.q.x, lo_base, hi_base, a[0]);
+    int4_word_to_fragment(f.q.y, lo_base, hi_base, a[1]);
+    __half2 row_g[4], row_g8[4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      row_g[2 * j] = __hfma2(as_half2(a[j][0]), f.s[0], f.m[0]);
+      row_g[2 * j + 1] = __hfma2(as_half2(a[j][2]), f.s[0], f.m[0]);
+      row_g8[2 * j] = __hfma2(as_half2(a[j][1]), f.s[1], f.m[1]);
+      row_g8[2 * j + 1] = __hfma2(as_half2(a[j][3]), f.s[1], f.m[1]);
+    }
+    memcpy(&ws[r0][c], row_g, 16);
+    memcpy(&ws[r0 + 8][c], row_g8, 16);
+    return;
+  }
   constexpr int kChunkCols = BITS == 4 ? 32 : 16;
   const int per_row = kTileK / kChunkCols;
   if (tid < kTileRows * per_row) {
     __half2 w[kChunkCols / 2];
-    dequant_chunk<BITS>(f.q, f.s, f.m, p.asym, w);
+    dequant_chunk<BITS>(f.q, f.s[0], f.m[0], p.asym, w);
     uint4* dst = reinterpret_cast<uint4*>(&ws[tid / per_row][(tid % per_row) * kChunkCols]);
 #pragma unroll
     for (int j = 0; j < kChunkCols / 8; ++j) memcpy(&dst[j], &w[4 * j], 16);

@@ -16,8 +16,11 @@ struct Params {
   __half* y;
   const __half* bias;
   int rows, cols, n, group, bits;
-  int ksplit;  // GEMV: warps sharing one row group (1, 2 or 4)
+  int ksplit;  // GEMV: warps sharing one row group (1, 2 or 4; 4-bit: up to 16)
   bool scale_f32, asym;
+  // 4-bit tiled device layout (see qlinear_tiled.cu): tiles of 16 rows, blocks of 64 columns,
+  // scale groups per tile row (padded), log2 of the group size.
+  int tiles = 0, kblocks = 0, groups_p = 0, group_log2 = 0;
 };
 
 // Weights are read once: keep them out of L1 so x stays there.
@@ -101,6 +104,42 @@ __device__ __forceinline__ void load_x(const Params& p, int t, int c0, __half2* 
       xv[j] = __halves2half2(row[__ldg(p.perm + c0 + 2 * j)], row[__ldg(p.perm + c0 + 2 * j + 1)]);
     }
   }
+}
+
+// One u32 word of the 4-bit tiled layout -> the 4 f16x2 registers of an m16n8k16 A fragment,
+// each holding q - offset exactly. Nibbles 0-3 / 16-19 -> reg 0, 4-7 / 20-23 -> reg 1 (read as
+// 16q under the 0x6400 exponent and scaled by 1/16 in the same FMA), 8-11 / 24-27 -> reg 2,
+// 12-15 / 28-31 -> reg 3. lo_base = 1024 + offset, hi_base = -(64 + offset).
+__device__ __forceinline__ void int4_word_to_fragment(uint32_t w, __half2 lo_base, __half2 hi_base,
+                                                      uint32_t a[4]) {
+  const __half2 sixteenth = __float2half2_rn(0.0625f);
+  const uint32_t w8 = w >> 8;
+  const __half2 r0 = __hsub2(as_half2((w & 0x000F000Fu) | 0x64006400u), lo_base);
+  const __half2 r1 = __hfma2(as_half2((w & 0x00F000F0u) | 0x64006400u), sixteenth, hi_base);
+  const __half2 r2 = __hsub2(as_half2((w8 & 0x000F000Fu) | 0x64006400u), lo_base);
+  const __half2 r3 = __hfma2(as_half2((w8 & 0x00F000F0u) | 0x64006400u), sixteenth, hi_base);
+  memcpy(&a[0], &r0, 4);
+  memcpy(&a[1], &r1, 4);
+  memcpy(&a[2], &r2, 4);
+  memcpy(&a[3], &r3, 4);
+}
+
+// c += A (16x16, row) * B (16x8, col), FP16 inputs, float accumulators (sm_80+).
+__device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], uint32_t b0,
+                                          uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Scales (and mins) of tile rows g and g + 8 for padded group gi of the tiled layout, whose
+// scale array is [tiles][groups_p][16] with row order 0, 8, 1, 9, ... (one 2-element load).
+__device__ __forceinline__ float2 load_tile_pair(const void* base, bool f32, int64_t idx) {
+  if (f32) return __ldg(reinterpret_cast<const float2*>(static_cast<const float*>(base) + idx));
+  const uint32_t v =
+      __ldg(reinterpret_cast<const unsigned int*>(static_cast<const __half*>(base) + idx));
+  return __half22float2(as_half2(v));
 }
 
 }  // namespace gyre::qlinear_detail
