@@ -28,7 +28,9 @@ struct DTypeInfo {
 };
 
 const DTypeInfo& dtype_info(DType t);
-inline const char* dtype_name(DType t) { return dtype_info(t).name; }
+inline const char* dtype_name(DType t) {
+  return dtype_info(t).name;
+}
 
 // Bytes of a row of n elements; throws if n is not a whole number of blocks.
 size_t dtype_row_bytes(DType t, int64_t n);

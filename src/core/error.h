@@ -28,9 +28,9 @@ template <typename... Args>
   throw Error(os.str());
 }
 
-#define GYRE_CHECK(cond, ...)                     \
-  do {                                            \
-    if (!(cond)) ::gyre::fail(__VA_ARGS__);       \
+#define GYRE_CHECK(cond, ...)               \
+  do {                                      \
+    if (!(cond)) ::gyre::fail(__VA_ARGS__); \
   } while (0)
 
 }  // namespace gyre

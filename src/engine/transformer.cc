@@ -8,7 +8,9 @@
 namespace gyre {
 
 namespace {
-size_t tensor_bytes(const Tensor& t) { return static_cast<size_t>(t.rows) * t.row_bytes(); }
+size_t tensor_bytes(const Tensor& t) {
+  return static_cast<size_t>(t.rows) * t.row_bytes();
+}
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& config, const WeightSet& weights, Backend& backend,

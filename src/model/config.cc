@@ -120,8 +120,8 @@ ModelConfig config_from_hf_json(const json& j, const json* generation) {
 }
 
 void config_validate(const ModelConfig& c) {
-  GYRE_CHECK(c.vocab_size > 0 && c.dim > 0 && c.hidden_dim > 0 && c.n_layers > 0 &&
-                 c.n_heads > 0 && c.n_kv_heads > 0 && c.head_dim > 0,
+  GYRE_CHECK(c.vocab_size > 0 && c.dim > 0 && c.hidden_dim > 0 && c.n_layers > 0 && c.n_heads > 0 &&
+                 c.n_kv_heads > 0 && c.head_dim > 0,
              "model config has a zero size (vocab ", c.vocab_size, ", hidden ", c.dim, ", ffn ",
              c.hidden_dim, ", layers ", c.n_layers, ", heads ", c.n_heads, "/", c.n_kv_heads,
              ", head_dim ", c.head_dim, ")");
@@ -134,7 +134,8 @@ void config_validate(const ModelConfig& c) {
                  c.vocab_size <= (1 << 24) && c.head_dim <= 1024,
              "model config has absurd sizes");
   GYRE_CHECK(c.max_seq_len > 0, "model config: max_position_embeddings must be positive");
-  GYRE_CHECK(c.norm_eps > 0.0f && c.rope.theta > 0.0f, "model config: eps and rope theta must be positive");
+  GYRE_CHECK(c.norm_eps > 0.0f && c.rope.theta > 0.0f,
+             "model config: eps and rope theta must be positive");
 }
 
 std::vector<float> rope_inv_freq(const RopeConfig& rope, int max_seq_len, int seq_len) {

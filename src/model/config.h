@@ -2,10 +2,9 @@
 // file it came from. Family differences are data here (see arch_table.cc), never code paths.
 #pragma once
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 namespace gyre {
 
@@ -27,7 +26,7 @@ struct ModelConfig {
   std::string arch;        // row of the architecture table: "llama", "mistral", "qwen2"
   std::string model_type;  // as the file says
   int vocab_size = 0;
-  int dim = 0;       // hidden size
+  int dim = 0;         // hidden size
   int hidden_dim = 0;  // FFN intermediate size
   int n_layers = 0;
   int n_heads = 0;
@@ -36,8 +35,8 @@ struct ModelConfig {
   int max_seq_len = 0;
   float norm_eps = 1e-5f;
   bool tie_embeddings = false;
-  bool qkv_bias = false;     // Qwen2
-  int sliding_window = 0;    // Mistral; 0 = full attention
+  bool qkv_bias = false;   // Qwen2
+  int sliding_window = 0;  // Mistral; 0 = full attention
   RopeConfig rope;
   int bos_id = -1;
   std::vector<int> eos_ids;  // from config.json, generation_config.json or GGUF metadata
@@ -48,9 +47,9 @@ struct ModelConfig {
 
 // Per-family settings: which HF architectures/model_types map to a row and its quirks.
 struct ArchInfo {
-  const char* name;            // canonical row name
-  const char* hf_architecture; // e.g. "LlamaForCausalLM"
-  const char* gguf_arch;       // e.g. "llama"
+  const char* name;             // canonical row name
+  const char* hf_architecture;  // e.g. "LlamaForCausalLM"
+  const char* gguf_arch;        // e.g. "llama"
   bool qkv_bias;
   bool uses_sliding_window;
   bool gguf_rope_interleaved;  // GGUF files of this family store q/k for pairwise RoPE

@@ -43,8 +43,8 @@ std::vector<std::string> shard_files(const std::string& dir) {
   for (const auto& [name, file] : j["weight_map"].items()) {
     GYRE_CHECK(file.is_string(), "'", index, "': weight_map entry '", name, "' is not a string");
     const std::string f = file.get<std::string>();
-    GYRE_CHECK(!f.empty() && f.find('/') == std::string::npos && f != "." && f != "..", "'",
-               index, "': shard name '", f, "' is not a plain file name");
+    GYRE_CHECK(!f.empty() && f.find('/') == std::string::npos && f != "." && f != "..", "'", index,
+               "': shard name '", f, "' is not a plain file name");
     bool seen = false;
     for (const auto& g : files) seen = seen || g == dir + "/" + f;
     if (!seen) files.push_back(dir + "/" + f);
@@ -75,8 +75,7 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path) {
     gguf_load_model(path, *m);
     return m;
   }
-  GYRE_CHECK(fs::is_directory(path), "'", path,
-             "' is neither a model folder nor a .gguf file");
+  GYRE_CHECK(fs::is_directory(path), "'", path, "' is neither a model folder nor a .gguf file");
   m->format = "hf";
   const std::string cfg_path = path + "/config.json";
   GYRE_CHECK(file_exists(cfg_path), "'", path, "' has no config.json");
