@@ -14,9 +14,9 @@
 namespace gyre::testing {
 
 inline const std::vector<std::string>& hf_tiny_variants() {
-  static const std::vector<std::string> v = {"llama3_gqa_ropescaled", "llama2_linear_rope",
-                                             "llama2_dynamic_ntk", "mistral_sliding_window",
-                                             "qwen2_bias"};
+  static const std::vector<std::string> v = {
+      "llama3_gqa_ropescaled",  "llama2_linear_rope", "llama2_dynamic_ntk",
+      "mistral_sliding_window", "qwen2_bias",         "qwen2_yarn"};
   return v;
 }
 

@@ -91,3 +91,21 @@ TEST(Config, Llama3RopeScalingMatchesFormula) {
 
 }  // namespace
 }  // namespace gyre
+
+namespace gyre {
+namespace {
+
+TEST(Config, GgufFrequencyFactorsDivideEachPair) {
+  RopeConfig r;
+  r.theta = 500000.0f;
+  r.rot_dim = 8;
+  r.freq_factors = {1.0f, 2.0f, 4.0f, 8.0f};
+  const auto inv = rope_inv_freq(r, 1024, 0);
+  for (int i = 0; i < 4; ++i)
+    EXPECT_NEAR(inv[static_cast<size_t>(i)], 1.0 / std::pow(500000.0, 2.0 * i / 8) / (1 << i),
+                1e-9);
+  EXPECT_EQ(rope_attention_factor(r, 1024), 1.0f);
+}
+
+}  // namespace
+}  // namespace gyre

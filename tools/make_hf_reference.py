@@ -17,6 +17,7 @@ recorded in the output files).
 import json
 import os
 import sys
+import zlib
 
 import torch
 import transformers
@@ -43,6 +44,10 @@ VARIANTS = {
         rope_scaling={"rope_type": "dynamic", "factor": 2.0})),
     "mistral_sliding_window": (MistralConfig, MistralForCausalLM, dict(
         sliding_window=8, max_position_embeddings=256, rope_theta=1000000.0, head_dim=16)),
+    "qwen2_yarn": (Qwen2Config, Qwen2ForCausalLM, dict(
+        max_position_embeddings=64, rope_theta=10000.0, use_sliding_window=False,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                      "original_max_position_embeddings": 16})),
     "qwen2_bias": (Qwen2Config, Qwen2ForCausalLM, dict(
         max_position_embeddings=256, rope_theta=1000000.0, use_sliding_window=False,
         tie_word_embeddings=False)),
@@ -51,7 +56,7 @@ VARIANTS = {
 # Published Llama 2/3.1 checkpoints write rope_theta and rope_scaling at the top level; newer
 # transformers writes rope_parameters. These variants are rewritten in the published form so that
 # both spellings are tested.
-LEGACY_ROPE_FORMAT = {"llama3_gqa_ropescaled", "llama2_linear_rope"}
+LEGACY_ROPE_FORMAT = {"llama3_gqa_ropescaled", "llama2_linear_rope", "qwen2_yarn"}
 
 
 def legacy_rope_config(path):
@@ -70,7 +75,7 @@ SEQ = [1, 17, 200, 3, 99, 45, 128, 255, 7, 64, 31, 2, 180, 90, 12, 5, 77, 150, 3
 
 def tiny_models():
     for name, (cfg_cls, model_cls, extra) in VARIANTS.items():
-        torch.manual_seed(hash(name) % 1000)
+        torch.manual_seed(zlib.crc32(name.encode()) % 1000)
         kw = dict(COMMON)
         kw.update(extra)
         cfg = cfg_cls(**kw)

@@ -52,6 +52,7 @@ Transformer::Transformer(const ModelConfig& config, const WeightSet& weights, Ba
   rope_.rot_dim = config_.rope.rot_dim > 0 ? config_.rope.rot_dim : config_.head_dim;
   rope_.interleaved = config_.rope.interleaved;
   rope_.inv_freq = rope_inv_freq(config_.rope, config_.max_seq_len, 0);
+  rope_.attn_factor = rope_attention_factor(config_.rope, config_.max_seq_len);
   cache_ = backend_.new_kv_cache(config_.n_layers, config_.n_kv_heads, config_.head_dim, max_seq_);
 }
 

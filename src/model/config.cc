@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -60,9 +61,18 @@ void parse_rope_scaling(const json& rs, RopeConfig& rope) {
     rope.low_freq_factor = get_float(rs, "low_freq_factor", 1.0f);
     rope.high_freq_factor = get_float(rs, "high_freq_factor", 4.0f);
     rope.original_max_pos = get_int(rs, "original_max_position_embeddings", 8192, false);
+  } else if (type == "yarn") {
+    rope.scaling = RopeScaling::Yarn;
+    rope.original_max_pos = get_int(rs, "original_max_position_embeddings", 0, false);
+    rope.beta_fast = get_float(rs, "beta_fast", 32.0f);
+    rope.beta_slow = get_float(rs, "beta_slow", 1.0f);
+    rope.attention_factor = get_float(rs, "attention_factor", 0.0f);
+    rope.mscale = get_float(rs, "mscale", 0.0f);
+    rope.mscale_all_dim = get_float(rs, "mscale_all_dim", 0.0f);
+    if (rs.contains("truncate") && rs["truncate"].is_boolean()) rope.yarn_truncate = rs["truncate"];
   } else {
     fail("config.json: unsupported rope_scaling type '", type,
-         "' (Gyre supports linear, dynamic and llama3)");
+         "' (Gyre supports linear, dynamic, llama3 and yarn)");
   }
   GYRE_CHECK(rope.factor > 0.0f, "config.json: rope_scaling factor must be positive");
 }
@@ -108,7 +118,12 @@ ModelConfig config_from_hf_json(const json& j, const json* generation) {
     c.rope.theta = get_float(j["rope_parameters"], "rope_theta", c.rope.theta);
     parse_rope_scaling(j["rope_parameters"], c.rope);
   }
-  if (c.rope.original_max_pos == 0) c.rope.original_max_pos = c.max_seq_len;
+  if (c.rope.original_max_pos == 0) {
+    c.rope.original_max_pos = c.max_seq_len;
+  } else if (c.rope.scaling == RopeScaling::Yarn) {
+    // As transformers does: a config that names the pretrained length scales by the ratio.
+    c.rope.factor = static_cast<float>(c.max_seq_len) / static_cast<float>(c.rope.original_max_pos);
+  }
   c.bos_id = get_int(j, "bos_token_id", -1, false);
   if (j.contains("eos_token_id")) add_eos(c.eos_ids, j["eos_token_id"]);
   if (generation != nullptr && generation->is_object()) {
@@ -138,6 +153,45 @@ void config_validate(const ModelConfig& c) {
              "model config: eps and rope theta must be positive");
 }
 
+namespace {
+
+double yarn_mscale(double scale, double mscale) {
+  return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+// YaRN: interpolated frequencies for the slow-rotating pairs, the original ones for the fast,
+// a linear ramp between (the correction range counted in rotations over the trained length).
+double yarn_blend(const RopeConfig& rope, int i, double extrapolated) {
+  const double dim = rope.rot_dim;
+  const double base = rope.theta;
+  const double pi = 3.14159265358979323846;
+  auto correction_dim = [&](double rotations) {
+    return dim * std::log(rope.original_max_pos / (rotations * 2.0 * pi)) / (2.0 * std::log(base));
+  };
+  double low = correction_dim(rope.beta_fast), high = correction_dim(rope.beta_slow);
+  if (rope.yarn_truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, dim - 1);
+  if (low == high) high += 0.001;
+  const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+  const double keep = 1.0 - ramp;  // share of the extrapolated (original) frequency
+  return extrapolated / rope.factor * (1.0 - keep) + extrapolated * keep;
+}
+
+}  // namespace
+
+float rope_attention_factor(const RopeConfig& rope, int /*max_seq_len*/) {
+  if (rope.scaling != RopeScaling::Yarn) return 1.0f;
+  if (rope.attention_factor > 0.0f) return rope.attention_factor;
+  if (rope.mscale > 0.0f && rope.mscale_all_dim > 0.0f)
+    return static_cast<float>(yarn_mscale(rope.factor, rope.mscale) /
+                              yarn_mscale(rope.factor, rope.mscale_all_dim));
+  return static_cast<float>(yarn_mscale(rope.factor, 1.0));
+}
+
 std::vector<float> rope_inv_freq(const RopeConfig& rope, int max_seq_len, int seq_len) {
   const int half = rope.rot_dim / 2;
   double base = rope.theta;
@@ -151,6 +205,9 @@ std::vector<float> rope_inv_freq(const RopeConfig& rope, int max_seq_len, int se
   for (int i = 0; i < half; ++i) {
     double f = 1.0 / std::pow(base, (2.0 * i) / rope.rot_dim);
     if (rope.scaling == RopeScaling::Linear) f /= rope.factor;
+    if (rope.scaling == RopeScaling::Yarn) f = yarn_blend(rope, i, f);
+    if (static_cast<size_t>(i) < rope.freq_factors.size())
+      f /= rope.freq_factors[static_cast<size_t>(i)];
     if (rope.scaling == RopeScaling::Llama3) {
       const double pi = 3.14159265358979323846;
       const double old = rope.original_max_pos;

@@ -20,6 +20,13 @@ struct RopeConfig {
   float low_freq_factor = 1.0f;
   float high_freq_factor = 4.0f;
   int original_max_pos = 0;
+  // YaRN (transformers' defaults); attention_factor <= 0: derived from the factor
+  float beta_fast = 32.0f, beta_slow = 1.0f, attention_factor = 0.0f;
+  float mscale = 0.0f, mscale_all_dim = 0.0f;
+  bool yarn_truncate = true;
+  // Per-pair divisors of the frequencies (GGUF rope_freqs.weight, how llama.cpp's converter
+  // stores Llama 3.1 scaling); empty when absent.
+  std::vector<float> freq_factors;
 };
 
 struct ModelConfig {
@@ -69,5 +76,7 @@ void config_validate(const ModelConfig& c);
 // Rotary inverse frequencies for rot_dim/2 pairs, with the scaling applied for a sequence of
 // seq_len (dynamic NTK depends on it). Also returns the attention scaling ("mscale") factor.
 std::vector<float> rope_inv_freq(const RopeConfig& rope, int max_seq_len, int seq_len);
+// The factor cos and sin are scaled by (YaRN's "mscale"; 1 for the other scalings).
+float rope_attention_factor(const RopeConfig& rope, int max_seq_len);
 
 }  // namespace gyre

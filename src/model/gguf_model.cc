@@ -2,6 +2,8 @@
 
 #include <array>
 #include <climits>
+#include <cmath>
+#include <cstring>
 
 #include "core/error.h"
 
@@ -124,6 +126,22 @@ ModelConfig gguf_read_config(const GgufFile& f) {
   GYRE_CHECK(r.factor > 0.0f, f.name(), ": rope.scaling.factor must be positive");
   r.original_max_pos =
       int_key(f, p + "rope.scaling.original_context_length").value_or(c.max_seq_len);
+  if (r.scaling == RopeScaling::Yarn) {
+    r.attention_factor =
+        static_cast<float>(f.get_float(p + "rope.scaling.attn_factor").value_or(0));
+    r.beta_fast = static_cast<float>(f.get_float(p + "rope.scaling.yarn_beta_fast").value_or(32));
+    r.beta_slow = static_cast<float>(f.get_float(p + "rope.scaling.yarn_beta_slow").value_or(1));
+  }
+  // llama.cpp's converter stores Llama 3.1-style scaling as per-pair frequency divisors.
+  if (const GgufTensorInfo* t = find_tensor(f, "rope_freqs.weight")) {
+    GYRE_CHECK(t->dtype == DType::F32 && t->ne.size() == 1 && t->ne[0] == r.rot_dim / 2, f.name(),
+               ": rope_freqs.weight must be F32 of rope dimension / 2 = ", r.rot_dim / 2,
+               " elements");
+    r.freq_factors.resize(static_cast<size_t>(r.rot_dim / 2));
+    std::memcpy(r.freq_factors.data(), t->data, r.freq_factors.size() * sizeof(float));
+    for (float v : r.freq_factors)
+      GYRE_CHECK(v > 0.0f && std::isfinite(v), f.name(), ": rope_freqs.weight holds ", v);
+  }
 
   c.bos_id = static_cast<int>(f.get_int("tokenizer.ggml.bos_token_id").value_or(-1));
   for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"}) {
