@@ -17,7 +17,8 @@ namespace {
 void check_parts(const std::vector<TensorView>& parts, int block) {
   GYRE_CHECK(!parts.empty(), "fused weight of no parts");
   for (const TensorView& p : parts) {
-    GYRE_CHECK(p.dtype == parts[0].dtype && p.cols() == parts[0].cols() &&
+    const bool vector = p.shape.size() == 1;  // vectors concatenate whatever their lengths
+    GYRE_CHECK(p.dtype == parts[0].dtype && (vector || p.cols() == parts[0].cols()) &&
                    p.shape.size() == parts[0].shape.size() && !p.shape.empty(),
                "cannot fuse ", p.name, " (", dtype_name(p.dtype), " ", shape_str(p.shape),
                ") with ", parts[0].name, " (", dtype_name(parts[0].dtype), " ",
