@@ -53,6 +53,11 @@ class KvCache {
   virtual size_t bytes() const = 0;
 };
 
+// How upload_fused combines weights that share an input. Concat: the parts' rows stacked in order
+// (Q|K|V, and their biases), for matmul_split. GateUp: {gate, up} of one shape, for
+// matmul_swiglu; the row order inside is the backend's own (CUDA interleaves them).
+enum class FusedKind { Concat, GateUp };
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -78,6 +83,15 @@ class Backend {
                            float eps) = 0;
   // out[n, o] = x[n, i] . w[o, i] (+ bias[o])
   virtual void matmul(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias) = 0;
+  // One weight made of several (same dtype and column count; 1-D parts are concatenated).
+  // Default: the rows stacked on the host, then upload_weight.
+  virtual Tensor upload_fused(const std::vector<TensorView>& parts, FusedKind kind);
+  // outs[i] = x . (part i of a Concat weight w) (+ the matching slice of bias, from
+  // upload_fused of the parts' biases); outs[i]->cols gives each part's rows, in order.
+  virtual void matmul_split(const std::vector<Tensor*>& outs, const Tensor& x, const Tensor& w,
+                            const Tensor* bias);
+  // out = silu(x . gate) * (x . up) for w = upload_fused({gate, up}, GateUp); out [n, hidden].
+  virtual void matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_gate_up);
   // Rotates each head of x [n, n_heads * head_dim] in place; token i is at positions[i].
   virtual void rope(Tensor& x, int n_heads, int head_dim, const int32_t* positions,
                     const RopeTable& table) = 0;

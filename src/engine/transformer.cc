@@ -36,17 +36,25 @@ Transformer::Transformer(const ModelConfig& config, const WeightSet& weights, Ba
     Layer& l = layers_[static_cast<size_t>(i)];
     l.attn_norm = up(name("input_layernorm.weight"));
     l.ffn_norm = up(name("post_attention_layernorm.weight"));
-    l.wq = up(name("self_attn.q_proj.weight"));
-    l.wk = up(name("self_attn.k_proj.weight"));
-    l.wv = up(name("self_attn.v_proj.weight"));
+    // Q|K|V and gate|up are fused: one pass over the shared input each (matmul_split/_swiglu).
+    auto fused = [&](std::vector<std::string> names, FusedKind kind) {
+      std::vector<TensorView> parts;
+      for (const std::string& n : names) parts.push_back(weights.get(n));
+      Tensor t = backend_.upload_fused(parts, kind);
+      weight_bytes_ += tensor_bytes(t);
+      return t;
+    };
+    const char* qkv[] = {"self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj."};
+    auto qkv_names = [&](const char* suffix) {
+      std::vector<std::string> v;
+      for (const char* p : qkv) v.push_back(name((std::string(p) + suffix).c_str()));
+      return v;
+    };
+    l.wqkv = fused(qkv_names("weight"), FusedKind::Concat);
     l.wo = up(name("self_attn.o_proj.weight"));
-    if (config_.qkv_bias) {
-      l.bq = up(name("self_attn.q_proj.bias"));
-      l.bk = up(name("self_attn.k_proj.bias"));
-      l.bv = up(name("self_attn.v_proj.bias"));
-    }
-    l.w_gate = up(name("mlp.gate_proj.weight"));
-    l.w_up = up(name("mlp.up_proj.weight"));
+    if (config_.qkv_bias) l.bqkv = fused(qkv_names("bias"), FusedKind::Concat);
+    l.w_gate_up =
+        fused({name("mlp.gate_proj.weight"), name("mlp.up_proj.weight")}, FusedKind::GateUp);
     l.w_down = up(name("mlp.down_proj.weight"));
   }
   rope_.rot_dim = config_.rope.rot_dim > 0 ? config_.rope.rot_dim : config_.head_dim;
@@ -66,7 +74,6 @@ void Transformer::ensure_scratch(int n) {
   v_ = backend_.alloc(n, c.kv_dim());
   att_ = backend_.alloc(n, c.q_dim());
   gate_ = backend_.alloc(n, c.hidden_dim);
-  up_ = backend_.alloc(n, c.hidden_dim);
   ffn_ = backend_.alloc(n, c.dim);
   logits_ = backend_.alloc(n, c.vocab_size);
   scratch_rows_ = n;
@@ -77,7 +84,7 @@ void Transformer::run_ops(const int32_t* tokens, int n, int pos, const int32_t* 
   const ModelConfig& c = config_;
   Tensor x = x_.slice_rows(0, n), xn = xn_.slice_rows(0, n), q = q_.slice_rows(0, n),
          k = k_.slice_rows(0, n), v = v_.slice_rows(0, n), att = att_.slice_rows(0, n),
-         gate = gate_.slice_rows(0, n), up = up_.slice_rows(0, n), ffn = ffn_.slice_rows(0, n);
+         gate = gate_.slice_rows(0, n), ffn = ffn_.slice_rows(0, n);
   AttentionParams ap;
   ap.n_heads = c.n_heads;
   ap.n_kv_heads = c.n_kv_heads;
@@ -89,17 +96,13 @@ void Transformer::run_ops(const int32_t* tokens, int n, int pos, const int32_t* 
   backend_.rmsnorm(xn, x, layers_[0].attn_norm, c.norm_eps);
   for (size_t li = 0; li < layers_.size(); ++li) {
     Layer& l = layers_[li];
-    backend_.matmul(q, xn, l.wq, c.qkv_bias ? &l.bq : nullptr);
-    backend_.matmul(k, xn, l.wk, c.qkv_bias ? &l.bk : nullptr);
-    backend_.matmul(v, xn, l.wv, c.qkv_bias ? &l.bv : nullptr);
+    backend_.matmul_split({&q, &k, &v}, xn, l.wqkv, c.qkv_bias ? &l.bqkv : nullptr);
     backend_.rope(q, c.n_heads, c.head_dim, positions, rope_);
     backend_.rope(k, c.n_kv_heads, c.head_dim, positions, rope_);
     backend_.attention(att, q, k, v, *cache_, static_cast<int>(li), pos, ap);
     backend_.matmul(ffn, att, l.wo, nullptr);
     backend_.add_rmsnorm(x, xn, ffn, l.ffn_norm, c.norm_eps);
-    backend_.matmul(gate, xn, l.w_gate, nullptr);
-    backend_.matmul(up, xn, l.w_up, nullptr);
-    backend_.silu_mul(gate, gate, up);
+    backend_.matmul_swiglu(gate, xn, l.w_gate_up);
     backend_.matmul(ffn, gate, l.w_down, nullptr);
     const Tensor& next_norm = li + 1 < layers_.size() ? layers_[li + 1].attn_norm : final_norm_;
     backend_.add_rmsnorm(x, xn, ffn, next_norm, c.norm_eps);

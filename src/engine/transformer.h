@@ -28,7 +28,7 @@ class Transformer {
 
  private:
   struct Layer {
-    Tensor attn_norm, ffn_norm, wq, wk, wv, wo, bq, bk, bv, w_gate, w_up, w_down;
+    Tensor attn_norm, ffn_norm, wqkv, wo, bqkv, w_gate_up, w_down;
   };
   void ensure_scratch(int n);
   // Every backend op of one forward pass, up to the logits in logits_ (device side).
@@ -44,7 +44,7 @@ class Transformer {
   std::unique_ptr<KvCache> cache_;
   int scratch_rows_ = 0;
   bool graph_warm_ = false;  // a single-token step has run eagerly: the next one may be recorded
-  Tensor x_, xn_, q_, k_, v_, att_, gate_, up_, ffn_, logits_;
+  Tensor x_, xn_, q_, k_, v_, att_, gate_, ffn_, logits_;
 };
 
 }  // namespace gyre

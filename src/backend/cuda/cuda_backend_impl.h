@@ -74,6 +74,11 @@ class CudaBackend final : public Backend {
   void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, KvCache& cache,
                  int layer, int pos0, const AttentionParams& p) override;
   void silu_mul(Tensor& out, const Tensor& gate, const Tensor& up) override;
+  // Fused projections (cuda_fused.cc): Q|K|V rows stacked, gate/up interleaved by 8 rows.
+  Tensor upload_fused(const std::vector<TensorView>& parts, FusedKind kind) override;
+  void matmul_split(const std::vector<Tensor*>& outs, const Tensor& x, const Tensor& w,
+                    const Tensor* bias) override;
+  void matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_gate_up) override;
   void add(Tensor& x, const Tensor& y) override;
 
   // GYRE_CUDA_GRAPH=0 in the environment turns decode-step graphs off (for comparisons).
@@ -98,6 +103,11 @@ class CudaBackend final : public Backend {
   void upload_converted(half* dst, const TensorView& w);
   bool try_upload_quantized(const TensorView& w, Tensor& out);
   float* workspace(size_t floats);
+  half* fused_scratch(size_t halves);
+  // The FP16 weight behind w: itself, or a dequantized copy in dequant_ (quantized weights).
+  const half* dense_weight(const Tensor& w);
+  // out [n, o] (leading dimension ldo) = x [n, in] . w [o, in]^T through cuBLAS.
+  void gemm(half* out, int ldo, const half* x, const half* w, int n, int o, int in);
   const float* rope_table(const std::vector<float>& inv_freq);
 
   int device_ = 0;
@@ -114,6 +124,8 @@ class CudaBackend final : public Backend {
   std::shared_ptr<void> to_host_buf_, to_host_pinned_;
   std::shared_ptr<void> dequant_;  // FP16 copy of a quantized weight for prefill GEMMs
   size_t dequant_elems_ = 0;
+  std::shared_ptr<void> fused_scratch_;  // GEMM output of a fused weight before its epilogue
+  size_t fused_scratch_halves_ = 0;
   size_t to_host_floats_ = 0;
   cudaGraphExec_t graph_ = nullptr;
   const void* graph_owner_ = nullptr;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/out_split.h"
 #include "core/error.h"
 
 #define GYRE_CUDA_CHECK(expr)                                                        \
@@ -24,6 +25,12 @@ namespace gyre::cuda {
 void embed(half* out, const half* table, const int32_t* tokens, int n, int dim, cudaStream_t s);
 void add(half* x, const half* y, int64_t count, cudaStream_t s);
 void silu_mul(half* out, const half* gate, const half* up, int64_t count, cudaStream_t s);
+// out[t, r] = silu(g) * u for r < hidden from fused [n, fused_rows] GEMM output whose rows are
+// gate/up interleaved in blocks of kSwigluBlock (out_split.h).
+void swiglu_interleaved(half* out, const half* fused, int64_t n, int hidden, int fused_rows,
+                        cudaStream_t s);
+// Copies fused [n, rows] into the split outputs (GEMM paths without a split epilogue).
+void split_rows(const OutSplit& out, const half* fused, int64_t n, int rows, cudaStream_t s);
 void add_bias(half* x, const half* bias, int64_t rows, int64_t cols, cudaStream_t s);
 void half_to_float(float* dst, const half* src, int64_t count, cudaStream_t s);
 // src holds `count` elements of bf16 (is_bf16) or f32 values; dst gets them as f16.
@@ -75,5 +82,13 @@ void flash_prefill(const AttentionArgs& a, cudaStream_t s);
 constexpr int kGemvMaxRows = 8;
 void gemv(half* out, const half* x, const half* w, const half* bias, int n, int out_dim, int in_dim,
           cudaStream_t s);
+// The same with the output rows split over several tensors (fused projections).
+void gemv_split(const OutSplit& out, const half* x, const half* w, const half* bias, int n,
+                int out_dim, int in_dim, cudaStream_t s);
+// out[n, hidden] = silu(x . gate) * (x . up) for a gate/up weight interleaved in blocks of
+// kSwigluBlock rows (out_split.h), 2 * round_up(hidden, 8) rows. False (nothing launched) when
+// the shapes or alignment need the generic path.
+bool gemv_swiglu(half* out, const half* x, const half* w, int n, int hidden, int in_dim,
+                 cudaStream_t s);
 
 }  // namespace gyre::cuda

@@ -43,6 +43,29 @@ __global__ void silu_mul_kernel(half* out, const half* gate, const half* up, int
   }
 }
 
+__global__ void swiglu_interleaved_kernel(half* out, const half* fused, int64_t n, int hidden,
+                                          int fused_rows) {
+  pdl_begin();
+  const int64_t total = n * hidden;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / hidden;
+    const int r = static_cast<int>(i % hidden);
+    const half* row =
+        fused + t * fused_rows + 2 * kSwigluBlock * (r / kSwigluBlock) + r % kSwigluBlock;
+    out[i] = __float2half(silu_times(__half2float(row[0]), __half2float(row[kSwigluBlock])));
+  }
+}
+
+__global__ void split_rows_kernel(OutSplit out, const half* fused, int64_t n, int rows) {
+  pdl_begin();
+  const int64_t total = n * rows;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    split_store(out, static_cast<int>(i / rows), static_cast<int>(i % rows),
+                __half2float(fused[i]));
+}
+
 __global__ void add_bias_kernel(half* x, const half* bias, int64_t rows, int64_t cols) {
   pdl_begin();
   const int64_t total = rows * cols;
@@ -109,6 +132,18 @@ void add(half* x, const half* y, int64_t count, cudaStream_t s) {
 
 void silu_mul(half* out, const half* gate, const half* up, int64_t count, cudaStream_t s) {
   launch(silu_mul_kernel, blocks_for(count), kThreads, 0, s, out, gate, up, count);
+  GYRE_CUDA_LAUNCHED();
+}
+
+void swiglu_interleaved(half* out, const half* fused, int64_t n, int hidden, int fused_rows,
+                        cudaStream_t s) {
+  launch(swiglu_interleaved_kernel, blocks_for(n * hidden), kThreads, 0, s, out, fused, n, hidden,
+         fused_rows);
+  GYRE_CUDA_LAUNCHED();
+}
+
+void split_rows(const OutSplit& out, const half* fused, int64_t n, int rows, cudaStream_t s) {
+  launch(split_rows_kernel, blocks_for(n * rows), kThreads, 0, s, out, fused, n, rows);
   GYRE_CUDA_LAUNCHED();
 }
 

@@ -7,6 +7,7 @@
 // Alternatives: splitting a row over several warps helps only very short, very many-row shapes;
 // one warp per row already gives every SM dozens of rows for Llama shapes.
 #include "backend/cuda/launch.h"
+#include "backend/cuda/out_split.h"
 
 namespace gyre::cuda {
 
@@ -40,7 +41,7 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x) {
 // (the K/V projections) still put enough loads in flight; partial sums meet in shared memory.
 template <int N, int WPR>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    gemv_vec_kernel(half* __restrict__ out, const half* __restrict__ x, const half* __restrict__ w,
+    gemv_vec_kernel(OutSplit out, const half* __restrict__ x, const half* __restrict__ w,
                     const half* __restrict__ bias, int out_dim, int in_dim) {
   pdl_begin();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -96,13 +97,74 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     for (int t = 0; t < N; ++t) {
       float v = acc[t];
       if (bias) v += __half2float(bias[row]);
-      out[static_cast<int64_t>(t) * out_dim + row] = __float2half(v);
+      split_store(out, t, row, v);
     }
   }
 }
 
-__global__ void gemv_scalar_kernel(half* out, const half* x, const half* w, const half* bias, int n,
-                                   int out_dim, int in_dim) {
+// SwiGLU over a gate/up weight interleaved in blocks of 8 rows (out_split.h): block b's warp w
+// streams gate row 16b + w and up row 16b + 8 + w together (two rows of loads in flight) and
+// writes out[t, 8b + w] = silu(gate) * up. in_dim % 8 == 0 and 16-byte alignment required.
+template <int N>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    gemv_swiglu_kernel(half* __restrict__ out, const half* __restrict__ x,
+                       const half* __restrict__ w, int hidden, int in_dim) {
+  static_assert(kWarpsPerBlock == kSwigluBlock, "one warp per hidden row of a block");
+  pdl_begin();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int row = blockIdx.x * kSwigluBlock + warp;
+  const half* wg = w + static_cast<int64_t>(2 * kSwigluBlock * blockIdx.x + warp) * in_dim;
+  const half* wu = wg + static_cast<int64_t>(kSwigluBlock) * in_dim;
+  float ag[N], au[N];
+#pragma unroll
+  for (int t = 0; t < N; ++t) ag[t] = au[t] = 0.0f;
+  constexpr int kStep = 32 * 8;
+  constexpr int kHalf = kUnroll / 2;  // loads per row per round: kUnroll in flight in total
+  int c = lane * 8;
+  for (; c + (kHalf - 1) * kStep < in_dim; c += kHalf * kStep) {
+    uint4 g[kHalf], u[kHalf];
+#pragma unroll
+    for (int k = 0; k < kHalf; ++k) {
+      g[k] = load_streaming(wg + c + k * kStep);
+      u[k] = load_streaming(wu + c + k * kStep);
+    }
+#pragma unroll
+    for (int k = 0; k < kHalf; ++k) {
+#pragma unroll
+      for (int t = 0; t < N; ++t) {
+        const uint4 xv = __ldg(
+            reinterpret_cast<const uint4*>(x + static_cast<int64_t>(t) * in_dim + c + k * kStep));
+        ag[t] += dot8(g[k], xv);
+        au[t] += dot8(u[k], xv);
+      }
+    }
+  }
+  for (; c < in_dim; c += kStep) {
+    const uint4 g = load_streaming(wg + c), u = load_streaming(wu + c);
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+      const uint4 xv =
+          __ldg(reinterpret_cast<const uint4*>(x + static_cast<int64_t>(t) * in_dim + c));
+      ag[t] += dot8(g, xv);
+      au[t] += dot8(u, xv);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < N; ++t) {
+    for (int o = 16; o > 0; o >>= 1) {
+      ag[t] += __shfl_xor_sync(0xffffffffu, ag[t], o);
+      au[t] += __shfl_xor_sync(0xffffffffu, au[t], o);
+    }
+  }
+  if (lane == 0 && row < hidden) {
+#pragma unroll
+    for (int t = 0; t < N; ++t)
+      out[static_cast<int64_t>(t) * hidden + row] = __float2half(silu_times(ag[t], au[t]));
+  }
+}
+
+__global__ void gemv_scalar_kernel(OutSplit out, const half* x, const half* w, const half* bias,
+                                   int n, int out_dim, int in_dim) {
   pdl_begin();
   const int lane = threadIdx.x & 31;
   const int row = blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5);
@@ -115,14 +177,14 @@ __global__ void gemv_scalar_kernel(half* out, const half* x, const half* w, cons
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     if (lane == 0) {
       if (bias) v += __half2float(bias[row]);
-      out[static_cast<int64_t>(t) * out_dim + row] = __float2half(v);
+      split_store(out, t, row, v);
     }
   }
 }
 
 template <int N, int WPR>
-void launch_vec_wpr(half* out, const half* x, const half* w, const half* bias, int out_dim,
-                    int in_dim, cudaStream_t s) {
+void launch_vec_wpr(const OutSplit& out, const half* x, const half* w, const half* bias,
+                    int out_dim, int in_dim, cudaStream_t s) {
   constexpr int kRowsPerBlock = kWarpsPerBlock / WPR;
   const unsigned blocks = static_cast<unsigned>((out_dim + kRowsPerBlock - 1) / kRowsPerBlock);
   launch(gemv_vec_kernel<N, WPR>, blocks, kWarpsPerBlock * 32, 0, s, out, x, w, bias, out_dim,
@@ -132,8 +194,8 @@ void launch_vec_wpr(half* out, const half* x, const half* w, const half* bias, i
 // Measured on H100 (ncu, one warp per row): 4096x4096 at 64% of peak DRAM throughput and
 // 1024x4096 at 27%, against 80% for the 14336-row matrices: fewer rows get more warps each.
 template <int N>
-void launch_vec(half* out, const half* x, const half* w, const half* bias, int out_dim, int in_dim,
-                cudaStream_t s) {
+void launch_vec(const OutSplit& out, const half* x, const half* w, const half* bias, int out_dim,
+                int in_dim, cudaStream_t s) {
   if (out_dim >= 8192 || in_dim < 2048)
     launch_vec_wpr<N, 1>(out, x, w, bias, out_dim, in_dim, s);
   else if (out_dim >= 2048)
@@ -146,6 +208,54 @@ void launch_vec(half* out, const half* x, const half* w, const half* bias, int o
 
 void gemv(half* out, const half* x, const half* w, const half* bias, int n, int out_dim, int in_dim,
           cudaStream_t s) {
+  gemv_split(OutSplit::plain(out, out_dim), x, w, bias, n, out_dim, in_dim, s);
+}
+
+template <int N>
+void launch_swiglu(half* out, const half* x, const half* w, int hidden, int in_dim,
+                   cudaStream_t s) {
+  const unsigned blocks = static_cast<unsigned>((hidden + kSwigluBlock - 1) / kSwigluBlock);
+  launch(gemv_swiglu_kernel<N>, blocks, kWarpsPerBlock * 32, 0, s, out, x, w, hidden, in_dim);
+}
+
+bool gemv_swiglu(half* out, const half* x, const half* w, int n, int hidden, int in_dim,
+                 cudaStream_t s) {
+  GYRE_CHECK(n >= 1 && n <= kGemvMaxRows, "gemv takes 1..", kGemvMaxRows, " rows, got ", n);
+  const bool aligned = in_dim % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  if (!aligned) return false;
+  switch (n) {
+    case 1:
+      launch_swiglu<1>(out, x, w, hidden, in_dim, s);
+      break;
+    case 2:
+      launch_swiglu<2>(out, x, w, hidden, in_dim, s);
+      break;
+    case 3:
+      launch_swiglu<3>(out, x, w, hidden, in_dim, s);
+      break;
+    case 4:
+      launch_swiglu<4>(out, x, w, hidden, in_dim, s);
+      break;
+    case 5:
+      launch_swiglu<5>(out, x, w, hidden, in_dim, s);
+      break;
+    case 6:
+      launch_swiglu<6>(out, x, w, hidden, in_dim, s);
+      break;
+    case 7:
+      launch_swiglu<7>(out, x, w, hidden, in_dim, s);
+      break;
+    default:
+      launch_swiglu<8>(out, x, w, hidden, in_dim, s);
+      break;
+  }
+  GYRE_CUDA_LAUNCHED();
+  return true;
+}
+
+void gemv_split(const OutSplit& out, const half* x, const half* w, const half* bias, int n,
+                int out_dim, int in_dim, cudaStream_t s) {
   GYRE_CHECK(n >= 1 && n <= kGemvMaxRows, "gemv takes 1..", kGemvMaxRows, " rows, got ", n);
   const bool aligned = in_dim % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(w) % 16 == 0;

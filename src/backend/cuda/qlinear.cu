@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(Params p) {
       float v = 0.0f;
       for (int wi = 0; wi < p.ksplit; ++wi) v += partial[g * p.ksplit + wi][j];
       if (p.bias != nullptr) v += __half2float(p.bias[row]);
-      p.y[static_cast<int64_t>(t) * p.rows + row] = __float2half_rn(v);
+      store_out(p, t, row, v);
     }
   }
 }
@@ -317,6 +317,37 @@ void qlinear_gemv(const QWeightDevice& w, const __half* x, __half* y, int n, con
     dispatch_gemv<8>(p, rpb, stream);
   }
   check_cuda(cudaGetLastError(), "qlinear_gemv launch");
+}
+
+void qlinear_matmul_split(const QWeightDevice& w, const __half* x, const cuda::OutSplit& outs,
+                          int n, const __half* bias, cudaStream_t stream) {
+  GYRE_CHECK(outs.parts >= 1 && outs.parts <= cuda::OutSplit::kMaxParts &&
+                 outs.end[outs.parts - 1] == w.desc.rows,
+             "qlinear: split outputs do not cover the weight's ", w.desc.rows, " rows");
+  Params p = make_params(w, x, outs.out[0], n, bias);
+  p.split = outs;
+  if (n <= 8) {
+    if (w.desc.bits == 4) {
+      qlinear_detail::launch_gemv4(p, stream);
+    } else {
+      dispatch_gemv<8>(p, g_rows_per_block == 0 ? 2 : g_rows_per_block, stream);
+    }
+  } else {
+    qlinear_detail::launch_gemm(p, stream);
+  }
+  check_cuda(cudaGetLastError(), "qlinear split launch");
+}
+
+bool qlinear_gemv_swiglu(const QWeightDevice& w, const __half* x, __half* out, int n, int hidden,
+                         cudaStream_t stream) {
+  if (w.desc.bits != 4 || n < 1 || n > 8) return false;
+  GYRE_CHECK(w.desc.rows == 2 * ((hidden + 7) / 8 * 8), "qlinear swiglu: weight of ", w.desc.rows,
+             " rows for a hidden size of ", hidden);
+  Params p = make_params(w, x, out, n, nullptr);
+  p.swiglu_hidden = hidden;
+  qlinear_detail::launch_gemv4(p, stream);
+  check_cuda(cudaGetLastError(), "qlinear swiglu launch");
+  return true;
 }
 
 void qlinear_gemm(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "backend/cpu/qlinear_ref.h"
+#include "backend/cuda/out_split.h"
 
 namespace gyre {
 
@@ -51,6 +52,14 @@ void qlinear_gemm(const QWeightDevice& w, const __half* x, __half* y, int n, con
                   cudaStream_t stream);
 void qlinear_matmul(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
                     cudaStream_t stream);
+
+// qlinear_matmul with the output rows split over up to three tensors (fused Q|K|V).
+void qlinear_matmul_split(const QWeightDevice& w, const __half* x, const cuda::OutSplit& outs,
+                          int n, const __half* bias, cudaStream_t stream);
+// out [n, hidden] = silu(x . gate) * (x . up) for a gate/up weight interleaved by 8 rows
+// (cuda/out_split.h), in one GEMV pass. 4-bit and n <= 8 only: false (nothing launched) otherwise.
+bool qlinear_gemv_swiglu(const QWeightDevice& w, const __half* x, __half* out, int n, int hidden,
+                         cudaStream_t stream);
 
 // out [rows, cols] = W in FP16, original column order (perm undone): for prefill through
 // cuBLASLt when a scratch buffer is cheaper than the custom GEMM.

@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(Params p) {
         if (tok < p.n && row < p.rows) {
           float v = stage[e];
           if (p.bias != nullptr) v += __half2float(p.bias[row]);
-          p.y[static_cast<int64_t>(tok) * p.rows + row] = __float2half_rn(v);
+          store_out(p, tok, row, v);
         }
       }
       __syncwarp();

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "backend/cuda/out_split.h"
+
 namespace gyre::qlinear_detail {
 
 struct Params {
@@ -21,7 +23,17 @@ struct Params {
   // 4-bit tiled device layout (see qlinear_tiled.cu): tiles of 16 rows, blocks of 64 columns,
   // scale groups per tile row (padded), log2 of the group size.
   int tiles = 0, kblocks = 0, groups_p = 0, group_log2 = 0;
+  cuda::OutSplit split;   // parts > 0: outputs split over several tensors (y unused)
+  int swiglu_hidden = 0;  // 4-bit GEMV: > 0 for a gate/up weight (out_split.h) -> y [n, hidden]
 };
+
+// Output row `row` of token `tok`: into y [n, rows], or into the split outputs.
+__device__ __forceinline__ void store_out(const Params& p, int tok, int row, float v) {
+  if (p.split.parts == 0)
+    p.y[int64_t{tok} * p.rows + row] = __float2half_rn(v);
+  else
+    cuda::split_store(p.split, tok, row, v);
+}
 
 // Weights are read once: keep them out of L1 so x stays there.
 __device__ __forceinline__ uint4 load_stream(const void* p) {

@@ -1,0 +1,160 @@
+// Fused projections of the CUDA backend: Q|K|V in one weight whose GEMV writes the three outputs
+// (OutSplit epilogue), gate/up in one weight interleaved by 8 rows whose GEMV applies SwiGLU
+// before storing (FP16 and 4-bit). Paths without such an epilogue (8-bit GEMV, prefill GEMMs)
+// compute the fused output into a scratch buffer and finish with one elementwise kernel.
+#include <algorithm>
+
+#include "backend/cuda/cuda_backend_impl.h"
+#include "backend/cuda/cuda_buffers.h"
+#include "backend/cuda/qlinear.h"
+#include "backend/fused_weights.h"
+
+namespace gyre::cuda {
+
+namespace {
+
+// From this many rows a quantized weight is dequantized for a cuBLAS GEMM (as in cuda_ops.cc).
+constexpr int kDequantGemmMinRows = 64;
+
+void check_f16(const Tensor& t, const char* what) {
+  GYRE_CHECK(t.dtype == DType::F16 && t.data != nullptr, "CUDA ", what,
+             ": expected an FP16 device tensor");
+}
+
+int swiglu_rows(int64_t hidden) {
+  return static_cast<int>(2 * ((hidden + kSwigluBlock - 1) / kSwigluBlock * kSwigluBlock));
+}
+
+}  // namespace
+
+Tensor CudaBackend::upload_fused(const std::vector<TensorView>& parts, FusedKind kind) {
+  const int block = kind == FusedKind::GateUp ? kSwigluBlock : 0;
+  std::vector<uint8_t> storage;
+  if (synthetic_) {
+    // Contents are generated on the device: only the shape matters (no host copy of the parts).
+    TensorView v;
+    v.shape = fused_shape(parts, block);
+    v.dtype = parts[0].dtype;
+    v.name = parts[0].name;
+    v.data = parts[0].data;
+    v.nbytes = static_cast<size_t>(v.rows()) * dtype_row_bytes(v.dtype, v.cols());
+    return upload_weight(v);
+  }
+  return upload_weight(fuse_views(parts, block, storage));
+}
+
+half* CudaBackend::fused_scratch(size_t halves) {
+  if (halves > fused_scratch_halves_) {
+    GYRE_CHECK(!capturing_, "internal: scratch growth while capturing a CUDA graph");
+    drop_graph();
+    fused_scratch_ = device_alloc(halves * sizeof(half), "the fused-projection scratch");
+    fused_scratch_halves_ = halves;
+  }
+  return static_cast<half*>(fused_scratch_.get());
+}
+
+const half* CudaBackend::dense_weight(const Tensor& w) {
+  if (!is_quantized_tensor(w)) {
+    GYRE_CHECK(w.dtype == DType::F16, "CUDA matmul: weight dtype ", dtype_name(w.dtype),
+               " is not supported");
+    return static_cast<const half*>(w.data);
+  }
+  const size_t elems = static_cast<size_t>(w.rows) * w.cols;
+  if (elems > dequant_elems_) {
+    GYRE_CHECK(!capturing_, "internal: scratch growth while capturing a CUDA graph");
+    dequant_ = device_alloc(elems * sizeof(half), "the dequantized-weight scratch");
+    dequant_elems_ = elems;
+  }
+  qlinear_dequantize(qweight_of(w), static_cast<half*>(dequant_.get()), stream_);
+  return static_cast<const half*>(dequant_.get());
+}
+
+void CudaBackend::gemm(half* out, int ldo, const half* x, const half* w, int n, int o, int in) {
+  // Row-major out[n, o] = x[n, in] . w[o, in]^T is column-major out^T = w^T(op T) . x.
+  const float alpha = 1.0f, beta = 0.0f;
+  const cublasStatus_t st = cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, o, n, in, &alpha, w,
+                                         CUDA_R_16F, in, x, CUDA_R_16F, in, &beta, out, CUDA_R_16F,
+                                         ldo, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  GYRE_CHECK(st == CUBLAS_STATUS_SUCCESS, "cuBLAS GEMM failed (status ", static_cast<int>(st),
+             ") for [", n, ", ", in, "] x [", o, ", ", in, "]");
+}
+
+void CudaBackend::matmul_split(const std::vector<Tensor*>& outs, const Tensor& x, const Tensor& w,
+                               const Tensor* bias) {
+  check_f16(x, "matmul_split");
+  GYRE_CHECK(!outs.empty() && outs.size() <= static_cast<size_t>(OutSplit::kMaxParts),
+             "CUDA matmul_split: 1..", OutSplit::kMaxParts, " outputs, got ", outs.size());
+  const int n = static_cast<int>(x.rows), o = static_cast<int>(w.rows),
+            in = static_cast<int>(w.cols);
+  GYRE_CHECK(x.cols == w.cols, "CUDA matmul_split: x of ", x.cols, " columns for a weight of ",
+             w.cols);
+  OutSplit split;
+  int end = 0;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    check_f16(*outs[i], "matmul_split");
+    GYRE_CHECK(outs[i]->rows == n, "CUDA matmul_split: output of ", outs[i]->rows, " rows for ", n,
+               " tokens");
+    end += static_cast<int>(outs[i]->cols);
+    split.out[i] = static_cast<half*>(outs[i]->data);
+    split.end[i] = end;
+  }
+  split.parts = static_cast<int>(outs.size());
+  GYRE_CHECK(end == o, "CUDA matmul_split: outputs cover ", end, " of ", o, " rows");
+  const half* b = nullptr;
+  if (bias) {
+    check_f16(*bias, "matmul_split bias");
+    GYRE_CHECK(bias->rows * bias->cols == o, "CUDA matmul_split: bias size mismatch");
+    b = static_cast<const half*>(bias->data);
+  }
+  if (is_quantized_tensor(w) && n < kDequantGemmMinRows) {
+    qlinear_matmul_split(qweight_of(w), static_cast<const half*>(x.data), split, n, b, stream_);
+    return;
+  }
+  const half* wd = dense_weight(w);
+  const half* xd = static_cast<const half*>(x.data);
+  if (n <= kGemvMaxRows) {
+    gemv_split(split, xd, wd, b, n, o, in, stream_);
+    return;
+  }
+  // Prefill: one GEMM per part on its rows of the weight (each is large enough for cuBLAS).
+  int r0 = 0;
+  for (int i = 0; i < split.parts; ++i) {
+    const int rows = split.end[i] - r0;
+    gemm(split.out[i], rows, xd, wd + static_cast<int64_t>(r0) * in, n, rows, in);
+    if (b) add_bias(split.out[i], b + r0, n, rows, stream_);
+    r0 = split.end[i];
+  }
+}
+
+void CudaBackend::matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_gate_up) {
+  check_f16(out, "matmul_swiglu");
+  check_f16(x, "matmul_swiglu");
+  const int n = static_cast<int>(x.rows), hidden = static_cast<int>(out.cols),
+            in = static_cast<int>(x.cols), rows = swiglu_rows(out.cols);
+  GYRE_CHECK(out.rows == n && w_gate_up.cols == in && w_gate_up.rows == rows,
+             "CUDA matmul_swiglu: x [", n, ", ", in, "] . w [", w_gate_up.rows, ", ",
+             w_gate_up.cols, "] -> out [", out.rows, ", ", out.cols, "]");
+  half* o = static_cast<half*>(out.data);
+  const half* xd = static_cast<const half*>(x.data);
+  if (n <= kGemvMaxRows) {
+    if (is_quantized_tensor(w_gate_up)) {
+      if (qlinear_gemv_swiglu(qweight_of(w_gate_up), xd, o, n, hidden, stream_)) return;
+    } else if (gemv_swiglu(o, xd, dense_weight(w_gate_up), n, hidden, in, stream_)) {
+      return;
+    }
+  }
+  // No fused epilogue for this path: the fused [n, rows] output, then one SwiGLU kernel.
+  half* fused = fused_scratch(static_cast<size_t>(n) * rows);
+  if (is_quantized_tensor(w_gate_up) && n < kDequantGemmMinRows) {
+    qlinear_matmul(qweight_of(w_gate_up), xd, fused, n, nullptr, stream_);
+  } else {
+    const half* wd = dense_weight(w_gate_up);
+    if (n <= kGemvMaxRows)
+      gemv(fused, xd, wd, nullptr, n, rows, in, stream_);
+    else
+      gemm(fused, rows, xd, wd, n, rows, in);
+  }
+  swiglu_interleaved(o, fused, n, hidden, rows, stream_);
+}
+
+}  // namespace gyre::cuda
