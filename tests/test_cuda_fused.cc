@@ -74,7 +74,7 @@ double rel_error(const std::vector<float>& got, const std::vector<double>& want)
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
-std::vector<double> to_double(const std::vector<float>& v) {
+[[maybe_unused]] std::vector<double> to_double(const std::vector<float>& v) {
   return std::vector<double>(v.begin(), v.end());
 }
 

@@ -87,43 +87,61 @@ TensorView fuse_views(const std::vector<TensorView>& parts, int block,
   return out;
 }
 
-Tensor Backend::upload_fused(const std::vector<TensorView>& parts, FusedKind /*kind*/) {
-  auto storage = std::make_shared<std::vector<uint8_t>>();
-  Tensor t = upload_weight(fuse_views(parts, 0, *storage));
-  // A backend may keep using the host bytes in place (the CPU backend does): the tensor then
-  // owns the fused copy too.
-  t.owner = std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<void>>>(
-      std::move(t.owner), std::move(storage));
+namespace {
+
+// The default fused weight keeps each part as its own uploaded weight (the CPU backend then
+// still reads the mapped file in place); a backend that overrides upload_fused overrides the
+// fused matmuls too.
+struct FusedParts {
+  std::vector<Tensor> parts;
+};
+
+const FusedParts& fused_parts(const Tensor& w, const char* op) {
+  GYRE_CHECK(w.owner != nullptr && w.data == nullptr, op, ": weight was not made by upload_fused");
+  return *static_cast<const FusedParts*>(w.owner.get());
+}
+
+}  // namespace
+
+Tensor Backend::upload_fused(const std::vector<TensorView>& parts, FusedKind kind) {
+  check_parts(parts, kind == FusedKind::GateUp ? 1 : 0);
+  auto fp = std::make_shared<FusedParts>();
+  Tensor t;
+  for (const TensorView& p : parts) {
+    fp->parts.push_back(upload_weight(p));
+    t.rows += p.shape.size() == 1 ? p.numel() : p.rows();
+  }
+  const TensorView& first = parts[0];
+  t.dtype = fp->parts[0].dtype;
+  if (first.shape.size() == 1) {  // a vector (biases): one row of all the parts
+    t.cols = t.rows;
+    t.rows = 1;
+  } else {
+    t.cols = first.cols();
+  }
+  t.owner = std::move(fp);
   return t;
 }
 
 void Backend::matmul_split(const std::vector<Tensor*>& outs, const Tensor& x, const Tensor& w,
                            const Tensor* bias) {
-  int64_t r0 = 0;
-  for (Tensor* out : outs) {
-    GYRE_CHECK(out != nullptr && r0 + out->cols <= w.rows, "matmul_split: outputs of ", r0,
-               "+ rows for a fused weight of ", w.rows);
-    Tensor part_bias;
-    if (bias) {
-      GYRE_CHECK(bias->rows * bias->cols == w.rows, "matmul_split: bias size mismatch");
-      part_bias = *bias;
-      part_bias.data = static_cast<uint8_t*>(bias->data) + dtype_row_bytes(bias->dtype, r0);
-      part_bias.rows = 1;
-      part_bias.cols = out->cols;
-    }
-    matmul(*out, x, w.slice_rows(r0, out->cols), bias ? &part_bias : nullptr);
-    r0 += out->cols;
+  const FusedParts& parts = fused_parts(w, "matmul_split");
+  const FusedParts* biases = bias ? &fused_parts(*bias, "matmul_split (bias)") : nullptr;
+  GYRE_CHECK(outs.size() == parts.parts.size() && (!biases || biases->parts.size() == outs.size()),
+             "matmul_split: ", outs.size(), " outputs for a weight of ", parts.parts.size(),
+             " parts");
+  for (size_t i = 0; i < outs.size(); ++i) {
+    GYRE_CHECK(outs[i] != nullptr, "matmul_split: missing output");
+    matmul(*outs[i], x, parts.parts[i], biases ? &biases->parts[i] : nullptr);
   }
-  GYRE_CHECK(r0 == w.rows, "matmul_split: outputs cover ", r0, " of ", w.rows, " rows");
 }
 
 void Backend::matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_gate_up) {
-  const int64_t h = out.cols;
-  GYRE_CHECK(w_gate_up.rows == 2 * h, "matmul_swiglu: weight of ", w_gate_up.rows,
-             " rows for a hidden size of ", h);
-  Tensor up = alloc(out.rows, h);
-  matmul(out, x, w_gate_up.slice_rows(0, h), nullptr);
-  matmul(up, x, w_gate_up.slice_rows(h, h), nullptr);
+  const FusedParts& parts = fused_parts(w_gate_up, "matmul_swiglu");
+  GYRE_CHECK(parts.parts.size() == 2, "matmul_swiglu: weight of ", parts.parts.size(), " parts");
+  Tensor up = alloc(out.rows, out.cols);
+  matmul(out, x, parts.parts[0], nullptr);
+  matmul(up, x, parts.parts[1], nullptr);
   silu_mul(out, out, up);
 }
 
