@@ -49,6 +49,7 @@ struct Engine::Impl {
   std::unique_ptr<KvPageManager> pages;
   std::unique_ptr<Scheduler> sched;
   std::vector<float> logits;
+  uint64_t preemptions_before_reset = 0;
 
   // Loop thread only.
   std::unordered_map<uint64_t, std::unique_ptr<EngineRequest>> active;
@@ -193,6 +194,11 @@ void Engine::Impl::loop() {
 
 bool Engine::Impl::run_step() {
   BatchPlan plan = sched->schedule();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    sched_waiting = sched->num_waiting();  // admitted ones leave the queue now, not after the step
+    stats.running = sched->num_running();
+  }
   if (plan.empty()) {
     sched->commit(plan, {});
     publish_stats(0);
@@ -303,6 +309,7 @@ void Engine::Impl::fail_in_flight(const BatchPlan& plan, const std::string& erro
 void Engine::Impl::reset_scheduler(const std::string& error) {
   std::vector<uint64_t> ids;
   for (const auto& [id, r] : active) ids.push_back(id);
+  preemptions_before_reset += uint64_t(sched->stats().preemptions);
   sched.reset();
   pages = std::make_unique<KvPageManager>(cfg.num_pages, cfg.page_size);
   sched =
@@ -321,6 +328,7 @@ void Engine::Impl::publish_stats(uint64_t new_tokens) {
   stats.kv_pages_used = ks.used_pages;
   stats.kv_pages_shared = ks.shared_pages;
   stats.kv_pages_cached = ks.cached_pages;
+  stats.preemptions = preemptions_before_reset + uint64_t(sched->stats().preemptions);
   if (new_tokens > 0 || rate.empty()) rate.emplace_back(now, stats.generated_tokens);
   while (rate.size() > 2 &&
          std::chrono::duration<double>(now - rate[1].first).count() > kRateWindowS)
