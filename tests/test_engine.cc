@@ -208,17 +208,38 @@ TEST(EngineStories, CancelMidStream) {
   g.stop_ids.clear();
   Stream victim, other;
   const auto p = m.encode("Once upon a time");
-  const uint64_t id = engine.submit(p, opts(g), victim.callback());
+  // The victim's 5th event holds the engine thread until the test thread has cancelled it, so
+  // the cancel lands at a known point: exactly 5 tokens, then the final event.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool reached = false, cancelled = false;
+  auto inner = victim.callback();
+  int seen = 0;
+  const uint64_t id = engine.submit(p, opts(g), [&](const TokenEvent& e) {
+    inner(e);
+    if (++seen != 5) return;
+    std::unique_lock<std::mutex> lock(mu);
+    reached = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return cancelled; });
+  });
   engine.submit(m.encode("The little dog"), opts(greedy(50)), other.callback());
-  victim.wait_events(5);
-  engine.cancel(id);
-  engine.cancel(id);         // twice: harmless
-  engine.cancel(id + 1000);  // unknown: harmless
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return reached; });
+    engine.cancel(id);
+    engine.cancel(id);         // twice: harmless
+    engine.cancel(id + 1000);  // unknown: harmless
+    cancelled = true;
+    cv.notify_all();
+  }
   engine.drain();
   ASSERT_TRUE(victim.done);
   EXPECT_EQ(victim.last().finish, FinishReason::Cancelled);
   EXPECT_STREQ(finish_reason_name(FinishReason::Cancelled), "cancelled");
-  EXPECT_LT(victim.tokens().size(), 400u);
+  EXPECT_EQ(victim.tokens().size(), 5u);
+  EXPECT_EQ(victim.events.size(), 6u);
+  EXPECT_EQ(victim.last().completion_tokens, 5);
   // What it streamed before the cancel is the start of the uncancelled generation.
   const auto want = m.oracle.generate_ids(p, g).tokens;
   const auto got = victim.tokens();
@@ -406,6 +427,104 @@ TEST(EngineStories, DestructionCancelsWhatIsLeft) {
   EXPECT_EQ(left.last().finish, FinishReason::Cancelled);
   ASSERT_TRUE(queued.done);
   EXPECT_EQ(queued.last().finish, FinishReason::Cancelled);
+}
+
+// The CPU backend, with batched attention failing on demand.
+class FlakyBackend : public Backend {
+ public:
+  explicit FlakyBackend(Backend& inner) : in_(inner) {}
+  std::atomic<bool> fail_attention{false};
+
+  std::string name() const override { return "flaky " + in_.name(); }
+  Tensor alloc(int64_t r, int64_t c) override { return in_.alloc(r, c); }
+  Tensor upload_weight(const TensorView& w) override { return in_.upload_weight(w); }
+  void to_host(const Tensor& t, float* dst) override { in_.to_host(t, dst); }
+  std::unique_ptr<KvCache> new_kv_cache(int l, int h, int d, int n) override {
+    return in_.new_kv_cache(l, h, d, n);
+  }
+  void embed(Tensor& o, const Tensor& t, const int32_t* ids, int n) override {
+    in_.embed(o, t, ids, n);
+  }
+  void rmsnorm(Tensor& o, const Tensor& x, const Tensor& w, float e) override {
+    in_.rmsnorm(o, x, w, e);
+  }
+  void add_rmsnorm(Tensor& r, Tensor& o, const Tensor& d, const Tensor& w, float e) override {
+    in_.add_rmsnorm(r, o, d, w, e);
+  }
+  void matmul(Tensor& o, const Tensor& x, const Tensor& w, const Tensor* b) override {
+    in_.matmul(o, x, w, b);
+  }
+  void rope(Tensor& x, int h, int d, const int32_t* p, const RopeTable& t) override {
+    in_.rope(x, h, d, p, t);
+  }
+  void attention(Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v, KvCache& c, int l,
+                 int p0, const AttentionParams& p) override {
+    in_.attention(o, q, k, v, c, l, p0, p);
+  }
+  std::unique_ptr<PagedKvCache> new_paged_kv_cache(int l, int h, int d, int n, int ps) override {
+    return in_.new_paged_kv_cache(l, h, d, n, ps);
+  }
+  void copy_kv_page(PagedKvCache& c, int s, int d, int n) override { in_.copy_kv_page(c, s, d, n); }
+  void attention_paged(Tensor& o, const Tensor& q, const Tensor& k, const Tensor& v,
+                       PagedKvCache& c, int l, const PagedBatch& b,
+                       const AttentionParams& p) override {
+    if (fail_attention) fail("injected failure");
+    in_.attention_paged(o, q, k, v, c, l, b, p);
+  }
+  void silu_mul(Tensor& o, const Tensor& g, const Tensor& u) override { in_.silu_mul(o, g, u); }
+  void add(Tensor& x, const Tensor& y) override { in_.add(x, y); }
+
+ private:
+  Backend& in_;
+};
+
+TEST(EngineStories, FailuresEndOnlyTheAffectedRequests) {
+  Model& m = stories();
+  FlakyBackend flaky(*m.backend);
+  Engine engine(*m.model, flaky, EngineConfig{});
+  const auto p = m.encode("Once upon a time");
+  // A failing step fails the requests in it, with an error event; the engine goes on.
+  flaky.fail_attention = true;
+  Stream a, b;
+  engine.submit(p, opts(greedy(20)), a.callback());
+  engine.submit(m.encode("The little dog"), opts(greedy(20)), b.callback());
+  a.wait_events(1000);
+  b.wait_events(1000);
+  for (Stream* s : {&a, &b}) {
+    ASSERT_TRUE(s->done);
+    EXPECT_NE(s->last().error.find("injected failure"), std::string::npos) << s->last().error;
+  }
+  flaky.fail_attention = false;
+  // A callback that throws ends its own request only.
+  Stream ok;
+  int calls = 0;
+  engine.submit(p, opts(greedy(20)), [&](const TokenEvent&) {
+    if (++calls == 1) throw std::runtime_error("client went away");
+  });
+  engine.submit(p, opts(greedy(20)), ok.callback());
+  engine.drain();
+  EXPECT_EQ(calls, 2);  // the throwing event, then its final one
+  expect_same_as_generator(p, greedy(20), ok, "after failures");
+  const EngineStats st = engine.stats();
+  EXPECT_EQ(st.running + st.waiting, 0);
+  EXPECT_EQ(st.kv_pages_used, 0);
+}
+
+TEST(EngineStories, BackendWithoutPagedOpsSaysSo) {
+  struct Minimal : FlakyBackend {
+    using FlakyBackend::FlakyBackend;
+    std::unique_ptr<PagedKvCache> new_paged_kv_cache(int l, int h, int d, int n, int ps) override {
+      return Backend::new_paged_kv_cache(l, h, d, n, ps);  // the default
+    }
+  };
+  Model& m = stories();
+  Minimal minimal(*m.backend);
+  try {
+    Engine engine(*m.model, minimal, EngineConfig{});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not support batched serving"), std::string::npos);
+  }
 }
 
 // Not a test: throughput of 1, 8 and 32 concurrent greedy requests (run with
