@@ -36,6 +36,8 @@ struct TokenEvent {
   bool done = false;
   FinishReason finish = FinishReason::Length;  // valid when done
   std::string error;                           // non-empty: the request failed (done is true)
+  // completion_tokens counts sampled tokens, an ending EOS/stop id included (it is not part of
+  // the output: it ends the request with a final event whose token is -1).
   int prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
 };
 
