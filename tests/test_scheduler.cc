@@ -157,8 +157,8 @@ struct Driver {
       ASSERT_EQ(s.state, SeqState::kFinished) << id;
       EXPECT_EQ(s.output(), expected.at(id)) << "request " << id;
       EXPECT_EQ(s.finish_reason, s.output().back() == kEos && !r.stop_tokens.empty()
-                                     ? FinishReason::kStop
-                                     : FinishReason::kLength);
+                                     ? SeqFinish::kStop
+                                     : SeqFinish::kLength);
     }
     EXPECT_EQ(kv.stats().used_pages, 0);
   }
@@ -201,7 +201,7 @@ TEST(Scheduler, SingleRequestMatchesSequentialGeneration) {
   d.run_to_completion(100);
   d.check_outputs();
   EXPECT_EQ(d.sched.sequence(1).num_generated(), 20);
-  EXPECT_EQ(d.sched.sequence(1).finish_reason, FinishReason::kLength);
+  EXPECT_EQ(d.sched.sequence(1).finish_reason, SeqFinish::kLength);
   // 50 prompt tokens at 16 per step: 4 prefill steps (the last yields the first token), then
   // one step per further token.
   EXPECT_EQ(d.steps, 4 + 19);

@@ -53,6 +53,31 @@ class KvCache {
   virtual size_t bytes() const = 0;
 };
 
+// Keys and values of many sequences for every layer, in a pool of pages of page_size token
+// slots (engine/kv_pages.h decides which page holds which positions of which sequence).
+class PagedKvCache {
+ public:
+  virtual ~PagedKvCache() = default;
+  virtual int num_pages() const = 0;
+  virtual int page_size() const = 0;
+  virtual size_t bytes() const = 0;
+};
+
+// One step of ragged sequences run together (engine/scheduler.h FlatBatch, as host pointers).
+// Row r is the r-th token of the step; sequence s owns rows [seq_starts[s], seq_starts[s + 1]).
+struct PagedBatch {
+  int rows = 0, seqs = 0;
+  const int32_t* positions = nullptr;     // [rows] position of each row in its sequence
+  const int64_t* slots = nullptr;         // [rows] slot written: page * page_size + pos % page_size
+  const int32_t* seq_starts = nullptr;    // [seqs + 1]
+  const int32_t* context_lens = nullptr;  // [seqs] positions attended to after this step
+  const int32_t* page_tables = nullptr;   // [seqs][max_pages], padded with -1
+  int max_pages = 0;
+  // Differs between batches with different contents: a device backend may upload the arrays
+  // once per step (at the first layer) and reuse them while the generation is unchanged.
+  uint64_t generation = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -85,6 +110,19 @@ class Backend {
   // out[i] = causal attention of q[i] (position pos0 + i) over cache positions 0..pos0+i.
   virtual void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
                          KvCache& cache, int layer, int pos0, const AttentionParams& p) = 0;
+  // ---- Batched serving (paged KV cache). The defaults throw: not every backend has them. ----
+  virtual std::unique_ptr<PagedKvCache> new_paged_kv_cache(int n_layers, int n_kv_heads,
+                                                           int head_dim, int num_pages,
+                                                           int page_size);
+  // Copies the first num_tokens slots of page src to page dst, every layer, keys and values.
+  virtual void copy_kv_page(PagedKvCache& cache, int src, int dst, int num_tokens);
+  // Stores the k, v rows [rows, n_kv_heads * head_dim] of layer `layer` at their slots, then
+  // out[r] = causal attention of q[r] over positions [0, positions[r]] (or the sliding window)
+  // of row r's sequence, read through its page table.
+  virtual void attention_paged(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
+                               PagedKvCache& cache, int layer, const PagedBatch& batch,
+                               const AttentionParams& p);
+
   // out = silu(gate) * up
   virtual void silu_mul(Tensor& out, const Tensor& gate, const Tensor& up) = 0;
   // x += y

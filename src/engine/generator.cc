@@ -17,6 +17,8 @@ const char* finish_reason_name(FinishReason r) {
       return "length";
     case FinishReason::ContextFull:
       return "context_full";
+    case FinishReason::Cancelled:
+      return "cancelled";
   }
   return "unknown";
 }

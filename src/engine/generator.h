@@ -16,8 +16,9 @@
 
 namespace gyre {
 
-enum class FinishReason { Eos, StopString, Length, ContextFull };
-const char* finish_reason_name(FinishReason r);  // "eos", "stop", "length", "context_full"
+enum class FinishReason { Eos, StopString, Length, ContextFull, Cancelled };
+// "eos", "stop", "length", "context_full", "cancelled"
+const char* finish_reason_name(FinishReason r);
 
 struct GenerationSettings {
   int max_tokens = 256;  // generated tokens at most; <= 0: until EOS or the context is full

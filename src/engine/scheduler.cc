@@ -64,7 +64,7 @@ bool Scheduler::cancel(SeqId id) {
     return false;
   }
   s.state = SeqState::kCancelled;
-  s.finish_reason = FinishReason::kCancelled;
+  s.finish_reason = SeqFinish::kCancelled;
   stats_.cancelled++;
   return true;
 }
@@ -248,7 +248,7 @@ BatchPlan Scheduler::schedule() {
   return plan;
 }
 
-void Scheduler::finish(Sequence& s, FinishReason reason) {
+void Scheduler::finish(Sequence& s, SeqFinish reason) {
   s.state = SeqState::kFinished;
   s.finish_reason = reason;
   kv_.release(s.request.id);
@@ -292,14 +292,14 @@ std::vector<SeqUpdate> Scheduler::commit(const BatchPlan& plan,
     kv_.append(st.id, st.tokens);
     s.num_computed += int(st.tokens.size());
     if (!st.need_logits) continue;
-    SeqUpdate u{st.id, sampled.at(st.id), false, FinishReason::kNone};
+    SeqUpdate u{st.id, sampled.at(st.id), false, SeqFinish::kNone};
     s.tokens.push_back(u.token);
     const auto& stops = s.request.stop_tokens;
     if (std::find(stops.begin(), stops.end(), u.token) != stops.end())
-      u.reason = FinishReason::kStop;
+      u.reason = SeqFinish::kStop;
     else if (s.num_generated() >= s.request.max_tokens)
-      u.reason = FinishReason::kLength;
-    if (u.reason != FinishReason::kNone) {
+      u.reason = SeqFinish::kLength;
+    if (u.reason != SeqFinish::kNone) {
       u.finished = true;
       finish(s, u.reason);
     }

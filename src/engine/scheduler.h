@@ -77,7 +77,7 @@ struct SeqUpdate {
   SeqId id = 0;
   int32_t token = 0;
   bool finished = false;
-  FinishReason reason = FinishReason::kNone;
+  SeqFinish reason = SeqFinish::kNone;
 };
 
 struct SchedulerStats {
@@ -125,7 +125,7 @@ class Scheduler {
   void add_step(Sequence& s, int n, BatchPlan& plan);
   bool schedule_prefill(Sequence& s, int budget, const std::unordered_set<SeqId>& scheduled,
                         BatchPlan& plan);
-  void finish(Sequence& s, FinishReason reason);
+  void finish(Sequence& s, SeqFinish reason);
 
   SchedulerConfig config_;
   KvPageManager& kv_;

@@ -8,7 +8,7 @@
 namespace gyre {
 
 enum class SeqState { kWaiting, kRunning, kFinished, kCancelled };
-enum class FinishReason { kNone, kLength, kStop, kCancelled };
+enum class SeqFinish { kNone, kLength, kStop, kCancelled };
 
 struct Request {
   SeqId id = 0;                      // caller-chosen, unique among the scheduler's sequences
@@ -25,7 +25,7 @@ struct Request {
 struct Sequence {
   Request request;
   SeqState state = SeqState::kWaiting;
-  FinishReason finish_reason = FinishReason::kNone;
+  SeqFinish finish_reason = SeqFinish::kNone;
   std::vector<int32_t> tokens;
   int num_computed = 0;
   int64_t arrival = 0;  // scheduler-assigned admission order

@@ -1,5 +1,6 @@
 #include "engine/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -8,11 +9,13 @@
 namespace gyre {
 
 namespace {
-size_t tensor_bytes(const Tensor& t) { return static_cast<size_t>(t.rows) * t.row_bytes(); }
+size_t tensor_bytes(const Tensor& t) {
+  return static_cast<size_t>(t.rows) * t.row_bytes();
+}
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& config, const WeightSet& weights, Backend& backend,
-                         int max_seq)
+                         int max_seq, bool single_sequence_cache)
     : config_(config), backend_(backend), max_seq_(max_seq) {
   config_validate(config_);
   weights_validate(weights, config_);
@@ -50,7 +53,9 @@ Transformer::Transformer(const ModelConfig& config, const WeightSet& weights, Ba
   rope_.rot_dim = config_.rope.rot_dim > 0 ? config_.rope.rot_dim : config_.head_dim;
   rope_.interleaved = config_.rope.interleaved;
   rope_.inv_freq = rope_inv_freq(config_.rope, config_.max_seq_len, 0);
-  cache_ = backend_.new_kv_cache(config_.n_layers, config_.n_kv_heads, config_.head_dim, max_seq_);
+  if (single_sequence_cache)
+    cache_ =
+        backend_.new_kv_cache(config_.n_layers, config_.n_kv_heads, config_.head_dim, max_seq_);
 }
 
 void Transformer::ensure_scratch(int n) {
@@ -69,31 +74,25 @@ void Transformer::ensure_scratch(int n) {
   scratch_rows_ = n;
 }
 
-void Transformer::forward(const int32_t* tokens, int n, int pos, float* logits, bool all_logits) {
+AttentionParams Transformer::attention_params() const {
   const ModelConfig& c = config_;
-  GYRE_CHECK(n > 0, "forward pass over zero tokens");
-  // Compared as n <= max_seq_ - pos: pos + n could overflow for a hostile pos.
-  GYRE_CHECK(pos >= 0 && n <= max_seq_ - pos, "sequence of ", int64_t{pos} + n,
-             " tokens exceeds the context of ", max_seq_);
-  for (int i = 0; i < n; ++i)
-    GYRE_CHECK(tokens[i] >= 0 && tokens[i] < c.vocab_size, "token id ", tokens[i],
-               " is outside the vocabulary of ", c.vocab_size);
-  if (c.rope.scaling == RopeScaling::DynamicNtk)
-    rope_.inv_freq = rope_inv_freq(c.rope, c.max_seq_len, pos + n);
-  ensure_scratch(n);
-  Tensor x = x_.slice_rows(0, n), xn = xn_.slice_rows(0, n), q = q_.slice_rows(0, n),
-         k = k_.slice_rows(0, n), v = v_.slice_rows(0, n), att = att_.slice_rows(0, n),
-         gate = gate_.slice_rows(0, n), up = up_.slice_rows(0, n), ffn = ffn_.slice_rows(0, n);
-  std::vector<int32_t> positions(static_cast<size_t>(n));
-  std::iota(positions.begin(), positions.end(), pos);
-
   AttentionParams ap;
   ap.n_heads = c.n_heads;
   ap.n_kv_heads = c.n_kv_heads;
   ap.head_dim = c.head_dim;
   ap.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   ap.sliding_window = c.sliding_window;
+  return ap;
+}
 
+template <typename Attend>
+void Transformer::run_layers(const int32_t* tokens, int n, const int32_t* positions,
+                             Attend&& attend) {
+  const ModelConfig& c = config_;
+  ensure_scratch(n);
+  Tensor x = x_.slice_rows(0, n), xn = xn_.slice_rows(0, n), q = q_.slice_rows(0, n),
+         k = k_.slice_rows(0, n), v = v_.slice_rows(0, n), att = att_.slice_rows(0, n),
+         gate = gate_.slice_rows(0, n), up = up_.slice_rows(0, n), ffn = ffn_.slice_rows(0, n);
   backend_.embed(x, embed_, tokens, n);
   backend_.rmsnorm(xn, x, layers_[0].attn_norm, c.norm_eps);
   for (size_t li = 0; li < layers_.size(); ++li) {
@@ -101,9 +100,9 @@ void Transformer::forward(const int32_t* tokens, int n, int pos, float* logits, 
     backend_.matmul(q, xn, l.wq, c.qkv_bias ? &l.bq : nullptr);
     backend_.matmul(k, xn, l.wk, c.qkv_bias ? &l.bk : nullptr);
     backend_.matmul(v, xn, l.wv, c.qkv_bias ? &l.bv : nullptr);
-    backend_.rope(q, c.n_heads, c.head_dim, positions.data(), rope_);
-    backend_.rope(k, c.n_kv_heads, c.head_dim, positions.data(), rope_);
-    backend_.attention(att, q, k, v, *cache_, static_cast<int>(li), pos, ap);
+    backend_.rope(q, c.n_heads, c.head_dim, positions, rope_);
+    backend_.rope(k, c.n_kv_heads, c.head_dim, positions, rope_);
+    attend(att, q, k, v, static_cast<int>(li));
     backend_.matmul(ffn, att, l.wo, nullptr);
     backend_.add_rmsnorm(x, xn, ffn, l.ffn_norm, c.norm_eps);
     backend_.matmul(gate, xn, l.w_gate, nullptr);
@@ -113,11 +112,78 @@ void Transformer::forward(const int32_t* tokens, int n, int pos, float* logits, 
     const Tensor& next_norm = li + 1 < layers_.size() ? layers_[li + 1].attn_norm : final_norm_;
     backend_.add_rmsnorm(x, xn, ffn, next_norm, c.norm_eps);
   }
+}
+
+void Transformer::forward(const int32_t* tokens, int n, int pos, float* logits, bool all_logits) {
+  const ModelConfig& c = config_;
+  GYRE_CHECK(cache_ != nullptr, "this model was loaded for batched serving only");
+  GYRE_CHECK(n > 0, "forward pass over zero tokens");
+  // Compared as n <= max_seq_ - pos: pos + n could overflow for a hostile pos.
+  GYRE_CHECK(pos >= 0 && n <= max_seq_ - pos, "sequence of ", int64_t{pos} + n,
+             " tokens exceeds the context of ", max_seq_);
+  for (int i = 0; i < n; ++i)
+    GYRE_CHECK(tokens[i] >= 0 && tokens[i] < c.vocab_size, "token id ", tokens[i],
+               " is outside the vocabulary of ", c.vocab_size);
+  if (c.rope.scaling == RopeScaling::DynamicNtk)
+    rope_.inv_freq = rope_inv_freq(c.rope, c.max_seq_len, pos + n);
+  std::vector<int32_t> positions(static_cast<size_t>(n));
+  std::iota(positions.begin(), positions.end(), pos);
+  const AttentionParams ap = attention_params();
+  run_layers(tokens, n, positions.data(),
+             [&](Tensor& att, const Tensor& q, const Tensor& k, const Tensor& v, int layer) {
+               backend_.attention(att, q, k, v, *cache_, layer, pos, ap);
+             });
   const int first = all_logits ? 0 : n - 1;
   const int rows = n - first;
   Tensor out = logits_.slice_rows(0, rows);
-  backend_.matmul(out, xn.slice_rows(first, rows), lm_head_, nullptr);
+  backend_.matmul(out, xn_.slice_rows(first, rows), lm_head_, nullptr);
   backend_.to_host(out, logits);
+}
+
+std::unique_ptr<PagedKvCache> Transformer::new_paged_kv_cache(int num_pages, int page_size) {
+  return backend_.new_paged_kv_cache(config_.n_layers, config_.n_kv_heads, config_.head_dim,
+                                     num_pages, page_size);
+}
+
+void Transformer::forward_batch(const int32_t* tokens, const PagedBatch& batch, PagedKvCache& kv,
+                                const int32_t* logit_rows, int n_logit_rows, float* logits) {
+  const ModelConfig& c = config_;
+  const int n = batch.rows;
+  GYRE_CHECK(n > 0, "batched forward pass over zero tokens");
+  for (int i = 0; i < n; ++i) {
+    GYRE_CHECK(tokens[i] >= 0 && tokens[i] < c.vocab_size, "token id ", tokens[i],
+               " is outside the vocabulary of ", c.vocab_size);
+    GYRE_CHECK(batch.positions[i] >= 0 && batch.positions[i] < max_seq_, "position ",
+               batch.positions[i], " exceeds the context of ", max_seq_);
+  }
+  for (int i = 0; i < n_logit_rows; ++i)
+    GYRE_CHECK(
+        logit_rows[i] >= 0 && logit_rows[i] < n && (i == 0 || logit_rows[i] > logit_rows[i - 1]),
+        "logit rows must be ascending rows of the batch");
+  if (c.rope.scaling == RopeScaling::DynamicNtk) {
+    // One table per step: the longest context of the batch sets the scaling (an approximation
+    // for the shorter ones, as the single-sequence path already is for cached keys).
+    int longest = 0;
+    for (int s = 0; s < batch.seqs; ++s) longest = std::max(longest, batch.context_lens[s]);
+    rope_.inv_freq = rope_inv_freq(c.rope, c.max_seq_len, longest);
+  }
+  const AttentionParams ap = attention_params();
+  run_layers(tokens, n, batch.positions,
+             [&](Tensor& att, const Tensor& q, const Tensor& k, const Tensor& v, int layer) {
+               backend_.attention_paged(att, q, k, v, kv, layer, batch, ap);
+             });
+  if (n_logit_rows == 0) return;
+  // The lm head runs on consecutive runs of wanted rows (the decodes of a step are one run), so
+  // no gather op is needed and no unwanted row pays for the vocabulary projection.
+  Tensor out_all = logits_.slice_rows(0, n_logit_rows);
+  for (int i = 0; i < n_logit_rows;) {
+    int j = i + 1;
+    while (j < n_logit_rows && logit_rows[j] == logit_rows[j - 1] + 1) ++j;
+    Tensor out = out_all.slice_rows(i, j - i);
+    backend_.matmul(out, xn_.slice_rows(logit_rows[i], j - i), lm_head_, nullptr);
+    i = j;
+  }
+  backend_.to_host(out_all, logits);
 }
 
 }  // namespace gyre

@@ -12,13 +12,23 @@ namespace gyre {
 
 class Transformer {
  public:
-  // Uploads the weights to the backend; max_seq bounds the KV cache.
-  Transformer(const ModelConfig& config, const WeightSet& weights, Backend& backend, int max_seq);
+  // Uploads the weights to the backend; max_seq bounds the KV cache. Without
+  // single_sequence_cache (serving: forward_batch only) no single-sequence cache is allocated.
+  Transformer(const ModelConfig& config, const WeightSet& weights, Backend& backend, int max_seq,
+              bool single_sequence_cache = true);
 
   // Runs tokens [n] at positions pos, pos+1, ... (continuing the cached sequence).
   // logits: host buffer of vocab floats per requested row: only the last token's row when
   // all_logits is false, every token's when true.
   void forward(const int32_t* tokens, int n, int pos, float* logits, bool all_logits);
+
+  // A paged KV cache for forward_batch (backend's new_paged_kv_cache with this model's shape).
+  std::unique_ptr<PagedKvCache> new_paged_kv_cache(int num_pages, int page_size);
+  // Runs one step of ragged sequences: tokens[batch.rows] at their positions, keys and values
+  // written to their slots of `kv`; every row's matmuls run together. logits: vocab floats for
+  // each of logit_rows (ascending row indices), in that order.
+  void forward_batch(const int32_t* tokens, const PagedBatch& batch, PagedKvCache& kv,
+                     const int32_t* logit_rows, int n_logit_rows, float* logits);
 
   const ModelConfig& config() const { return config_; }
   int max_seq() const { return max_seq_; }
@@ -31,6 +41,10 @@ class Transformer {
     Tensor attn_norm, ffn_norm, wq, wk, wv, wo, bq, bk, bv, w_gate, w_up, w_down;
   };
   void ensure_scratch(int n);
+  AttentionParams attention_params() const;
+  // Runs rows [0, n) of the scratch through every layer; attend(layer) fills att_ from q_/k_/v_.
+  template <typename Attend>
+  void run_layers(const int32_t* tokens, int n, const int32_t* positions, Attend&& attend);
 
   ModelConfig config_;
   Backend& backend_;

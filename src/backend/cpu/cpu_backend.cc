@@ -12,6 +12,7 @@
 
 #include "backend/cpu/cpu_attention.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/cpu_paged_attention.h"
 #include "backend/cpu/thread_pool.h"
 #include "core/error.h"
 
@@ -133,6 +134,19 @@ class CpuBackend : public Backend {
   void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, KvCache& cache,
                  int layer, int pos0, const AttentionParams& p) override {
     cpu_attention(pool_, out, q, k, v, cache, layer, pos0, p);
+  }
+
+  std::unique_ptr<PagedKvCache> new_paged_kv_cache(int n_layers, int n_kv_heads, int head_dim,
+                                                   int num_pages, int page_size) override {
+    return cpu_new_paged_kv_cache(n_layers, n_kv_heads, head_dim, num_pages, page_size);
+  }
+  void copy_kv_page(PagedKvCache& cache, int src, int dst, int num_tokens) override {
+    cpu_copy_kv_page(cache, src, dst, num_tokens);
+  }
+  void attention_paged(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
+                       PagedKvCache& cache, int layer, const PagedBatch& batch,
+                       const AttentionParams& p) override {
+    cpu_attention_paged(pool_, out, q, k, v, cache, layer, batch, p);
   }
 
   void silu_mul(Tensor& out, const Tensor& gate, const Tensor& up) override {

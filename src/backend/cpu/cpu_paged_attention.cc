@@ -1,0 +1,216 @@
+#include "backend/cpu/cpu_paged_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/cpu/cpu_kernels.h"
+#include "core/error.h"
+
+namespace gyre {
+
+namespace {
+
+constexpr int64_t kMinWorkPerChunk = 16 * 1024;
+
+class CpuPagedKvCache : public PagedKvCache {
+ public:
+  CpuPagedKvCache(int n_layers, int n_kv_heads, int head_dim, int num_pages, int page_size)
+      : n_layers(n_layers),
+        n_kv_heads(n_kv_heads),
+        head_dim(head_dim),
+        num_pages_(num_pages),
+        page_size_(page_size) {
+    GYRE_CHECK(n_layers > 0 && n_kv_heads > 0 && head_dim > 0 && num_pages > 0 && page_size > 0,
+               "paged KV cache sizes must be positive, got ", n_layers, " layers, ", n_kv_heads,
+               " heads of ", head_dim, ", ", num_pages, " pages of ", page_size);
+    head_stride_ = static_cast<size_t>(page_size) * static_cast<size_t>(head_dim);
+    page_stride_ = head_stride_ * static_cast<size_t>(n_kv_heads);
+    plane_stride_ = page_stride_ * static_cast<size_t>(num_pages);
+    const double floats = 2.0 * n_layers * static_cast<double>(plane_stride_);
+    GYRE_CHECK(floats * sizeof(float) < 1e15, "paged KV cache of ", floats * 4,
+               " bytes is too large");
+    bytes_ = 2 * plane_stride_ * static_cast<size_t>(n_layers) * sizeof(float);
+    data_ = alloc_aligned(bytes_);
+  }
+  int num_pages() const override { return num_pages_; }
+  int page_size() const override { return page_size_; }
+  size_t bytes() const override { return bytes_; }
+
+  // Layout: [layer][k, v][page][kv head][slot][head_dim]: one head's keys in a page are
+  // contiguous, and a page of one layer is one block per k/v (cheap copy-on-write).
+  float* key(int layer, int page, int head, int slot) { return at(layer, 0, page, head, slot); }
+  float* value(int layer, int page, int head, int slot) { return at(layer, 1, page, head, slot); }
+  float* page_block(int layer, int kv, int page) { return at(layer, kv, page, 0, 0); }
+  size_t page_floats() const { return page_stride_; }
+
+  const int n_layers, n_kv_heads, head_dim;
+
+ private:
+  float* at(int layer, int kv, int page, int head, int slot) {
+    const size_t plane = static_cast<size_t>(layer) * 2 + static_cast<size_t>(kv);
+    return static_cast<float*>(data_.get()) + plane * plane_stride_ +
+           static_cast<size_t>(page) * page_stride_ + static_cast<size_t>(head) * head_stride_ +
+           static_cast<size_t>(slot) * static_cast<size_t>(head_dim);
+  }
+  int num_pages_, page_size_;
+  size_t head_stride_ = 0, page_stride_ = 0, plane_stride_ = 0, bytes_ = 0;
+  std::shared_ptr<void> data_;
+};
+
+CpuPagedKvCache& cpu_cache(PagedKvCache& cache) {
+  auto* c = dynamic_cast<CpuPagedKvCache*>(&cache);
+  GYRE_CHECK(c != nullptr, "paged attention: the KV cache was not made by the CPU backend");
+  return *c;
+}
+
+float* f32(const Tensor& t) {
+  return static_cast<float*>(t.data);
+}
+
+std::vector<float>& thread_buffer(size_t n) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < n) buf.resize(n);
+  return buf;
+}
+
+// One query head over positions [first, last] of one KV head of a sequence, read through its
+// page table. The arithmetic is that of the single-sequence attention (same order, float dot
+// products, double denominator), so both give the same bits for the same keys and values.
+void attend_paged(float* out, const float* q, CpuPagedKvCache& c, int layer, int kv_head,
+                  const int32_t* table, int first, int last, float scale) {
+  const int hd = c.head_dim, ps = c.page_size();
+  const int span = last - first + 1;
+  float* scores = thread_buffer(static_cast<size_t>(span)).data();
+  float max_score = -INFINITY;
+  for (int j = 0; j < span; ++j) {
+    const int pos = first + j;
+    scores[j] = dot_f32(q, c.key(layer, table[pos / ps], kv_head, pos % ps), hd) * scale;
+    max_score = std::max(max_score, scores[j]);
+  }
+  double denom = 0;
+  for (int j = 0; j < span; ++j) {
+    scores[j] = std::exp(scores[j] - max_score);
+    denom += scores[j];
+  }
+  for (int d = 0; d < hd; ++d) out[d] = 0.0f;
+  for (int j = 0; j < span; ++j) {
+    const int pos = first + j;
+    const float* v = c.value(layer, table[pos / ps], kv_head, pos % ps);
+    const float pj = scores[j];
+    for (int d = 0; d < hd; ++d) out[d] += pj * v[d];
+  }
+  const float inv = static_cast<float>(1.0 / denom);
+  for (int d = 0; d < hd; ++d) out[d] *= inv;
+}
+
+// Checks the plan before anything is written: a bad plan must not scribble over other pages.
+// Returns the sequence of every row.
+std::vector<int> check_batch(const CpuPagedKvCache& c, const PagedBatch& b) {
+  GYRE_CHECK(b.rows >= 0 && b.seqs >= 0 && b.max_pages >= 0, "paged attention: negative sizes");
+  GYRE_CHECK(b.seqs == 0 || (b.seq_starts && b.context_lens && b.page_tables),
+             "paged attention: missing batch arrays");
+  GYRE_CHECK(b.rows == 0 || (b.positions && b.slots), "paged attention: missing row arrays");
+  const int ps = c.page_size();
+  std::vector<int> row_seq(static_cast<size_t>(b.rows));
+  GYRE_CHECK(b.seqs > 0 || b.rows == 0, "paged attention: rows without sequences");
+  if (b.seqs > 0)
+    GYRE_CHECK(b.seq_starts[0] == 0 && b.seq_starts[b.seqs] == b.rows,
+               "paged attention: sequence rows do not cover the ", b.rows, " rows");
+  for (int s = 0; s < b.seqs; ++s) {
+    const int r0 = b.seq_starts[s], r1 = b.seq_starts[s + 1];
+    const int ctx = b.context_lens[s];
+    GYRE_CHECK(r0 <= r1, "paged attention: sequence ", s, " has decreasing row bounds");
+    GYRE_CHECK(ctx >= 0 && int64_t{ctx} <= int64_t{b.max_pages} * ps, "paged attention: context ",
+               ctx, " of sequence ", s, " exceeds its ", b.max_pages, " pages");
+    const int32_t* table = b.page_tables + static_cast<size_t>(s) * b.max_pages;
+    for (int i = 0; i < (ctx + ps - 1) / ps; ++i)
+      GYRE_CHECK(table[i] >= 0 && table[i] < c.num_pages(), "paged attention: page ", table[i],
+                 " of sequence ", s, " is outside the pool of ", c.num_pages());
+    for (int r = r0; r < r1; ++r) {
+      const int pos = b.positions[r];
+      GYRE_CHECK(pos >= 0 && pos < ctx, "paged attention: row ", r, " at position ", pos,
+                 " is outside its context of ", ctx);
+      GYRE_CHECK(b.slots[r] == int64_t{table[pos / ps]} * ps + pos % ps, "paged attention: row ", r,
+                 " writes slot ", b.slots[r], ", not its page table's slot for position ", pos);
+      row_seq[static_cast<size_t>(r)] = s;
+    }
+  }
+  return row_seq;
+}
+
+}  // namespace
+
+std::unique_ptr<PagedKvCache> cpu_new_paged_kv_cache(int n_layers, int n_kv_heads, int head_dim,
+                                                     int num_pages, int page_size) {
+  return std::make_unique<CpuPagedKvCache>(n_layers, n_kv_heads, head_dim, num_pages, page_size);
+}
+
+void cpu_copy_kv_page(PagedKvCache& cache, int src, int dst, int num_tokens) {
+  CpuPagedKvCache& c = cpu_cache(cache);
+  GYRE_CHECK(src >= 0 && src < c.num_pages() && dst >= 0 && dst < c.num_pages() && src != dst,
+             "copy_kv_page: pages ", src, " -> ", dst, " are not two pages of ", c.num_pages());
+  GYRE_CHECK(num_tokens >= 0 && num_tokens <= c.page_size(), "copy_kv_page: ", num_tokens,
+             " tokens do not fit a page of ", c.page_size());
+  const size_t n = static_cast<size_t>(num_tokens) * static_cast<size_t>(c.head_dim);
+  for (int layer = 0; layer < c.n_layers; ++layer)
+    for (int kv = 0; kv < 2; ++kv)
+      for (int h = 0; h < c.n_kv_heads; ++h) {
+        float* from = kv ? c.value(layer, src, h, 0) : c.key(layer, src, h, 0);
+        float* to = kv ? c.value(layer, dst, h, 0) : c.key(layer, dst, h, 0);
+        std::memcpy(to, from, n * sizeof(float));
+      }
+}
+
+void cpu_attention_paged(ThreadPool& pool, Tensor& out, const Tensor& q, const Tensor& k,
+                         const Tensor& v, PagedKvCache& cache, int layer, const PagedBatch& b,
+                         const AttentionParams& p) {
+  CpuPagedKvCache& c = cpu_cache(cache);
+  GYRE_CHECK(p.n_heads > 0 && p.n_kv_heads > 0 && p.n_heads % p.n_kv_heads == 0,
+             "paged attention: ", p.n_heads, " query heads cannot share ", p.n_kv_heads,
+             " KV heads");
+  GYRE_CHECK(p.n_kv_heads == c.n_kv_heads && p.head_dim == c.head_dim,
+             "paged attention: ", p.n_kv_heads, " KV heads of ", p.head_dim,
+             " do not match the cache's ", c.n_kv_heads, " of ", c.head_dim);
+  GYRE_CHECK(layer >= 0 && layer < c.n_layers, "paged attention: layer ", layer, " out of ",
+             c.n_layers);
+  const int64_t n = b.rows, hd = p.head_dim;
+  const int64_t q_cols = static_cast<int64_t>(p.n_heads) * hd;
+  const int64_t kv_cols = static_cast<int64_t>(p.n_kv_heads) * hd;
+  for (const Tensor* t : {static_cast<const Tensor*>(&out), &q, &k, &v})
+    GYRE_CHECK(t->dtype == DType::F32 && t->rows == n, "paged attention: inputs must be F32 with ",
+               n, " rows");
+  GYRE_CHECK(q.cols == q_cols && out.cols == q_cols && k.cols == kv_cols && v.cols == kv_cols,
+             "paged attention: q/out need ", q_cols, " columns and k/v ", kv_cols);
+  const std::vector<int> row_seq = check_batch(c, b);
+  const int ps = c.page_size();
+
+  // Every row's keys and values first: later rows of a sequence attend to earlier ones.
+  for (int64_t r = 0; r < n; ++r) {
+    const int page = static_cast<int>(b.slots[r] / ps), slot = static_cast<int>(b.slots[r] % ps);
+    for (int h = 0; h < p.n_kv_heads; ++h) {
+      std::memcpy(c.key(layer, page, h, slot), f32(k) + r * kv_cols + h * hd, hd * sizeof(float));
+      std::memcpy(c.value(layer, page, h, slot), f32(v) + r * kv_cols + h * hd, hd * sizeof(float));
+    }
+  }
+
+  const int group = p.n_heads / p.n_kv_heads;
+  int max_ctx = 1;
+  for (int s = 0; s < b.seqs; ++s) max_ctx = std::max(max_ctx, b.context_lens[s]);
+  const int64_t grain = std::max<int64_t>(1, kMinWorkPerChunk / (int64_t{max_ctx} * hd * 2));
+  pool.parallel_for(n * p.n_heads, grain, [&](int64_t t0, int64_t t1) {
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t r = task / p.n_heads;
+      const int h = static_cast<int>(task % p.n_heads);
+      const int s = row_seq[static_cast<size_t>(r)];
+      const int pos = b.positions[r];
+      const int first = p.sliding_window > 0 ? std::max(0, pos - p.sliding_window + 1) : 0;
+      attend_paged(f32(out) + r * q_cols + h * hd, f32(q) + r * q_cols + h * hd, c, layer,
+                   h / group, b.page_tables + static_cast<size_t>(s) * b.max_pages, first, pos,
+                   p.scale);
+    }
+  });
+}
+
+}  // namespace gyre
