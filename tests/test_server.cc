@@ -43,7 +43,11 @@ class FakeEngine : public ServingEngine {
     if (draining_) throw Error("draining");
     if (static_cast<int>(active_.size()) >= max_queue_) throw QueueFullError("queue full");
     const uint64_t id = ++next_;
-    Req r{script(prompt, o.gen.max_tokens, tok_.vocab_size()), 0, false, o, std::move(cb),
+    Req r{script(prompt, o.gen.max_tokens, tok_.vocab_size()),
+          0,
+          false,
+          o,
+          std::move(cb),
           static_cast<int>(prompt.size())};
     active_.emplace(id, std::move(r));
     last_prompt_ = prompt;
@@ -181,9 +185,9 @@ class ServerHttp : public ::testing::Test {
 TEST_F(ServerHttp, CompletionShapeTextAndUsage) {
   RunningServer srv(*engine_, ctx());
   auto c = srv.client();
-  json r = post_json(c, "/v1/completions",
-                     {{"model", "stories260K"}, {"prompt", "Once upon a time"}, {"max_tokens", 5}},
-                     200);
+  json r =
+      post_json(c, "/v1/completions",
+                {{"model", "stories260K"}, {"prompt", "Once upon a time"}, {"max_tokens", 5}}, 200);
   const std::vector<int> prompt = tok_->encode("Once upon a time", true);
   EXPECT_EQ(engine_->last_prompt(), prompt);
   EXPECT_EQ(r["object"], "text_completion");
@@ -202,10 +206,19 @@ TEST_F(ServerHttp, SamplingFieldsReachTheEngine) {
   RunningServer srv(*engine_, ctx());
   auto c = srv.client();
   post_json(c, "/v1/completions",
-            {{"model", "gyre"}, {"prompt", {5, 6, 7}}, {"max_tokens", 3}, {"temperature", 0.5},
-             {"top_p", 0.9}, {"top_k", 40}, {"min_p", 0.05}, {"typical_p", 0.8},
-             {"presence_penalty", 0.5}, {"frequency_penalty", -0.5},
-             {"repetition_penalty", 1.1}, {"seed", 1234}, {"stop", {"a", "bc"}},
+            {{"model", "gyre"},
+             {"prompt", {5, 6, 7}},
+             {"max_tokens", 3},
+             {"temperature", 0.5},
+             {"top_p", 0.9},
+             {"top_k", 40},
+             {"min_p", 0.05},
+             {"typical_p", 0.8},
+             {"presence_penalty", 0.5},
+             {"frequency_penalty", -0.5},
+             {"repetition_penalty", 1.1},
+             {"seed", 1234},
+             {"stop", {"a", "bc"}},
              {"unknown_field", {1, 2}}},
             200);
   EXPECT_EQ(engine_->last_prompt(), (std::vector<int>{5, 6, 7}));
@@ -292,8 +305,8 @@ TEST_F(ServerHttp, StreamingCompletionAndChat) {
   EXPECT_TRUE(usage["choices"].empty());
   EXPECT_EQ(usage["usage"]["completion_tokens"], 6);
 
-  body = {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 5},
-          {"stream", true}};
+  body = {
+      {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 5}, {"stream", true}};
   res = c.Post("/v1/chat/completions", body.dump(), "application/json");
   ASSERT_TRUE(res);
   events = sse_payloads(res->body);
@@ -341,7 +354,9 @@ TEST_F(ServerHttp, MalformedAndHostileRequests) {
       {"/v1/completions", "{not json", 400},
       {"/v1/completions", "", 400},
       {"/v1/completions", "[1,2]", 400},
-      {"/v1/completions", R"({"prompt": "a\xff\xfe b"})", 400},  // invalid UTF-8
+      {"/v1/completions", std::string("{\"prompt\": \"a\xff\xfe b\"}"), 400},  // bad UTF-8
+      {"/v1/chat/completions",
+       std::string("{\"messages\": [{\"role\": \"user\", \"content\": \"\xc3\"}]}"), 400},
       {"/v1/completions", R"({"prompt": 5})", 400},
       {"/v1/completions", R"({})", 400},
       {"/v1/completions", R"({"prompt": "a", "max_tokens": -1})", 400},
@@ -478,7 +493,9 @@ TEST_F(ServerHttp, ShutdownDrainsInFlightRequests) {
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   auto c = srv.client();
   auto res = c.Post("/v1/completions", R"({"prompt": "x"})", "application/json");
-  if (res) EXPECT_EQ(res->status, 503);  // or refused once the listener is closed
+  if (res) {
+    EXPECT_EQ(res->status, 503);  // or refused once the listener is closed
+  }
   inflight.join();
   stopper.join();
   srv.stop();

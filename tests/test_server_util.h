@@ -18,7 +18,9 @@
 
 namespace gyre::test {
 
-inline std::string fixture(const std::string& rel) { return std::string(GYRE_FIXTURES) + "/" + rel; }
+inline std::string fixture(const std::string& rel) {
+  return std::string(GYRE_FIXTURES) + "/" + rel;
+}
 
 // Runs an HttpServer on a background thread for the lifetime of the object.
 class RunningServer {

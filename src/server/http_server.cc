@@ -55,9 +55,8 @@ class Submission {
         RequestOptions o = p.options;
         o.gen.sampler.seed += static_cast<uint64_t>(i);  // independent choices
         std::shared_ptr<EventQueue> q = events_;
-        ids_.push_back(engine_.submit(p.prompt_ids, o, [q, i](const TokenEvent& e) {
-          q->push(i, e);
-        }));
+        ids_.push_back(
+            engine_.submit(p.prompt_ids, o, [q, i](const TokenEvent& e) { q->push(i, e); }));
       }
     } catch (const QueueFullError& e) {
       cancel_unfinished();
@@ -156,9 +155,8 @@ struct HttpServer::Impl {
     svr.set_write_timeout(30, 0);
     svr.set_pre_routing_handler(
         [this](const httplib::Request& req, httplib::Response& res) { return gate(req, res); });
-    svr.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-      fill_error(req, res);
-    });
+    svr.set_error_handler(
+        [this](const httplib::Request& req, httplib::Response& res) { fill_error(req, res); });
     svr.set_exception_handler(
         [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
           std::string what = "internal error";
@@ -235,8 +233,7 @@ struct HttpServer::Impl {
       send_error(res, 404, "Unknown route: " + req.method + " " + req.path, "", "not_found");
     else if (res.status == 413)
       send_error(res, 413,
-                 "The request body is larger than " + std::to_string(opt.max_body_bytes) +
-                     " bytes",
+                 "The request body is larger than " + std::to_string(opt.max_body_bytes) + " bytes",
                  "", "body_too_large");
     else
       send_error(res, res.status, "HTTP error " + std::to_string(res.status));
@@ -364,7 +361,9 @@ int HttpServer::bind() {
   return impl_->bound_port;
 }
 
-void HttpServer::serve() { impl_->svr.listen_after_bind(); }
+void HttpServer::serve() {
+  impl_->svr.listen_after_bind();
+}
 
 void HttpServer::shutdown() {
   std::call_once(impl_->shutdown_once, [this] {
@@ -379,6 +378,8 @@ void HttpServer::shutdown() {
   });
 }
 
-int HttpServer::port() const { return impl_->bound_port; }
+int HttpServer::port() const {
+  return impl_->bound_port;
+}
 
 }  // namespace gyre

@@ -6,8 +6,7 @@ namespace gyre {
 
 namespace {
 
-void metric(std::string& out, const char* name, const char* type, const char* help,
-            double value) {
+void metric(std::string& out, const char* name, const char* type, const char* help, double value) {
   char buf[512];
   std::snprintf(buf, sizeof buf, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type,
                 name, value);
@@ -31,8 +30,7 @@ std::string prometheus_text(const EngineStats& s, const std::map<int, uint64_t>&
   metric(out, "gyre_cached_prompt_tokens_total", "counter",
          "Prompt tokens served from shared KV pages instead of prefilled.",
          d(s.cached_prompt_tokens));
-  metric(out, "gyre_generated_tokens_total", "counter", "Tokens generated.",
-         d(s.generated_tokens));
+  metric(out, "gyre_generated_tokens_total", "counter", "Tokens generated.", d(s.generated_tokens));
   metric(out, "gyre_queue_depth", "gauge", "Requests waiting for a batch slot.", d(s.waiting));
   metric(out, "gyre_requests_running", "gauge", "Requests in the running batch.", d(s.running));
   metric(out, "gyre_kv_pages_total", "gauge", "KV cache pages.", d(s.kv_pages_total));

@@ -14,12 +14,18 @@ using Json = nlohmann::ordered_json;
 
 const char* error_type(int status) {
   switch (status) {
-    case 401: return "authentication_error";
-    case 404: return "not_found_error";
-    case 413: return "invalid_request_error";
-    case 429: return "rate_limit_error";
-    case 503: return "service_unavailable";
-    default: return status >= 500 ? "server_error" : "invalid_request_error";
+    case 401:
+      return "authentication_error";
+    case 404:
+      return "not_found_error";
+    case 413:
+      return "invalid_request_error";
+    case 429:
+      return "rate_limit_error";
+    case 503:
+      return "service_unavailable";
+    default:
+      return status >= 500 ? "server_error" : "invalid_request_error";
   }
 }
 
@@ -79,8 +85,8 @@ void check_model(const Json& body, const ModelContext& ctx) {
   if (!it->is_string()) bad("model", "'model' must be a string");
   const std::string& m = it->get_ref<const std::string&>();
   if (m != ctx.name && m != "gyre")
-    throw ApiError(404, "The model '" + m + "' does not exist; this server serves '" + ctx.name +
-                            "'",
+    throw ApiError(404,
+                   "The model '" + m + "' does not exist; this server serves '" + ctx.name + "'",
                    "model", "model_not_found");
 }
 
@@ -111,6 +117,7 @@ ParsedRequest common_fields(const Json& body, const ModelContext& ctx, int defau
   if (f.get("max_tokens") && max_tokens < 1) bad("max_tokens", "'max_tokens' must be at least 1");
   g.max_tokens = static_cast<int>(max_tokens);
   g.stop_strings = stop_strings(f);
+  g.ignore_eos = f.boolean("ignore_eos", false);  // an extension, as in vLLM
   SamplerSettings& s = g.sampler;
   // OpenAI's defaults: temperature 1, no truncation.
   s.temperature = static_cast<float>(f.number("temperature", 1.0, 0.0, 2.0));
@@ -214,8 +221,7 @@ ParsedRequest parse_completion_request(const Json& body, const ModelContext& ctx
   const Json* prompt = f.get("prompt");
   if (!prompt) bad("prompt", "'prompt' is required");
   // A one-element list stands for its element (clients send either).
-  if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string())
-    prompt = &(*prompt)[0];
+  if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) prompt = &(*prompt)[0];
   if (prompt->is_string()) {
     r.prompt_ids = ctx.tokenizer->encode(prompt->get_ref<const std::string&>(), true);
   } else if (prompt->is_array()) {
@@ -261,8 +267,8 @@ ParsedRequest parse_chat_request(const Json& body, const ModelContext& ctx) {
   }
   std::string text;
   try {
-    text = render_chat_template_ordered(ctx.chat_template, msgs, true, ctx.bos_token,
-                                        ctx.eos_token, extra);
+    text = render_chat_template_ordered(ctx.chat_template, msgs, true, ctx.bos_token, ctx.eos_token,
+                                        extra);
   } catch (const Error& e) {
     bad("messages", std::string("The chat template failed: ") + e.what());
   }

@@ -52,8 +52,7 @@ struct ParsedRequest {
 };
 
 // body: the parsed JSON (any type). Throws ApiError.
-ParsedRequest parse_completion_request(const nlohmann::ordered_json& body,
-                                       const ModelContext& ctx);
+ParsedRequest parse_completion_request(const nlohmann::ordered_json& body, const ModelContext& ctx);
 ParsedRequest parse_chat_request(const nlohmann::ordered_json& body, const ModelContext& ctx);
 
 // Parses a request body; bad JSON (including invalid UTF-8 in strings) is a 400 ApiError.

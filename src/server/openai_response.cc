@@ -8,7 +8,9 @@ using Json = nlohmann::ordered_json;
 
 // The text a token stands for alone (a piece of a UTF-8 character may be invalid: dump_json
 // repairs it).
-std::string token_string(const Tokenizer& tok, int id) { return tok.decode({id}, false); }
+std::string token_string(const Tokenizer& tok, int id) {
+  return tok.decode({id}, false);
+}
 
 Json bytes_of(const std::string& s) {
   Json b = Json::array();
@@ -99,12 +101,9 @@ Json full_response(const ResponseMeta& meta, const std::vector<ChoiceResult>& ch
     choice["finish_reason"] = openai_finish_reason(c.finish);
     out_choices.push_back(std::move(choice));
   }
-  return {{"id", meta.id},
-          {"object", meta.chat ? "chat.completion" : "text_completion"},
-          {"created", meta.created},
-          {"model", meta.model},
-          {"choices", out_choices},
-          {"usage", usage_json(choices)}};
+  return {{"id", meta.id},           {"object", meta.chat ? "chat.completion" : "text_completion"},
+          {"created", meta.created}, {"model", meta.model},
+          {"choices", out_choices},  {"usage", usage_json(choices)}};
 }
 
 Json stream_chunk(const ResponseMeta& meta, int index, const std::string& text,
@@ -143,6 +142,8 @@ std::string dump_json(const Json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-std::string sse_event(const Json& j) { return "data: " + dump_json(j) + "\n\n"; }
+std::string sse_event(const Json& j) {
+  return "data: " + dump_json(j) + "\n\n";
+}
 
 }  // namespace gyre

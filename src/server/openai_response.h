@@ -49,8 +49,8 @@ nlohmann::ordered_json full_response(const ResponseMeta& meta,
 // One streamed chunk for choice `index`: new text, its tokens' log-probabilities, and the
 // finish reason when finish is non-null. role: chat's first chunk (delta.role = assistant).
 nlohmann::ordered_json stream_chunk(const ResponseMeta& meta, int index, const std::string& text,
-                                    const std::vector<TokenLogprob>& logprobs,
-                                    const char* finish, bool role, const Tokenizer& tok);
+                                    const std::vector<TokenLogprob>& logprobs, const char* finish,
+                                    bool role, const Tokenizer& tok);
 // The final chunk with usage and no choices (stream_options.include_usage).
 nlohmann::ordered_json usage_chunk(const ResponseMeta& meta,
                                    const std::vector<ChoiceResult>& choices);

@@ -90,8 +90,8 @@ void run_serve(const ServeConfig& c) {
   HttpServer server(*engine, ctx, so);
   const int port = server.bind();
   std::fprintf(stderr, "gyre: serving '%s' (%s, device %s, context %d) on http://%s:%d\n",
-               ctx.name.c_str(), model->config.arch.c_str(), backend->name().c_str(),
-               max_seq, c.host.c_str(), port);
+               ctx.name.c_str(), model->config.arch.c_str(), backend->name().c_str(), max_seq,
+               c.host.c_str(), port);
 
   std::atomic<bool> stopped{false};
   std::thread waiter([&] {
