@@ -401,6 +401,39 @@ TEST_F(ServerHttp, MalformedAndHostileRequests) {
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 413);
   EXPECT_EQ(json::parse(res->body)["error"]["code"], "body_too_large");
+  // Raw garbage and an oversized chunked body (no Content-Length) are refused too.
+  auto raw_status = [&](const std::string& request) {
+    const int fd = connect_raw(srv.port());
+    EXPECT_GE(fd, 0);
+    size_t sent = 0;
+    while (sent < request.size()) {
+      const ssize_t n = ::send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) break;  // the server may close early once it has answered
+      sent += static_cast<size_t>(n);
+    }
+    char buf[64] = {};
+    const ssize_t n = ::recv(fd, buf, sizeof buf - 1, 0);
+    ::close(fd);
+    return n > 12 ? std::string(buf + 9, 3) : std::string("none");
+  };
+  EXPECT_EQ(raw_status("GARBAGE \x01\x02\r\n\r\n"), "400");
+  // A chunked body (no Content-Length) that is a valid request: answered when small, refused
+  // when over the limit (httplib stops reading there; it answers 400 or 413 for chunked bodies).
+  auto chunked_request = [](size_t pad_mib) {
+    auto chunk = [](const std::string& data) {
+      char size[16];
+      std::snprintf(size, sizeof size, "%zx\r\n", data.size());
+      return size + data + "\r\n";
+    };
+    std::string r =
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+    r += chunk(R"({"prompt": "a", "max_tokens": 1, "pad": ")");
+    for (size_t i = 0; i < pad_mib; ++i) r += chunk(std::string(1 << 20, ' '));
+    return r + chunk("\"}") + "0\r\n\r\n";
+  };
+  EXPECT_EQ(raw_status(chunked_request(1)), "200");
+  const std::string status = raw_status(chunked_request(6));
+  EXPECT_TRUE(status == "413" || status == "400") << status;
   // Still serving.
   post_json(c, "/v1/completions", {{"prompt", "a"}, {"max_tokens", 1}}, 200);
 }

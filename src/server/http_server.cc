@@ -172,11 +172,16 @@ struct HttpServer::Impl {
       std::lock_guard<std::mutex> lock(status_m);
       ++http_status_counts[res.status];
     });
-    svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      generate(req, res, false);
+    // The bodies are read here rather than by httplib, which does not bound chunked bodies.
+    svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res,
+                                       const httplib::ContentReader& reader) {
+      std::string body;
+      if (read_body(req, res, reader, body)) generate(body, res, false);
     });
-    svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      generate(req, res, true);
+    svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res,
+                                            const httplib::ContentReader& reader) {
+      std::string body;
+      if (read_body(req, res, reader, body)) generate(body, res, true);
     });
     svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       const Json list = {{"object", "list"}, {"data", Json::array({model_json()})}};
@@ -255,10 +260,39 @@ struct HttpServer::Impl {
     return m;
   }
 
-  void generate(const httplib::Request& req, httplib::Response& res, bool chat) {
+  // Reads the body up to the limit; false (with the error response set) when it is too large
+  // or unreadable. The rest of an oversized body is never read: the connection closes.
+  bool read_body(const httplib::Request& req, httplib::Response& res,
+                 const httplib::ContentReader& reader, std::string& body) {
+    if (req.is_multipart_form_data()) {
+      send_error(res, 400, "Expected a JSON body, not multipart/form-data");
+      return false;
+    }
+    bool too_large = false;
+    const bool ok = reader([&](const char* data, size_t n) {
+      if (body.size() + n > opt.max_body_bytes) {
+        too_large = true;
+        return false;
+      }
+      body.append(data, n);
+      return true;
+    });
+    if (ok) return true;
+    if (too_large || res.status == 413) {
+      send_error(res, 413,
+                 "The request body is larger than " + std::to_string(opt.max_body_bytes) + " bytes",
+                 "", "body_too_large");
+    } else {
+      send_error(res, 400, "The request body could not be read");
+    }
+    res.set_header("Connection", "close");
+    return false;
+  }
+
+  void generate(const std::string& raw_body, httplib::Response& res, bool chat) {
     auto guard = std::make_shared<ActiveGuard>(*this);
     try {
-      const Json body = parse_body(req.body);
+      const Json body = parse_body(raw_body);
       ParsedRequest p =
           chat ? parse_chat_request(body, model) : parse_completion_request(body, model);
       auto sub = std::make_shared<Submission>(engine, p);
