@@ -127,6 +127,20 @@ class Backend {
   virtual void silu_mul(Tensor& out, const Tensor& gate, const Tensor& up) = 0;
   // x += y
   virtual void add(Tensor& x, const Tensor& y) = 0;
+
+  // Whole-step replay (CUDA graphs), used by the engine for single-token decode steps only when
+  // graph_capable(). The ops copy their host inputs (tokens, positions, pos0) into buffers the
+  // backend owns before use, so a recorded step reads them from there: stage_step_inputs() fills
+  // those buffers with the next step's values, replay_step() re-runs the ops recorded between
+  // capture_begin() and capture_end() and returns false when there is no usable record (none
+  // made yet, made for another owner, or a buffer it used was reallocated since). `owner` is
+  // the caller (the Transformer), so two models sharing a backend never replay each other's.
+  virtual bool graph_capable() const { return false; }
+  virtual void stage_step_inputs(const int32_t* /*tokens*/, const int32_t* /*positions*/, int /*n*/,
+                                 int /*pos0*/) {}
+  virtual void capture_begin(const void* /*owner*/) {}
+  virtual void capture_end() {}
+  virtual bool replay_step(const void* /*owner*/) { return false; }
 };
 
 // How a backend stores what it is given. The CPU backend honours n_threads only.

@@ -23,43 +23,19 @@ struct ChatOptions {
   bool stats = false;
 };
 
-// Tokens that close an assistant turn in common templates; they end a reply even when the
-// config's EOS list leaves them out.
-std::vector<int> end_of_turn_ids(const Tokenizer& tok) {
-  std::vector<int> ids;
-  for (const char* t : {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "</s>"}) {
-    const int id = tok.token_to_id(t);
-    if (id >= 0 && tok.is_special(id)) ids.push_back(id);
-  }
-  return ids;
-}
-
-std::string token_text(const Tokenizer& tok, int id) {
-  return id >= 0 && id < tok.vocab_size() ? tok.id_to_token(id) : std::string();
-}
-
 void chat(ChatOptions& o) {
   finish_sampler_settings(o.gen.sampler, o.seed_given);
   auto model = load_model(o.model.model);
-  GYRE_CHECK(!model->chat_template.empty(), "'", o.model.model,
-             "' has no chat template (chat_template in tokenizer_config.json, or "
-             "tokenizer.chat_template in a GGUF file); gyre chat renders the model's own Jinja "
-             "template (e.g. Llama 2/3, Mistral, Qwen2 or SmolLM2 chat models), so use an "
-             "instruct/chat model, or gyre run for plain completion");
+  const ChatFormat fmt = chat_format(*model, o.model.model);
   const int max_seq = context_length(model->config, o.model.max_seq_len);
-  Engine e = open_engine(std::move(model), o.model, max_seq);
+  OpenedModel e = open_model(std::move(model), o.model, max_seq);
   const Tokenizer& tok = *e.model->tokenizer;
-  const std::string& tmpl = e.model->chat_template;
-  const std::string bos = token_text(tok, tok.bos_id());
-  std::vector<int> eos_ids = tok.eos_ids();
-  if (eos_ids.empty()) eos_ids = e.model->config.eos_ids;
-  const std::string eos = eos_ids.empty() ? std::string() : token_text(tok, eos_ids[0]);
-  for (int id : end_of_turn_ids(tok)) o.gen.stop_ids.push_back(id);
+  for (int id : fmt.end_of_turn) o.gen.stop_ids.push_back(id);
 
   nlohmann::json messages = nlohmann::json::array();
   if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
   // Render once up front so an unsupported template fails before the first question.
-  render_chat_template(tmpl, messages, true, bos, eos);
+  chat_prompt_ids(*e.model, fmt, messages);
 
   Generator gen(*e.transformer, tok);
   const bool interactive = isatty(STDIN_FILENO);
@@ -75,9 +51,7 @@ void chat(ChatOptions& o) {
     }
     if (line.empty()) continue;
     messages.push_back({{"role", "user"}, {"content", line}});
-    const std::string prompt = render_chat_template(tmpl, messages, true, bos, eos);
-    // The template writes BOS and the other special tokens itself.
-    const std::vector<int> ids = tok.encode(prompt, false);
+    const std::vector<int> ids = chat_prompt_ids(*e.model, fmt, messages);
     try {
       Generator::check_prompt(ids, max_seq, e.model->config.vocab_size);
     } catch (const Error& err) {

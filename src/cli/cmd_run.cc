@@ -16,6 +16,8 @@ struct RunOptions {
   GenerationSettings gen;
   bool seed_given = false;
   bool json = false;
+  bool chat = false;
+  std::string system;
 };
 
 nlohmann::ordered_json result_json(const GenerationResult& r, uint64_t seed) {
@@ -39,10 +41,20 @@ void run(RunOptions& o) {
   auto model = load_model(o.model.model);
   const int max_seq = context_length(model->config, o.model.max_seq_len);
   // Check the prompt before the (possibly slow) upload so a bad prompt fails fast.
-  const std::vector<int> prompt_ids = model->tokenizer->encode(o.prompt, true);
+  std::vector<int> prompt_ids;
+  if (o.chat) {
+    const ChatFormat fmt = chat_format(*model, o.model.model);
+    nlohmann::json messages = nlohmann::json::array();
+    if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
+    messages.push_back({{"role", "user"}, {"content", o.prompt}});
+    prompt_ids = chat_prompt_ids(*model, fmt, messages);
+    for (int id : fmt.end_of_turn) o.gen.stop_ids.push_back(id);
+  } else {
+    prompt_ids = model->tokenizer->encode(o.prompt, true);
+  }
   Generator::check_prompt(prompt_ids, max_seq, model->config.vocab_size);
 
-  Engine e = open_engine(std::move(model), o.model, max_seq);
+  OpenedModel e = open_model(std::move(model), o.model, max_seq);
   Generator gen(*e.transformer, *e.model->tokenizer);
   TextCallback stream;
   if (!o.json)
@@ -81,6 +93,10 @@ void add_run_command(CLI::App& app) {
   cmd->add_flag("--json", o->json,
                 "Print one JSON object (prompt_tokens, tokens, text, finish_reason, stats) "
                 "instead of streaming");
+  cmd->add_flag("--chat", o->chat,
+                "Treat the prompt as a user message: render it with the model's chat template "
+                "and stop at the end of the assistant's turn");
+  cmd->add_option("--system", o->system, "System message (with --chat)");
   add_runtime_options(*cmd, o->model);
   cmd->callback([o] { run(*o); });
 }

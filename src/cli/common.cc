@@ -5,8 +5,50 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "tokenizer/chat_template.h"
 
 namespace gyre {
+
+namespace {
+
+// Tokens that close an assistant turn in common templates; they end a reply even when the
+// config's EOS list leaves them out.
+std::vector<int> end_of_turn_ids(const Tokenizer& tok) {
+  std::vector<int> ids;
+  for (const char* t : {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "</s>"}) {
+    const int id = tok.token_to_id(t);
+    if (id >= 0 && tok.is_special(id)) ids.push_back(id);
+  }
+  return ids;
+}
+
+std::string token_text(const Tokenizer& tok, int id) {
+  return id >= 0 && id < tok.vocab_size() ? tok.id_to_token(id) : std::string();
+}
+
+}  // namespace
+
+ChatFormat chat_format(const LoadedModel& m, const std::string& model_path) {
+  GYRE_CHECK(!m.chat_template.empty(), "'", model_path,
+             "' has no chat template (chat_template in tokenizer_config.json, or "
+             "tokenizer.chat_template in a GGUF file); chat mode renders the model's own Jinja "
+             "template (e.g. Llama 2/3, Mistral, Qwen2 or SmolLM2 chat models), so use an "
+             "instruct/chat model, or plain completion");
+  const Tokenizer& tok = *m.tokenizer;
+  ChatFormat f;
+  f.tmpl = m.chat_template;
+  f.bos = token_text(tok, tok.bos_id());
+  std::vector<int> eos_ids = tok.eos_ids();
+  if (eos_ids.empty()) eos_ids = m.config.eos_ids;
+  f.eos = eos_ids.empty() ? std::string() : token_text(tok, eos_ids[0]);
+  f.end_of_turn = end_of_turn_ids(tok);
+  return f;
+}
+
+std::vector<int> chat_prompt_ids(const LoadedModel& m, const ChatFormat& f,
+                                 const nlohmann::json& messages) {
+  return m.tokenizer->encode(render_chat_template(f.tmpl, messages, true, f.bos, f.eos), false);
+}
 
 void add_model_option(CLI::App& cmd, ModelOptions& o) {
   cmd.add_option("-m,--model", o.model,
@@ -106,9 +148,9 @@ std::string megabytes(size_t bytes) {
   return buf;
 }
 
-Engine open_engine(std::unique_ptr<LoadedModel> model, const ModelOptions& o, int max_seq) {
+OpenedModel open_model(std::unique_ptr<LoadedModel> model, const ModelOptions& o, int max_seq) {
   GYRE_CHECK(o.threads >= 0, "--threads must be >= 0, got ", o.threads);
-  Engine e;
+  OpenedModel e;
   e.model = std::move(model);
   e.backend = backend_create(o.device, o.threads);
   e.transformer =

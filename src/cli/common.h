@@ -4,7 +4,9 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "backend/backend.h"
 #include "engine/generator.h"
@@ -37,7 +39,7 @@ int context_length(const ModelConfig& c, int requested);
 // Picks a random seed unless one was given.
 void finish_sampler_settings(SamplerSettings& s, bool seed_given);
 
-struct Engine {
+struct OpenedModel {
   std::unique_ptr<LoadedModel> model;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Transformer> transformer;
@@ -45,7 +47,20 @@ struct Engine {
 
 // Creates the backend and uploads the weights, then prints one line on stderr: model path,
 // format, parameters, device, weight and KV cache megabytes.
-Engine open_engine(std::unique_ptr<LoadedModel> model, const ModelOptions& o, int max_seq);
+OpenedModel open_model(std::unique_ptr<LoadedModel> model, const ModelOptions& o, int max_seq);
+
+// Chat templates: the model's template with its BOS/EOS strings, and the ids that end an
+// assistant turn (added to stop_ids so a reply ends there even when the config omits them).
+struct ChatFormat {
+  std::string tmpl, bos, eos;
+  std::vector<int> end_of_turn;
+};
+// Throws gyre::Error naming the model when it has no chat template.
+ChatFormat chat_format(const LoadedModel& m, const std::string& model_path);
+// Renders messages (+ the generation prompt) and encodes them without adding BOS: the template
+// writes the special tokens itself.
+std::vector<int> chat_prompt_ids(const LoadedModel& m, const ChatFormat& f,
+                                 const nlohmann::json& messages);
 
 // Parameters of the model (a tied lm_head copy counted once).
 int64_t parameter_count(const LoadedModel& m);

@@ -49,6 +49,8 @@ struct Engine::Impl {
   std::unique_ptr<KvPageManager> pages;
   std::unique_ptr<Scheduler> sched;
   std::vector<float> logits;
+  uint64_t preemptions_before_reset = 0;
+  int ended_unpublished = 0;  // requests ended since the last publish_stats
 
   // Loop thread only.
   std::unordered_map<uint64_t, std::unique_ptr<EngineRequest>> active;
@@ -189,10 +191,16 @@ void Engine::Impl::loop() {
     }
     end_request(id, active.at(id)->final_event(FinishReason::Cancelled));
   }
+  publish_stats(0);
 }
 
 bool Engine::Impl::run_step() {
   BatchPlan plan = sched->schedule();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    sched_waiting = sched->num_waiting();  // admitted ones leave the queue now, not after the step
+    stats.running = sched->num_running();
+  }
   if (plan.empty()) {
     sched->commit(plan, {});
     publish_stats(0);
@@ -200,6 +208,7 @@ bool Engine::Impl::run_step() {
   }
   std::vector<StepResult> results;
   std::vector<std::pair<uint64_t, SampledToken>> sampled;
+  std::vector<SeqId> failed;
   try {
     for (const PageCopy& c : plan.copies) backend.copy_kv_page(*kv, c.src, c.dst, c.num_tokens);
     const FlatBatch fb = flatten(plan, cfg.page_size);
@@ -234,9 +243,11 @@ bool Engine::Impl::run_step() {
     } catch (const std::exception& e) {
       sched->cancel(st.id);  // in flight: its pages go at commit
       end_request(id, r.final_event(FinishReason::Length, e.what()));
+      failed.push_back(st.id);
     }
   }
   const std::vector<SeqUpdate> updates = sched->commit(plan, results);
+  for (SeqId id : failed) sched->erase(id);  // could not be erased while in flight
   uint64_t new_tokens = 0;
   for (size_t i = 0; i < updates.size(); ++i) {
     const SeqUpdate& u = updates[i];
@@ -277,9 +288,8 @@ void Engine::Impl::end_request(uint64_t id, const TokenEvent& final_event) {
       stats.requests_finished++;
     stats.prompt_tokens += static_cast<uint64_t>(final_event.prompt_tokens);
     stats.cached_prompt_tokens += static_cast<uint64_t>(final_event.cached_tokens);
-    --outstanding;
   }
-  finished.notify_all();
+  ++ended_unpublished;  // drain() hears of it with the stats that follow this end
 }
 
 void Engine::Impl::fail_in_flight(const BatchPlan& plan, const std::string& error) {
@@ -303,6 +313,7 @@ void Engine::Impl::fail_in_flight(const BatchPlan& plan, const std::string& erro
 void Engine::Impl::reset_scheduler(const std::string& error) {
   std::vector<uint64_t> ids;
   for (const auto& [id, r] : active) ids.push_back(id);
+  preemptions_before_reset += uint64_t(sched->stats().preemptions);
   sched.reset();
   pages = std::make_unique<KvPageManager>(cfg.num_pages, cfg.page_size);
   sched =
@@ -321,10 +332,16 @@ void Engine::Impl::publish_stats(uint64_t new_tokens) {
   stats.kv_pages_used = ks.used_pages;
   stats.kv_pages_shared = ks.shared_pages;
   stats.kv_pages_cached = ks.cached_pages;
+  stats.preemptions = preemptions_before_reset + uint64_t(sched->stats().preemptions);
   if (new_tokens > 0 || rate.empty()) rate.emplace_back(now, stats.generated_tokens);
   while (rate.size() > 2 &&
          std::chrono::duration<double>(now - rate[1].first).count() > kRateWindowS)
     rate.pop_front();
+  if (ended_unpublished > 0) {
+    outstanding -= ended_unpublished;
+    ended_unpublished = 0;
+    finished.notify_all();
+  }
 }
 
 Engine::Engine(const LoadedModel& model, Backend& backend, const EngineConfig& config)

@@ -36,6 +36,8 @@ struct TokenEvent {
   bool done = false;
   FinishReason finish = FinishReason::Length;  // valid when done
   std::string error;                           // non-empty: the request failed (done is true)
+  // completion_tokens counts sampled tokens, an ending EOS/stop id included (it is not part of
+  // the output: it ends the request with a final event whose token is -1).
   int prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
 };
 
@@ -57,7 +59,8 @@ struct EngineStats {
   int running = 0, waiting = 0;
   uint64_t prompt_tokens = 0, cached_prompt_tokens = 0, generated_tokens = 0;
   int kv_pages_total = 0, kv_pages_used = 0, kv_pages_shared = 0, kv_pages_cached = 0;
-  double tokens_per_s = 0;  // generated tokens per second over the last few seconds
+  double tokens_per_s = 0;   // generated tokens per second over the last few seconds
+  uint64_t preemptions = 0;  // sequences sent back to recompute when KV pages ran out
 };
 
 class Engine {

@@ -89,7 +89,6 @@ template <typename Attend>
 void Transformer::run_layers(const int32_t* tokens, int n, const int32_t* positions,
                              Attend&& attend) {
   const ModelConfig& c = config_;
-  ensure_scratch(n);
   Tensor x = x_.slice_rows(0, n), xn = xn_.slice_rows(0, n), q = q_.slice_rows(0, n),
          k = k_.slice_rows(0, n), v = v_.slice_rows(0, n), att = att_.slice_rows(0, n),
          gate = gate_.slice_rows(0, n), up = up_.slice_rows(0, n), ffn = ffn_.slice_rows(0, n);
@@ -114,6 +113,19 @@ void Transformer::run_layers(const int32_t* tokens, int n, const int32_t* positi
   }
 }
 
+void Transformer::run_ops(const int32_t* tokens, int n, int pos, const int32_t* positions,
+                          bool all_logits) {
+  const AttentionParams ap = attention_params();
+  run_layers(tokens, n, positions,
+             [&](Tensor& att, const Tensor& q, const Tensor& k, const Tensor& v, int layer) {
+               backend_.attention(att, q, k, v, *cache_, layer, pos, ap);
+             });
+  const int first = all_logits ? 0 : n - 1;
+  const int rows = n - first;
+  Tensor out = logits_.slice_rows(0, rows);
+  backend_.matmul(out, xn_.slice_rows(first, rows), lm_head_, nullptr);
+}
+
 void Transformer::forward(const int32_t* tokens, int n, int pos, float* logits, bool all_logits) {
   const ModelConfig& c = config_;
   GYRE_CHECK(cache_ != nullptr, "this model was loaded for batched serving only");
@@ -126,17 +138,42 @@ void Transformer::forward(const int32_t* tokens, int n, int pos, float* logits, 
                " is outside the vocabulary of ", c.vocab_size);
   if (c.rope.scaling == RopeScaling::DynamicNtk)
     rope_.inv_freq = rope_inv_freq(c.rope, c.max_seq_len, pos + n);
+  ensure_scratch(n);
   std::vector<int32_t> positions(static_cast<size_t>(n));
   std::iota(positions.begin(), positions.end(), pos);
-  const AttentionParams ap = attention_params();
-  run_layers(tokens, n, positions.data(),
-             [&](Tensor& att, const Tensor& q, const Tensor& k, const Tensor& v, int layer) {
-               backend_.attention(att, q, k, v, *cache_, layer, pos, ap);
-             });
+
+  // Single-token decode steps replay a recorded graph when the backend has one; the first such
+  // step runs eagerly (lazy allocations happen there), the second is recorded. Dynamic NTK
+  // changes the rotary table every step, so it never records.
+  const bool graph =
+      n == 1 && backend_.graph_capable() && c.rope.scaling != RopeScaling::DynamicNtk;
+  bool replayed = false;
+  if (graph) {
+    backend_.stage_step_inputs(tokens, positions.data(), n, pos);
+    replayed = backend_.replay_step(this);
+  }
+  if (!replayed) {
+    const bool capture = graph && graph_warm_;
+    if (capture) backend_.capture_begin(this);
+    try {
+      run_ops(tokens, n, pos, positions.data(), all_logits);
+    } catch (...) {
+      if (capture) {
+        try {
+          backend_.capture_end();
+        } catch (...) {  // the op's own error is the one to report
+        }
+      }
+      throw;
+    }
+    if (capture) {
+      backend_.capture_end();
+      GYRE_CHECK(backend_.replay_step(this), "internal: recorded decode step cannot be replayed");
+    }
+    graph_warm_ = graph_warm_ || graph;
+  }
   const int first = all_logits ? 0 : n - 1;
-  const int rows = n - first;
-  Tensor out = logits_.slice_rows(0, rows);
-  backend_.matmul(out, xn_.slice_rows(first, rows), lm_head_, nullptr);
+  Tensor out = logits_.slice_rows(0, n - first);
   backend_.to_host(out, logits);
 }
 
@@ -168,6 +205,7 @@ void Transformer::forward_batch(const int32_t* tokens, const PagedBatch& batch, 
     rope_.inv_freq = rope_inv_freq(c.rope, c.max_seq_len, longest);
   }
   const AttentionParams ap = attention_params();
+  ensure_scratch(n);
   run_layers(tokens, n, batch.positions,
              [&](Tensor& att, const Tensor& q, const Tensor& k, const Tensor& v, int layer) {
                backend_.attention_paged(att, q, k, v, kv, layer, batch, ap);

@@ -45,6 +45,8 @@ class Transformer {
   // Runs rows [0, n) of the scratch through every layer; attend(layer) fills att_ from q_/k_/v_.
   template <typename Attend>
   void run_layers(const int32_t* tokens, int n, const int32_t* positions, Attend&& attend);
+  // Every backend op of one forward pass, up to the logits in logits_ (device side).
+  void run_ops(const int32_t* tokens, int n, int pos, const int32_t* positions, bool all_logits);
 
   ModelConfig config_;
   Backend& backend_;
@@ -55,6 +57,7 @@ class Transformer {
   RopeTable rope_;
   std::unique_ptr<KvCache> cache_;
   int scratch_rows_ = 0;
+  bool graph_warm_ = false;  // a single-token step has run eagerly: the next one may be recorded
   Tensor x_, xn_, q_, k_, v_, att_, gate_, up_, ffn_, logits_;
 };
 

@@ -1,5 +1,7 @@
 // The CUDA backend (host-side entry points; compiled only when nvcc is found).
 #pragma once
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "backend/backend.h"
@@ -8,5 +10,18 @@ namespace gyre {
 
 int cuda_device_count();  // 0 when no driver or device
 std::unique_ptr<Backend> make_cuda_backend(int device_index, const BackendOptions& options);
+
+// Device memory held by a CUDA backend, by use, and the device's free/total memory.
+struct CudaMemoryReport {
+  size_t weights = 0, kv_cache = 0, scratch = 0, free = 0, total = 0;
+};
+// The helpers below throw gyre::Error when `backend` is not a CUDA backend.
+CudaMemoryReport cuda_memory_report(Backend& backend);
+// From now on upload_weight ignores the host data and fills each weight on the GPU with
+// deterministic pseudo-random values (never zeros) of the right shape: synthetic benchmarks.
+void cuda_set_synthetic_weights(Backend& backend, uint64_t seed);
+// Device memory bandwidth in bytes/s, measured with a large device-to-device copy
+// (bytes read + bytes written over the time).
+double cuda_measure_bandwidth(Backend& backend);
 
 }  // namespace gyre

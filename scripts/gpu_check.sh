@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# On a GPU machine: runs the CUDA tests and the synthetic bench table in one go, then prints a
+# summary. Binaries are built beforehand (scripts/build.sh, or carried): BIN_DIR holds gyre and
+# gyre_tests. JSON results go to OUT_DIR (default bench/out).
+# Usage: scripts/gpu_check.sh [BIN_DIR] [OUT_DIR]
+set -uo pipefail
+bin=${1:-build}
+out=${2:-bench/out}
+mkdir -p "$out"
+
+# Use the CUDA libraries of this machine (toolkit or a Python wheel) when the loader misses them.
+if ldd "$bin/gyre" | grep -q "not found"; then
+  for lib in $(find /usr/local /usr/lib /opt "$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null)" \
+      -name 'libcublas.so.1[0-9]*' 2>/dev/null | head -3); do
+    export LD_LIBRARY_PATH="$(dirname "$lib"):${LD_LIBRARY_PATH:-}"
+  done
+  export LD_LIBRARY_PATH="$bin:${LD_LIBRARY_PATH:-}"
+fi
+ldd "$bin/gyre" | grep -E "cuda|cublas"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv,noheader
+
+echo "== CUDA tests"
+"$bin/gyre_tests" --gtest_filter='Cuda*' 2>&1 | tail -n 25
+tests_rc=${PIPESTATUS[0]}
+
+echo "== bench"
+for m in ${GYRE_BENCH_MODELS:-llama3-8b llama2-7b mistral-7b}; do
+  "$bin/gyre" bench --synthetic "$m" -p 2048 -n 128 --long 8192 --json >"$out/$m.json" \
+    2>"$out/$m.err" || { echo "$m failed:"; tail -n 3 "$out/$m.err"; }
+done
+python3 - "$out" <<'PY'
+import json, pathlib, sys
+rows = []
+for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    try:
+        j = json.loads(f.read_text())
+    except Exception:
+        continue
+    rows.append(j)
+print(f"{'model':22} {'prefill t/s':>11} {'dec128 t/s':>10} {'roof%':>6} {'dec8k t/s':>10} {'roof%':>6} {'GB/s':>6} {'VRAM GiB':>8}")
+for j in rows:
+    print(f"{j['model']:22} {j['prefill_tok_s']:11.0f} {j['decode_short_tok_s']:10.1f} "
+          f"{100*j['decode_short_roofline']:6.1f} {j.get('decode_long_tok_s', 0):10.1f} "
+          f"{100*j.get('decode_long_roofline', 0):6.1f} {j['bandwidth_gb_s']:6.0f} "
+          f"{j.get('vram_used_bytes', 0)/2**30:8.1f}")
+PY
+echo "CUDA tests exit code: $tests_rc"
+exit "$tests_rc"

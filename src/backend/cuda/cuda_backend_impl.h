@@ -1,0 +1,127 @@
+// The CUDA backend class. Activations are FP16 [rows, cols] in device memory, accumulation is
+// f32 in every kernel; linear weights are FP16 [out, in]. Every op is asynchronous on one stream;
+// only to_host (and uploads) wait. Per-step host inputs (tokens, positions, pos0) go through
+// pinned staging buffers so that a captured decode step (CUDA graph) replays with new values.
+#pragma once
+#include <cublas_v2.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_common.h"
+
+namespace gyre {
+struct QWeightDevice;
+}
+
+namespace gyre::cuda {
+
+// Linear weights packed by qlinear (cuda_qweights.cc).
+bool is_quantized_tensor(const Tensor& t);
+const QWeightDevice& qweight_of(const Tensor& t);
+
+class CudaKvCache final : public KvCache {
+ public:
+  CudaKvCache(int n_layers, int n_kv_heads, int head_dim, int max_seq);
+  int max_seq() const override { return max_seq_; }
+  size_t bytes() const override { return bytes_; }
+  // Layer `layer`'s keys (or values): [n_kv_heads][max_seq][head_dim] FP16.
+  half* keys(int layer) const { return base(layer, 0); }
+  half* values(int layer) const { return base(layer, 1); }
+
+  const int n_layers, n_kv_heads, head_dim;
+
+ private:
+  half* base(int layer, int kv) const;
+  int max_seq_;
+  size_t bytes_ = 0;
+  std::shared_ptr<void> data_;
+};
+
+// Host values copied to the device through pinned memory; the copy is skipped when the values
+// did not change since the last one (rope and attention run per layer with the same positions).
+struct StagedInts {
+  std::shared_ptr<void> pinned, device;
+  int capacity = 0;
+  std::vector<int32_t> current;
+  bool valid = false;
+  cudaEvent_t copied = nullptr;  // the last copy out of `pinned` (before it is overwritten)
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int device, const BackendOptions& options);
+  ~CudaBackend() override;
+  std::string name() const override { return name_; }
+
+  Tensor alloc(int64_t rows, int64_t cols) override;
+  Tensor upload_weight(const TensorView& w) override;
+  void to_host(const Tensor& t, float* dst) override;
+  std::unique_ptr<KvCache> new_kv_cache(int n_layers, int n_kv_heads, int head_dim,
+                                        int max_seq) override;
+  void synchronize() override;
+
+  void embed(Tensor& out, const Tensor& table, const int32_t* tokens, int n) override;
+  void rmsnorm(Tensor& out, const Tensor& x, const Tensor& w, float eps) override;
+  void add_rmsnorm(Tensor& residual, Tensor& out, const Tensor& delta, const Tensor& w,
+                   float eps) override;
+  void matmul(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias) override;
+  void rope(Tensor& x, int n_heads, int head_dim, const int32_t* positions,
+            const RopeTable& table) override;
+  void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, KvCache& cache,
+                 int layer, int pos0, const AttentionParams& p) override;
+  void silu_mul(Tensor& out, const Tensor& gate, const Tensor& up) override;
+  void add(Tensor& x, const Tensor& y) override;
+
+  // GYRE_CUDA_GRAPH=0 in the environment turns decode-step graphs off (for comparisons).
+  bool graph_capable() const override { return graphs_enabled_; }
+  void stage_step_inputs(const int32_t* tokens, const int32_t* positions, int n, int pos0) override;
+  void capture_begin(const void* owner) override;
+  void capture_end() override;
+  bool replay_step(const void* owner) override;
+
+  CudaMemoryReport memory_report();
+  void set_synthetic(uint64_t seed) {
+    synthetic_ = true;
+    synthetic_seed_ = seed;
+  }
+  double measure_bandwidth();
+
+ private:
+  const int32_t* stage(StagedInts& s, const int32_t* host, int n);
+  void reserve_staging(StagedInts& s, int n);
+  void drop_graph();
+  Tensor device_tensor(int64_t rows, int64_t cols, const std::string& what);
+  void upload_converted(half* dst, const TensorView& w);
+  bool try_upload_quantized(const TensorView& w, Tensor& out);
+  float* workspace(size_t floats);
+  const float* rope_table(const std::vector<float>& inv_freq);
+
+  int device_ = 0;
+  std::string name_;
+  int sm_count_ = 0;
+  BackendOptions options_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  std::shared_ptr<void> cublas_workspace_;
+  StagedInts tokens_, positions_, pos0_;
+  std::vector<std::pair<std::vector<float>, std::shared_ptr<void>>> rope_tables_;
+  std::shared_ptr<void> workspace_;
+  size_t workspace_floats_ = 0;
+  std::shared_ptr<void> to_host_buf_, to_host_pinned_;
+  std::shared_ptr<void> dequant_;  // FP16 copy of a quantized weight for prefill GEMMs
+  size_t dequant_elems_ = 0;
+  size_t to_host_floats_ = 0;
+  cudaGraphExec_t graph_ = nullptr;
+  const void* graph_owner_ = nullptr;
+  bool capturing_ = false;
+  bool graphs_enabled_ = true;
+  bool synthetic_ = false;
+  uint64_t synthetic_seed_ = 0;
+  size_t weight_bytes_ = 0, kv_bytes_ = 0, scratch_bytes_ = 0;
+};
+
+}  // namespace gyre::cuda

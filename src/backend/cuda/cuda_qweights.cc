@@ -1,0 +1,112 @@
+// Quantized linear weights of the CUDA backend, through qlinear (qlinear.h): GGUF blocks are
+// repacked exactly, F16/BF16/F32 weights are requantized when BackendOptions::weight_bits is 4 or
+// 8, and synthetic benchmark weights get random packed bytes and scales made on the GPU.
+// Such a Tensor has dtype Q4_0 (4-bit) or Q8_0 (8-bit) as a marker, data pointing at the
+// QWeightDevice that its owner keeps alive; matmul() dispatches on that dtype.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend_impl.h"
+#include "backend/cuda/cuda_buffers.h"
+#include "backend/cuda/qlinear.h"
+
+namespace gyre::cuda {
+
+namespace {
+
+// The projections and the LM head (canonical names, model/weights.h); everything else, the
+// embedding table included (embed() gathers its rows), stays FP16.
+bool is_linear_weight(const TensorView& w) {
+  const std::string suffix = "_proj.weight";
+  const bool proj = w.name.size() > suffix.size() &&
+                    w.name.compare(w.name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return w.shape.size() == 2 && (proj || w.name == "lm_head.weight");
+}
+
+Tensor qtensor(std::shared_ptr<QWeightDevice> q, std::shared_ptr<void> memory) {
+  Tensor t;
+  t.dtype = q->desc.bits == 4 ? DType::Q4_0 : DType::Q8_0;
+  t.rows = q->desc.rows;
+  t.cols = q->desc.cols;
+  t.data = q.get();
+  // One owner for both the descriptor and the device memory behind it.
+  auto both = std::make_shared<std::pair<std::shared_ptr<QWeightDevice>, std::shared_ptr<void>>>(
+      std::move(q), std::move(memory));
+  t.owner = both;
+  return t;
+}
+
+Tensor upload_packed(const QWeightHost& host) {
+  std::shared_ptr<QWeightDevice> q(new QWeightDevice(qweight_upload(host)), [](QWeightDevice* p) {
+    qweight_free(*p);
+    delete p;
+  });
+  return qtensor(std::move(q), nullptr);
+}
+
+}  // namespace
+
+bool is_quantized_tensor(const Tensor& t) {
+  return t.dtype == DType::Q4_0 || t.dtype == DType::Q8_0;
+}
+
+const QWeightDevice& qweight_of(const Tensor& t) {
+  return *static_cast<QWeightDevice*>(t.data);
+}
+
+bool CudaBackend::try_upload_quantized(const TensorView& w, Tensor& out) {
+  if (!is_linear_weight(w)) return false;
+  const int rows = static_cast<int>(w.rows()), cols = static_cast<int>(w.cols());
+  if (synthetic_) {
+    if (options_.weight_bits == 0) return false;
+    QWeightDesc d;
+    d.bits = options_.weight_bits;
+    d.group_size = options_.group_size;
+    d.rows = rows;
+    d.cols = cols;
+    qweight_validate(d);
+    const size_t bytes = qweight_device_bytes(d);
+    auto memory = device_alloc(bytes, "weight " + w.name);
+    auto q = std::make_shared<QWeightDevice>();
+    q->desc = d;
+    auto* base = static_cast<uint8_t*>(memory.get());
+    const size_t qbytes = (static_cast<size_t>(d.qweight_bytes()) + 255) / 256 * 256;
+    q->qweight = base;
+    q->scales = base + qbytes;
+    // Any bytes are valid packed values; scales are small positive halves.
+    fill_random(reinterpret_cast<half*>(base), static_cast<int64_t>(qbytes / 2), synthetic_seed_++,
+                1.0f, 0.0f, stream_);
+    fill_random(reinterpret_cast<half*>(base + qbytes), d.scale_count(), synthetic_seed_++,
+                0.5f / static_cast<float>(cols), 1.0f / static_cast<float>(cols), stream_);
+    GYRE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    weight_bytes_ += bytes;
+    out = qtensor(q, memory);
+    return true;
+  }
+  QWeightHost host;
+  if (dtype_info(w.dtype).quantized) {
+    if (!qweight_gguf_supported(w.dtype)) return false;
+    host = qweight_pack_from_gguf(w.dtype, w.data, rows, cols);
+  } else if (options_.weight_bits != 0 &&
+             (w.dtype == DType::F16 || w.dtype == DType::BF16 || w.dtype == DType::F32)) {
+    if (cols % options_.group_size != 0) return false;  // this shape stays FP16
+    std::vector<float> f(static_cast<size_t>(rows) * cols);
+    const size_t row_bytes = dtype_row_bytes(w.dtype, cols);
+    std::vector<uint8_t> aligned(row_bytes);
+    for (int r = 0; r < rows; ++r) {
+      std::copy_n(static_cast<const uint8_t*>(w.data) + static_cast<size_t>(r) * row_bytes,
+                  row_bytes, aligned.begin());
+      dequantize_row(w.dtype, aligned.data(), f.data() + static_cast<size_t>(r) * cols, cols);
+    }
+    host = qweight_pack_from_f32(f.data(), rows, cols, options_.weight_bits, options_.group_size,
+                                 false);
+  } else {
+    return false;
+  }
+  weight_bytes_ += qweight_device_bytes(host.desc);
+  out = upload_packed(host);
+  return true;
+}
+
+}  // namespace gyre::cuda

@@ -1,0 +1,39 @@
+// Kernel launches with programmatic dependent launch (PDL, sm_90+): the next kernel on the
+// stream is scheduled while the current one still runs and waits (pdl_begin) until the current
+// one's results are visible. This hides most of the launch gap between the ~450 small kernels
+// of a decode step, inside CUDA graphs too. Only for .cu files.
+#pragma once
+#include <utility>
+
+#include "backend/cuda/cuda_common.h"
+
+namespace gyre::cuda {
+
+// First statement of every kernel launched with launch(): nothing before it may read what an
+// earlier kernel writes or write what an earlier kernel reads.
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+bool pdl_supported();  // the current device is sm_90 or newer (elementwise.cu)
+
+template <typename... KernelArgs, typename... Args>
+void launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+            Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_supported() ? 1 : 0;
+  GYRE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace gyre::cuda
