@@ -42,6 +42,8 @@ std::string prometheus_text(const EngineStats& s, const std::map<int, uint64_t>&
          d(s.kv_pages_cached));
   metric(out, "gyre_tokens_per_second", "gauge", "Generated tokens per second, recent.",
          s.tokens_per_s);
+  metric(out, "gyre_preemptions_total", "counter",
+         "Sequences sent back to recompute when KV pages ran out.", d(s.preemptions));
   metric(out, "gyre_draining", "gauge", "1 while the server shuts down.", draining ? 1 : 0);
   out += "# HELP gyre_http_responses_total HTTP responses sent, by status.\n";
   out += "# TYPE gyre_http_responses_total counter\n";
