@@ -146,7 +146,11 @@ TEST_F(ServerEngine, ConcurrentClientsGetTheirSoloText) {
                              {"stream", stream}}
                             .dump(),
                         "application/json");
-      if (!res || res->status != 200) return;
+      if (!res || res->status != 200) {
+        got[i] = res ? "HTTP " + std::to_string(res->status) + ": " + res->body
+                     : "no response: " + httplib::to_string(res.error());
+        return;
+      }
       if (!stream) {
         got[i] = json::parse(res->body)["choices"][0]["text"];
         return;

@@ -328,6 +328,7 @@ struct HttpServer::Impl {
       int n;
       bool include_usage, logprobs, started = false;
       std::shared_ptr<ActiveGuard> guard;
+      std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
     };
     auto st = std::make_shared<State>(
         State{std::move(sub), meta, p.n, p.include_usage, p.logprobs, false, std::move(guard)});
@@ -347,7 +348,16 @@ struct HttpServer::Impl {
                 if (!send(stream_chunk(st->meta, i, "", {}, nullptr, true, tok))) return false;
           }
           std::pair<int, TokenEvent> ev;
-          if (!st->sub->next(ev, 100ms, false)) return sink.is_writable();
+          if (!st->sub->next(ev, 100ms, false)) {
+            // Nothing yet (queued, or a long prefill): an SSE comment now and then finds a
+            // client that left, since only a failed write tells (clients ignore comments).
+            const auto now = std::chrono::steady_clock::now();
+            if (now - st->last_write < 2s) return true;
+            st->last_write = now;
+            const std::string ping = ": ping\n\n";
+            return sink.write(ping.data(), ping.size());
+          }
+          st->last_write = std::chrono::steady_clock::now();
           do {
             const TokenEvent& e = ev.second;
             if (!e.error.empty()) {
