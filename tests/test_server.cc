@@ -492,9 +492,7 @@ TEST_F(ServerHttp, ClientDisconnectCancelsStream) {
     got.append(buf, static_cast<size_t>(n));
   }
   ::close(fd);
-  for (int i = 0; i < 500 && get_metric(srv.port(), "gyre_requests_cancelled_total") < 1; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  EXPECT_EQ(get_metric(srv.port(), "gyre_requests_cancelled_total"), 1);
+  EXPECT_EQ(wait_metric(srv.port(), "gyre_requests_cancelled_total", 1), 1);
   EXPECT_EQ(engine_->active(), 0);
 }
 

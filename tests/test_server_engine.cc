@@ -160,7 +160,7 @@ TEST_F(ServerEngine, ConcurrentClientsGetTheirSoloText) {
     });
   for (auto& t : threads) t.join();
   for (int i = 0; i < kClients; ++i) EXPECT_EQ(got[i], refs[i].text) << "client " << i;
-  EXPECT_EQ(get_metric(srv.port(), "gyre_requests_finished_total"), kClients);
+  EXPECT_EQ(wait_metric(srv.port(), "gyre_requests_finished_total", kClients), kClients);
 }
 
 TEST_F(ServerEngine, DisconnectCancelsAndMetricsCount) {
@@ -182,11 +182,9 @@ TEST_F(ServerEngine, DisconnectCancelsAndMetricsCount) {
     got.append(buf, static_cast<size_t>(n));
   }
   ::close(fd);
-  for (int i = 0; i < 500 && get_metric(srv.port(), "gyre_requests_cancelled_total") < 1; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  EXPECT_EQ(get_metric(srv.port(), "gyre_requests_cancelled_total"), 1);
+  EXPECT_EQ(wait_metric(srv.port(), "gyre_requests_cancelled_total", 1), 1);
   EXPECT_EQ(get_metric(srv.port(), "gyre_requests_total"), 2);
-  EXPECT_EQ(get_metric(srv.port(), "gyre_requests_finished_total"), 1);
+  EXPECT_EQ(wait_metric(srv.port(), "gyre_requests_finished_total", 1), 1);
   EXPECT_LT(get_metric(srv.port(), "gyre_generated_tokens_total"),
             10 + 480);  // the cancelled one stopped early
   EXPECT_GE(get_metric(srv.port(), "gyre_prompt_tokens_total"),

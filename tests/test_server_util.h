@@ -92,6 +92,17 @@ inline double get_metric(int port, const std::string& name) {
   return metric_value(res->body, name);
 }
 
+// The metric once it reaches `want` (the engine updates its stats just after the final event),
+// or its value after about five seconds.
+inline double wait_metric(int port, const std::string& name, double want) {
+  double v = get_metric(port, name);
+  for (int i = 0; i < 500 && v < want; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    v = get_metric(port, name);
+  }
+  return v;
+}
+
 // Opens a TCP connection to the server; -1 on failure.
 inline int connect_raw(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
