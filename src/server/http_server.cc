@@ -94,6 +94,17 @@ class Submission {
   int remaining_ = 0;
 };
 
+// httplib 0.11 listens with a backlog of 5: a burst of clients overflows it and the kernel
+// drops their handshakes (they stall for seconds). Listening again on the bound socket raises
+// the backlog (Linux updates it in place).
+class Listener : public httplib::Server {
+ public:
+  void widen_backlog() {
+    const auto fd = svr_sock_.load();
+    if (fd != INVALID_SOCKET) ::listen(fd, SOMAXCONN);
+  }
+};
+
 void send_error(httplib::Response& res, int status, const std::string& message,
                 const std::string& param = {}, const std::string& code = {}) {
   res.status = status;
@@ -113,7 +124,7 @@ struct HttpServer::Impl {
   ServingEngine& engine;
   ModelContext model;
   ServerOptions opt;
-  httplib::Server svr;
+  Listener svr;
   std::atomic<bool> draining{false};
   std::mutex active_m;
   std::condition_variable active_cv;
@@ -402,6 +413,7 @@ int HttpServer::bind() {
                " (in use, or not an address of this machine)");
     impl_->bound_port = o.port;
   }
+  impl_->svr.widen_backlog();
   return impl_->bound_port;
 }
 
