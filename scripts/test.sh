@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: format check, the release build and its tests, the tests
-# again under AddressSanitizer + UndefinedBehaviorSanitizer, and a short fuzzing run per parser.
+# again under AddressSanitizer + UndefinedBehaviorSanitizer, the end-to-end server tests (the
+# official openai Python client and wrk against `gyre serve` on 127.0.0.1), and a short fuzzing
+# run per parser.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
@@ -15,6 +17,11 @@ echo "== release build + tests"
 # CI compiles the CUDA backend (when nvcc is there) for one architecture to save time.
 GYRE_BUILD_DIR=build scripts/build.sh -DGYRE_CUDA_ARCHS="${GYRE_CUDA_ARCHS:-90}"
 (cd build && ctest --output-on-failure -j"$jobs")
+
+echo "== e2e: openai client + wrk against gyre serve (loopback only, bounded)"
+scripts/e2e_venv.sh
+GYRE_BIN="$PWD/build/gyre" GYRE_FIXTURES="$PWD/../shared/fixtures" \
+  timeout "${GYRE_E2E_SECONDS:-300}" .venv-e2e/bin/python -m pytest -q -p no:cacheprovider tests/e2e
 
 echo "== sanitizers (ASan + UBSan) build + tests"
 GYRE_BUILD_DIR=build-asan GYRE_BUILD_TYPE=RelWithDebInfo scripts/build.sh -DGYRE_SANITIZE=ON -DGYRE_CUDA=OFF

@@ -11,5 +11,6 @@ void add_chat_command(CLI::App& app);       // cmd_chat.cc
 void add_tokenize_commands(CLI::App& app);  // cmd_tokenize.cc: tokenize, detokenize
 void add_info_command(CLI::App& app);       // cmd_info.cc
 void add_bench_command(CLI::App& app);      // cmd_bench.cc
+void add_serve_command(CLI::App& app);      // cmd_serve.cc
 
 }  // namespace gyre

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   gyre::add_tokenize_commands(app);
   gyre::add_info_command(app);
   gyre::add_bench_command(app);
+  gyre::add_serve_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
