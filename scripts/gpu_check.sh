@@ -24,9 +24,13 @@ echo "== CUDA tests"
 tests_rc=${PIPESTATUS[0]}
 
 echo "== bench"
-for m in ${GYRE_BENCH_MODELS:-llama3-8b llama2-7b mistral-7b}; do
-  "$bin/gyre" bench --synthetic "$m" -p 2048 -n 128 --long 8192 --json >"$out/$m.json" \
-    2>"$out/$m.err" || { echo "$m failed:"; tail -n 3 "$out/$m.err"; }
+# Each entry is SHAPE:BITS (16 = FP16 weights; 8 and 4 = Gyre's group-quantized layouts).
+for mb in ${GYRE_BENCH_MODELS:-llama3-8b:16 llama3-8b:8 llama3-8b:4 mistral-7b:16 llama2-7b:16}; do
+  m=${mb%%:*} b=${mb##*:}
+  long=8192
+  [ "$m" = llama-30b ] && long=0
+  timeout 240 "$bin/gyre" bench --synthetic "$m" --bits "$b" -p 2048 -n 128 --long "$long" --json \
+    >"$out/$m-b$b.json" 2>"$out/$m-b$b.err" || { echo "$m bits $b failed:"; tail -n 3 "$out/$m-b$b.err"; }
 done
 python3 - "$out" <<'PY'
 import json, pathlib, sys
@@ -36,6 +40,7 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
         j = json.loads(f.read_text())
     except Exception:
         continue
+    j["model"] = f.stem
     rows.append(j)
 print(f"{'model':22} {'prefill t/s':>11} {'dec128 t/s':>10} {'roof%':>6} {'dec8k t/s':>10} {'roof%':>6} {'GB/s':>6} {'VRAM GiB':>8}")
 for j in rows:

@@ -11,17 +11,6 @@ namespace gyre {
 
 namespace {
 
-// Tokens that close an assistant turn in common templates; they end a reply even when the
-// config's EOS list leaves them out.
-std::vector<int> end_of_turn_ids(const Tokenizer& tok) {
-  std::vector<int> ids;
-  for (const char* t : {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "</s>"}) {
-    const int id = tok.token_to_id(t);
-    if (id >= 0 && tok.is_special(id)) ids.push_back(id);
-  }
-  return ids;
-}
-
 std::string token_text(const Tokenizer& tok, int id) {
   return id >= 0 && id < tok.vocab_size() ? tok.id_to_token(id) : std::string();
 }

@@ -17,17 +17,6 @@ std::string token_text(const Tokenizer& tok, int id) {
   return id >= 0 && id < tok.vocab_size() ? tok.id_to_token(id) : std::string();
 }
 
-// Tokens that close an assistant turn in common templates; they end a chat reply even when
-// the config's EOS list leaves them out.
-std::vector<int> end_of_turn_ids(const Tokenizer& tok) {
-  std::vector<int> ids;
-  for (const char* t : {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "</s>"}) {
-    const int id = tok.token_to_id(t);
-    if (id >= 0 && tok.is_special(id)) ids.push_back(id);
-  }
-  return ids;
-}
-
 }  // namespace
 
 std::string default_served_name(const std::string& model_path) {

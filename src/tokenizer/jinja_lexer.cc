@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "tokenizer/text_util.h"
 
 namespace gyre::jinja {
 namespace {
@@ -292,7 +293,8 @@ class Lexer {
               fail("chat template: bad \\", n, " escape in string literal (line ", line_, ")");
             cp = cp * 16 + static_cast<uint32_t>(std::stoi(std::string(1, src_[p]), nullptr, 16));
           }
-          append_utf8(out, cp);
+          GYRE_CHECK(cp <= 0x10FFFF, "chat template: escape beyond U+10FFFF");
+          tok::append_utf8(out, cp);
           break;
         }
         default:
@@ -302,25 +304,6 @@ class Lexer {
     }
     tokens_.push_back(Token{TokenType::String, out, 0, 0, line_});
     advance_to(p + 1);
-  }
-
-  static void append_utf8(std::string& out, uint32_t cp) {
-    GYRE_CHECK(cp <= 0x10FFFF, "chat template: escape beyond U+10FFFF");
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xC0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xE0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
   }
 
   std::string src_;

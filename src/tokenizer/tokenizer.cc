@@ -437,4 +437,13 @@ std::string StreamDecoder::flush() {
                              : std::string();
 }
 
+std::vector<int> end_of_turn_ids(const Tokenizer& tok) {
+  std::vector<int> ids;
+  for (const char* t : {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "</s>"}) {
+    const int id = tok.token_to_id(t);
+    if (id >= 0 && tok.is_special(id)) ids.push_back(id);
+  }
+  return ids;
+}
+
 }  // namespace gyre

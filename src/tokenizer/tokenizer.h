@@ -52,6 +52,11 @@ class Tokenizer {
   virtual int token_to_id(std::string_view token) const = 0;  // -1 when absent
 };
 
+// Tokens that close an assistant turn in common chat templates (<|eot_id|>, <|im_end|>, ...)
+// that this vocabulary has as special tokens: a chat reply ends there even when the config's EOS
+// list leaves them out.
+std::vector<int> end_of_turn_ids(const Tokenizer& tok);
+
 // Streams text as ids arrive and never emits half a UTF-8 character: bytes of an incomplete
 // sequence are held until it completes (or flush() is called). Handles decoders that strip the
 // leading space of the first token.
