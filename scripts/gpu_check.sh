@@ -20,8 +20,11 @@ ldd "$bin/gyre" | grep -E "cuda|cublas"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv,noheader
 
 echo "== CUDA tests"
-"$bin/gyre_tests" --gtest_filter='Cuda*' 2>&1 | tail -n 25
-tests_rc=${PIPESTATUS[0]}
+# Every CUDA test (parameterized ones are named AllVariants/Cuda...): one line per test.
+"$bin/gyre_tests" --gtest_filter='*Cuda*:*FusedWeights*' >"$out/cuda_tests.log" 2>&1
+tests_rc=$?
+grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|^\[==========\]|Failure|Expected|Which is" "$out/cuda_tests.log" |
+  cut -c1-160 | head -n 80
 
 echo "== bench"
 # Each entry is SHAPE:BITS (16 = FP16 weights; 8 and 4 = Gyre's group-quantized layouts).

@@ -1,6 +1,8 @@
 // The CUDA forward pass against Hugging Face transformers (float32) on the tiny random-weight
-// models of every architecture variant (tests/data/hf_tiny), at FP16 tolerance, for FP16 and
-// 8-bit weights; plus SmolLM2-135M greedy tokens identical to the CPU backend for 64 steps.
+// models of every architecture variant (tests/data/hf_tiny), FP16 weights at FP16 tolerance
+// (quantized layouts are checked against the CPU on the same dequantized weights in
+// test_cuda_ops / test_cuda_qlinear: against transformers they differ by the quantization error
+// itself); plus SmolLM2-135M (Q4_1) greedy tokens identical to the CPU backend for 64 steps.
 // Skipped when no GPU is present.
 #include <gtest/gtest.h>
 
@@ -26,26 +28,23 @@ TEST_P(CudaHfReference, LogitsMatchTransformers) {
   auto m = testing::load_hf_tiny(GetParam());
   const int n = static_cast<int>(m->input_ids.size());
   const int vocab = m->config.vocab_size;
-  for (int bits : {0, 8}) {
-    BackendOptions o;
-    o.weight_bits = bits;
-    o.group_size = 32;
-    auto gpu = backend_create("cuda:0", o);
+  {
+    auto gpu = backend_create("cuda:0", BackendOptions{});
     Transformer t(m->config, m->weights, *gpu, 64);
     std::vector<float> logits(static_cast<size_t>(n) * vocab);
     t.forward(m->input_ids.data(), n, 0, logits.data(), true);
-    const double tol = bits == 0 ? 1e-2 : 4e-2;
+    const double tol = 1e-2;
     for (int i = 0; i < n; ++i)
       EXPECT_LT(testing::rel_max_error(&logits[static_cast<size_t>(i) * vocab], m->logits[i]), tol)
-          << GetParam() << " bits " << bits << " position " << i;
-    if (m->config.rope.scaling == RopeScaling::DynamicNtk) continue;  // see test_hf_reference
+          << GetParam() << " position " << i;
+    if (m->config.rope.scaling == RopeScaling::DynamicNtk) return;  // see test_hf_reference
     Transformer inc(m->config, m->weights, *gpu, 64);
     std::vector<float> row(static_cast<size_t>(vocab));
     inc.forward(m->input_ids.data(), 5, 0, row.data(), false);
     for (int i = 5; i < n; ++i) {
       inc.forward(&m->input_ids[static_cast<size_t>(i)], 1, i, row.data(), false);
       EXPECT_LT(testing::rel_max_error(row.data(), m->logits[i]), tol)
-          << GetParam() << " bits " << bits << " decode position " << i;
+          << GetParam() << " decode position " << i;
     }
   }
 }
