@@ -202,6 +202,18 @@ TEST_P(TokenizerGguf, StreamedGoldensEqualHuggingFaceDecode) {
     EXPECT_EQ(stream(tok, ids_of(c.at("ids")), false), c.at("decoded").get<std::string>());
 }
 
+// Long streams (the decoder forgets old ids once they are out): every golden case of a
+// tokenizer joined into one sequence of hundreds of ids streams to exactly decode(all ids).
+TEST_P(TokenizerGguf, LongStreamEqualsWholeDecode) {
+  const Tokenizer& tok = test::hf_tokenizer(GetParam());
+  const auto golden = load_json(tokenizer_dir(GetParam()) + "/golden.json");
+  std::vector<int> all;
+  for (const auto& c : golden.at("cases"))
+    for (int id : ids_of(c.at("ids"))) all.push_back(id);
+  ASSERT_GT(all.size(), 300u);
+  for (bool skip : {false, true}) EXPECT_EQ(stream(tok, all, skip), tok.decode(all, skip));
+}
+
 TEST(TokenizerStream, Stories260KOutputs) {
   const Tokenizer& tok = test::hf_tokenizer("stories260K");
   const auto golden = load_json(tokenizer_dir("stories260K") + "/golden.json");

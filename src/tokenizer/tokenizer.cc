@@ -425,7 +425,26 @@ std::string StreamDecoder::push(int id) {
   while (start < ready && (static_cast<uint8_t>(text[start]) & 0xC0) == 0x80) ++start;
   if (ready <= start) return {};
   emitted_ = ready;
-  return text.substr(start, ready - start);
+  std::string out = text.substr(start, ready - start);
+  if (emitted_ == text.size()) trim();
+  return out;
+}
+
+void StreamDecoder::trim() {
+  constexpr size_t kKeep = 4, kTrimAt = 64;
+  if (ids_.size() < kTrimAt) return;
+  for (size_t cut = ids_.size() - kKeep; cut + 16 > ids_.size(); --cut) {
+    const int id = ids_[cut];
+    if (tok_.id_to_token(id).rfind("<0x", 0) == 0) continue;  // a byte-fallback token
+    const std::string piece = tok_.decode({id}, skip_special_);
+    if (piece.empty() || (static_cast<uint8_t>(piece[0]) & 0xC0) == 0x80 ||
+        tok::utf8_incomplete_tail(piece) != 0 || piece.find("\xEF\xBF\xBD") != std::string::npos)
+      continue;
+    ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(cut));
+    // Decoders may treat the start of the text specially (Strip): measure the kept ids alone.
+    emitted_ = tok_.decode(ids_, skip_special_).size();
+    return;
+  }
 }
 
 std::string StreamDecoder::flush() {

@@ -69,6 +69,10 @@ class StreamDecoder {
  private:
   const Tokenizer& tok_;
   bool skip_special_;
+  // Once everything decoded so far is out, forgets all but the last few ids (cutting before a
+  // token that is whole characters on its own), so each push costs O(1) tokens, not O(length).
+  void trim();
+
   std::vector<int> ids_;
   size_t emitted_ = 0;  // bytes of decode(ids_) already returned
 };
