@@ -57,12 +57,6 @@ float* f32(const Tensor& t) {
   return static_cast<float*>(t.data);
 }
 
-std::vector<float>& thread_buffer(size_t n) {
-  thread_local std::vector<float> buf;
-  if (buf.size() < n) buf.resize(n);
-  return buf;
-}
-
 // One query head against cache positions [first, last] of one KV head.
 void attend_one(float* out, const float* q, CpuKvCache& c, int layer, int kv_head, int first,
                 int last, float scale) {

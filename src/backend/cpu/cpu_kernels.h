@@ -8,10 +8,19 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "core/dtype.h"
 
 namespace gyre {
+
+// Per-thread scratch of at least n floats (scores, rotated rows); reused across calls, so a
+// caller must not hold it across another call that uses it.
+inline std::vector<float>& thread_buffer(size_t n) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < n) buf.resize(n);
+  return buf;
+}
 
 // Uninitialized memory aligned for vector loads, freed with the last owner.
 std::shared_ptr<void> alloc_aligned(size_t bytes);

@@ -69,12 +69,6 @@ float* f32(const Tensor& t) {
   return static_cast<float*>(t.data);
 }
 
-std::vector<float>& thread_buffer(size_t n) {
-  thread_local std::vector<float> buf;
-  if (buf.size() < n) buf.resize(n);
-  return buf;
-}
-
 // One query head over positions [first, last] of one KV head of a sequence, read through its
 // page table. The arithmetic is that of the single-sequence attention (same order, float dot
 // products, double denominator), so both give the same bits for the same keys and values.
