@@ -134,6 +134,7 @@ std::pair<double, double> time_forward_step(Transformer& t, int batch, int ctx, 
     for (int i = 0; i < pages_per_seq; ++i) tables.push_back(s * pages_per_seq + i);
     logit_rows.push_back(s);
   }
+  std::vector<float> logits(static_cast<size_t>(batch) * vocab);  // outside the timed steps
   auto run = [&](int rows_per_seq, int pos0, uint64_t gen, int n_logits) {
     positions.clear(), slots.clear(), ctx_lens.clear(), seq_starts.assign(1, 0);
     for (int s = 0; s < batch; ++s) {
@@ -157,7 +158,6 @@ std::pair<double, double> time_forward_step(Transformer& t, int batch, int ctx, 
     b.page_tables = tables.data();
     b.max_pages = pages_per_seq;
     b.generation = gen;
-    std::vector<float> logits(static_cast<size_t>(n_logits) * vocab);
     t.forward_batch(tokens.data(), b, *kv, logit_rows.data(), n_logits, logits.data());
     t.backend().synchronize();
   };
