@@ -113,6 +113,7 @@ struct Tracker {
   }
 };
 
+#ifdef GYRE_HAVE_CUDA
 // Weights in device memory, from the shapes (an upper bound: embedding and head at FP16).
 double weight_bytes_estimate(const ModelConfig& c, int bits) {
   const double linear = static_cast<double>(c.n_layers) *
@@ -121,6 +122,7 @@ double weight_bytes_estimate(const ModelConfig& c, int bits) {
   const double per_weight = bits == 16 ? 2.0 : bits / 8.0 * 1.07;  // + group scales
   return linear * per_weight + 4.0 * static_cast<double>(c.vocab_size) * c.dim;
 }
+#endif
 
 // Seconds per decode step of `batch` sequences at context `ctx` (forward pass alone), with the
 // logits of every row copied to the host, and without.
@@ -235,17 +237,16 @@ void run_serve_bench(const ServeBenchOptions& o) {
       int64_t{max_conc} * ((kShortPrompt + o.decode + kPageSize - 1) / kPageSize + 1);
   const int64_t pages_ttft = (ttft_len + kPageSize - 1) / kPageSize +
                              int64_t{o.ttft_requests} * ((kTail + kTtftTokens) / kPageSize + 3);
-  int64_t pages = 2 * std::max(pages_thr, pages_ttft) + 64;             // room for cached prefixes
-  const double page_bytes = 4.0 * c.n_layers * c.kv_dim() * kPageSize;  // K and V, FP16
-  double free_bytes = 0;
+  int64_t pages = 2 * std::max(pages_thr, pages_ttft) + 64;  // room for cached prefixes
 #ifdef GYRE_HAVE_CUDA
   if (cuda) {
+    const double page_bytes = 4.0 * c.n_layers * c.kv_dim() * kPageSize;  // K and V, FP16
     // Everything must fit next to the weights and the step's activations and logits.
     const double free_now = static_cast<double>(cuda_memory_report(*backend).free);
     const double act = static_cast<double>(ec.max_step_tokens) *
                            (6.0 * c.dim + 3.0 * c.hidden_dim + c.q_dim() + 2.0 * c.kv_dim()) * 2 +
                        static_cast<double>(ec.max_batch) * c.vocab_size * 10.0;
-    free_bytes = free_now - weight_bytes_estimate(c, o.bits) - act - 1.5 * (1 << 30);
+    const double free_bytes = free_now - weight_bytes_estimate(c, o.bits) - act - 1.5 * (1 << 30);
     const int64_t fit = free_bytes > 0 ? static_cast<int64_t>(free_bytes / page_bytes) : 0;
     GYRE_CHECK(fit >= pages / 2, "serving benchmark: the KV cache needs ", pages / 2, " pages (",
                pages / 2 * page_bytes / (1 << 20), " MiB) but only ", fit,
