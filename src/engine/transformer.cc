@@ -169,20 +169,24 @@ void Transformer::run_recorded(int bucket, Ops&& ops) {
     return;
   }
   backend_.capture_begin(this, bucket);
+  bool recorded = false;
   try {
     ops();
+    recorded = true;
+  } catch (...) {  // below
+  }
+  try {
+    backend_.capture_end();
   } catch (...) {
-    try {
-      backend_.capture_end();
-    } catch (...) {  // the op's error is the one that matters
-    }
-    // Recording can fail where a buffer must grow first (another step outgrew it since this
-    // one's warm run): nothing ran, so the step runs eagerly now and is recorded next time.
-    // A real error repeats here and propagates.
+    recorded = false;
+  }
+  // Recording can fail where a buffer must grow first (another step outgrew it since this one's
+  // warm run) or an op cannot be recorded: nothing ran, so the step runs eagerly now (and is
+  // recorded next time). A real error repeats here and propagates.
+  if (!recorded) {
     ops();
     return;
   }
-  backend_.capture_end();
   GYRE_CHECK(backend_.replay_step(this, bucket),
              "internal: recorded decode step cannot be replayed");
 }
