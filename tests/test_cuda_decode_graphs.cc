@@ -2,8 +2,9 @@
 // CUDA backend's records): the same scripted serving steps on stories260K run four ways: records
 // on, buckets padded but run eagerly (exactly what a record replays: logits must be identical to
 // the bit), unpadded eager, and the CPU backend (the reference: within FP16 tolerance). The
-// script changes buckets, pads rows (5 of 8, 3 of 4), has requests join and leave, and crosses
-// page boundaries (4-token pages) while records replay. Skipped when no GPU is present.
+// script changes buckets, pads rows (5 of 8, 3 of 4), has requests join and leave, crosses page
+// boundaries (4-token pages) and split-count classes (64 keys) while records replay. Skipped when
+// no GPU is present.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -194,10 +195,10 @@ TEST(CudaDecodeGraphs, BucketedStepsMatchEagerExactlyAndTheCpu) {
   script.push_back({{0, 1}, {1, 1}, {2, 1}, {3, 2}, {4, 4}});  // two join
   repeat({{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 1}}, 5);         // 5 rows of bucket 8
   repeat({{0, 1}, {2, 1}, {3, 1}, {4, 1}}, 3);                 // 1 leaves: bucket 4
-  repeat({{3, 1}, {4, 1}}, 9);                                 // 0, 2 leave: bucket 2
-  repeat({{4, 1}}, 4);                                         // bucket 1 again
+  repeat({{3, 1}, {4, 1}}, 45);  // 0, 2 leave: bucket 2; spans pass 64 (a new split class)
+  repeat({{4, 1}}, 12);          // bucket 1 again, past 64 positions
   // The step after which each sequence leaves (its pages go back to the pool, reused later).
-  const std::vector<int> leave_after = {20, 17, 20, 29, 33};
+  const std::vector<int> leave_after = {20, 17, 20, 65, 77};
 
   PagePool pool;
   int decode_steps = 0;
@@ -228,9 +229,9 @@ TEST(CudaDecodeGraphs, BucketedStepsMatchEagerExactlyAndTheCpu) {
   }
   EXPECT_GE(decode_steps, 25);
   // Every bucket's first step runs eagerly, its second is recorded (and replayed), the rest
-  // replay; a record dropped because a buffer grew is made again at the bucket's next step.
-  // Buckets used: 1, 2, 4, 8.
-  EXPECT_GE(replays(*rec_b), static_cast<uint64_t>(decode_steps - 8));
+  // replay; a record dropped because a buffer grew is made again at the bucket's next step
+  // (a recording that needs a buffer to grow first runs eagerly instead). Buckets: 1, 2, 4, 8.
+  EXPECT_GE(replays(*rec_b), static_cast<uint64_t>(decode_steps - 12));
   EXPECT_EQ(replays(*pad_b), 0u);
   EXPECT_EQ(replays(*plain_b), 0u);
 }

@@ -153,7 +153,8 @@ class Backend {
   // copy their host inputs (tokens, positions, pos0) into buffers the backend owns before use,
   // so a recorded step reads them from there: stage_step_inputs() fills those buffers with the
   // next step's values, replay_step() re-runs the ops recorded between capture_begin() and
-  // capture_end() and returns false when there is no usable record (none made yet, or a buffer
+  // capture_end(true) (false: an op failed, nothing is kept) and returns false when there is no
+  // usable record (none made yet, or a buffer
   // it used was reallocated since). Records are kept per (owner, bucket): `owner` is the caller
   // (the Transformer), so two models sharing a backend never replay each other's; `bucket` is 0
   // for the single-sequence decode step and B for batched decode steps padded to B rows.
@@ -161,7 +162,7 @@ class Backend {
   virtual void stage_step_inputs(const int32_t* /*tokens*/, const int32_t* /*positions*/, int /*n*/,
                                  int /*pos0*/) {}
   virtual void capture_begin(const void* /*owner*/, int /*bucket*/) {}
-  virtual void capture_end() {}
+  virtual void capture_end(bool /*keep*/) {}
   virtual bool replay_step(const void* /*owner*/, int /*bucket*/) { return false; }
   // Batched decode steps (every sequence one row): the row count such a step of `rows` rows is
   // padded to (PagedBatch::bucketed), so that one record per bucket serves every such step; 0:

@@ -176,7 +176,7 @@ void Transformer::run_recorded(int bucket, Ops&& ops) {
   } catch (...) {  // below
   }
   try {
-    backend_.capture_end();
+    backend_.capture_end(recorded);
   } catch (...) {
     recorded = false;
   }

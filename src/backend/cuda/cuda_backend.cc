@@ -304,14 +304,28 @@ void CudaBackend::stage_step_inputs(const int32_t* tokens, const int32_t* positi
   }
 }
 
+std::vector<CudaBackend::Record>::iterator CudaBackend::find_record(const void* owner, int bucket) {
+  const void* cache = nullptr;
+  int span = 0;
+  if (bucket > 0) {
+    const PagedStep& st = bucket_step(bucket);
+    cache = bucket_step_cache(st);
+    span = bucket_step_span(st);
+  }
+  // A batched record writes the keys and values of the cache it was recorded with: it serves
+  // only while that cache is the one staged (new caches drop every record, so a live pointer
+  // cannot name another cache).
+  return std::find_if(graphs_.begin(), graphs_.end(), [&](const Record& r) {
+    return r.owner == owner && r.bucket == bucket && r.cache == cache && r.span == span;
+  });
+}
+
 void CudaBackend::capture_begin(const void* owner, int bucket) {
-  for (size_t i = 0; i < graphs_.size(); ++i)
-    if (graphs_[i].owner == owner && graphs_[i].bucket == bucket) {
-      GYRE_CUDA_CHECK(cudaStreamSynchronize(stream_));  // it may still be running
-      (void)cudaGraphExecDestroy(graphs_[i].exec);
-      graphs_.erase(graphs_.begin() + static_cast<ptrdiff_t>(i));
-      break;
-    }
+  if (auto it = find_record(owner, bucket); it != graphs_.end()) {
+    GYRE_CUDA_CHECK(cudaStreamSynchronize(stream_));  // it may still be running
+    (void)cudaGraphExecDestroy(it->exec);
+    graphs_.erase(it);
+  }
   capture_owner_ = owner;
   capture_bucket_ = bucket;
   for (StagedInts* s : {&tokens_, &positions_, &pos0_}) s->valid = false;
@@ -319,16 +333,24 @@ void CudaBackend::capture_begin(const void* owner, int bucket) {
   capturing_ = true;
 }
 
-void CudaBackend::capture_end() {
+void CudaBackend::capture_end(bool keep) {
   capturing_ = false;
   cudaGraph_t graph = nullptr;
   // Values staged during the capture were never copied (capture records, it does not run).
   for (StagedInts* s : {&tokens_, &positions_, &pos0_}) s->valid = false;
   GYRE_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+  if (!keep) {  // an op failed part-way: the record is incomplete
+    (void)cudaGraphDestroy(graph);
+    return;
+  }
   Record r;
   r.owner = capture_owner_;
   r.bucket = capture_bucket_;
-  if (r.bucket > 0) r.cache = bucket_step_cache(bucket_step(r.bucket));
+  if (r.bucket > 0) {
+    const PagedStep& st = bucket_step(r.bucket);
+    r.cache = bucket_step_cache(st);
+    r.span = bucket_step_span(st);
+  }
   const cudaError_t err = cudaGraphInstantiate(&r.exec, graph, 0);
   (void)cudaGraphDestroy(graph);
   GYRE_CUDA_CHECK(err);
@@ -336,13 +358,8 @@ void CudaBackend::capture_end() {
 }
 
 bool CudaBackend::replay_step(const void* owner, int bucket) {
-  auto it = std::find_if(graphs_.begin(), graphs_.end(),
-                         [&](const Record& r) { return r.owner == owner && r.bucket == bucket; });
+  auto it = find_record(owner, bucket);
   if (it == graphs_.end()) return false;
-  // A batched record writes the keys and values of the cache it was recorded with: it replays
-  // only while that cache is the one staged (new caches drop every record, so a live pointer
-  // cannot name another cache).
-  if (bucket > 0 && it->cache != bucket_step_cache(bucket_step(bucket))) return false;
   GYRE_CUDA_CHECK(cudaGraphLaunch(it->exec, stream_));
   ++graph_replays_;
   for (StagedInts* s : {&tokens_, &positions_, &pos0_})

@@ -22,7 +22,10 @@ namespace gyre::cuda {
 
 struct PagedStep;                      // the device copy of a step's PagedBatch (cuda_paged.cc)
 constexpr int kMaxDecodeBucket = 128;  // larger decode steps run unpadded, without a record
-const void* bucket_step_cache(const PagedStep& step);  // the cache it was last staged for
+// What a bucketed step was last staged with: its cache, and the key span its split count follows
+// (records are kept per both).
+const void* bucket_step_cache(const PagedStep& step);
+int bucket_step_span(const PagedStep& step);
 
 // Linear weights packed by qlinear (cuda_qweights.cc).
 bool is_quantized_tensor(const Tensor& t);
@@ -98,7 +101,7 @@ class CudaBackend final : public Backend {
   bool graph_capable() const override { return graphs_enabled_; }
   void stage_step_inputs(const int32_t* tokens, const int32_t* positions, int n, int pos0) override;
   void capture_begin(const void* owner, int bucket) override;
-  void capture_end() override;
+  void capture_end(bool keep) override;
   bool replay_step(const void* owner, int bucket) override;
   // Powers of two up to kMaxDecodeBucket rows.
   int decode_bucket(int rows) const override;
@@ -151,13 +154,17 @@ class CudaBackend final : public Backend {
   std::shared_ptr<void> fused_scratch_;  // GEMM output of a fused weight before its epilogue
   size_t fused_scratch_halves_ = 0;
   size_t to_host_floats_ = 0;
-  // A recorded step; a batched one replays only with the paged cache it was recorded with.
+  // A recorded step; a batched one replays only with the paged cache and split span it was
+  // recorded with.
   struct Record {
     const void* owner = nullptr;
     int bucket = 0;
     const void* cache = nullptr;
+    int span = 0;
     cudaGraphExec_t exec = nullptr;
   };
+  // The record that would serve (owner, bucket) with what is staged now.
+  std::vector<Record>::iterator find_record(const void* owner, int bucket);
   std::vector<Record> graphs_;
   const void* capture_owner_ = nullptr;
   int capture_bucket_ = 0;

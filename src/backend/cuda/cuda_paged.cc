@@ -133,6 +133,9 @@ struct PagedStep {
 const void* bucket_step_cache(const PagedStep& step) {
   return step.valid ? step.cache : nullptr;
 }
+int bucket_step_span(const PagedStep& step) {
+  return step.valid ? step.max_split_span : 0;
+}
 
 namespace {
 
@@ -173,10 +176,17 @@ bool upload_step(PagedStep& st, const CudaPagedKvCache& c, const PagedBatch& b, 
     }
   }
   for (int r = real_rows; r < b.rows; ++r) split_rows.push_back(r);
-  // A record replays with any positions: the split count follows the longest possible span.
+  // A record replays with other positions: the split count follows a power-of-two class of the
+  // longest span (any split count covers every key: the kernel cuts [lo, hi) from the device
+  // positions), so one record per class serves a batch until it outgrows the class. The longest
+  // possible span instead would launch mostly empty splits at short contexts (measured on H100,
+  // Llama-3-8B shape, 1 row at ~80 keys: 66 splits, +0.3 ms per step).
   if (b.bucketed) {
-    const int64_t span = int64_t{b.max_pages} * c.page_size();
-    st.max_split_span = static_cast<int>(window > 0 ? std::min<int64_t>(window, span) : span);
+    int64_t limit = int64_t{b.max_pages} * c.page_size();
+    if (window > 0) limit = std::min<int64_t>(limit, window);
+    int64_t span = 64;
+    while (span < st.max_split_span) span *= 2;
+    st.max_split_span = static_cast<int>(std::min(span, limit));
   }
   const size_t rows = static_cast<size_t>(b.rows);
   const size_t table_ints = tables.size();
