@@ -80,6 +80,10 @@ class CudaBackend final : public Backend {
                     const Tensor* bias) override;
   void matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_gate_up) override;
   void add(Tensor& x, const Tensor& y) override;
+  // On the GPU (cuda_sample.cc, sampling.cu); rows with penalties or typical_p go to the host
+  // reference. GYRE_CUDA_SAMPLE=0 in the environment sends every row there (for comparisons).
+  void sample(const Tensor& logits, const SampleRequest* requests, int n,
+              SampleResult* out) override;
 
   // GYRE_CUDA_GRAPH=0 in the environment turns decode-step graphs off (for comparisons).
   bool graph_capable() const override { return graphs_enabled_; }
@@ -127,6 +131,8 @@ class CudaBackend final : public Backend {
   std::shared_ptr<void> fused_scratch_;  // GEMM output of a fused weight before its epilogue
   size_t fused_scratch_halves_ = 0;
   size_t to_host_floats_ = 0;
+  std::shared_ptr<void> sample_pinned_, sample_device_;  // per-row parameters, then results
+  int sample_rows_ = 0;
   cudaGraphExec_t graph_ = nullptr;
   const void* graph_owner_ = nullptr;
   bool capturing_ = false;
