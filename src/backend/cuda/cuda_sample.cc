@@ -43,6 +43,15 @@ SampleRowParams row_params(const SampleRequest& r) {
   return p;
 }
 
+// GYRE_CUDA_SAMPLE_MODE=N picks the kernel's implementation bits (sampling.h), for comparisons.
+int kernel_mode() {
+  static const int mode = [] {
+    const char* v = std::getenv("GYRE_CUDA_SAMPLE_MODE");
+    return v && *v ? std::atoi(v) : kSampleDefaultMode;
+  }();
+  return mode;
+}
+
 }  // namespace
 
 void CudaBackend::sample(const Tensor& logits, const SampleRequest* requests, int n,
@@ -72,7 +81,7 @@ void CudaBackend::sample(const Tensor& logits, const SampleRequest* requests, in
   GYRE_CUDA_CHECK(cudaMemcpyAsync(d_params, params, static_cast<size_t>(n) * sizeof(*params),
                                   cudaMemcpyHostToDevice, stream_));
   sample_rows(static_cast<const half*>(logits.data), logits.cols, static_cast<int>(logits.cols), n,
-              d_params, d_results, stream_);
+              d_params, d_results, kernel_mode(), stream_);
   GYRE_CUDA_CHECK(cudaMemcpyAsync(results, d_results, static_cast<size_t>(n) * sizeof(*results),
                                   cudaMemcpyDeviceToHost, stream_));
   GYRE_CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -12,6 +12,7 @@
 // Masses are integer (2^40 = the most likely token's weight), so every sum is exact and
 // independent of the order of the atomics: results are deterministic.
 #include <climits>
+#include <cstdint>
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/sampling.h"
@@ -28,11 +29,14 @@ constexpr uint32_t kMinSampleKey = 0x0400;  // -inf is 0x03ff: left out of the s
 constexpr uint32_t kPosInfKey = 0xfc00;
 constexpr float kMassScale = 1099511627776.0f;  // 2^40
 
-__device__ __forceinline__ uint32_t key_of(half h) {
-  uint32_t b = __half_as_ushort(h);
+__device__ __forceinline__ uint32_t key_of_bits(uint32_t b) {
   if ((b & 0x7fffu) > 0x7c00u) return 0;  // NaN
   if (b == 0x8000u) b = 0;
   return (b & 0x8000u) ? (~b & 0xffffu) : (b | 0x8000u);
+}
+
+__device__ __forceinline__ uint32_t key_of(half h) {
+  return key_of_bits(__half_as_ushort(h));
 }
 
 __device__ __forceinline__ float value_of_key(uint32_t k) {
@@ -76,7 +80,69 @@ struct Row {
   int vocab;
   float lmax;      // largest logit (raw)
   float inv_temp;  // 0 when greedy
+  bool vec;        // 16-byte loads (the row is 16-byte aligned and they are enabled)
+  bool aggregate;  // histogram atomics combined per warp first
 };
+
+// f(id, key) for the 8 halves of one 16-byte load starting at id `base` (little-endian: the
+// lower half of each word comes first). f returns true to stop; so does this.
+template <typename F>
+__device__ __forceinline__ bool keys_of8(const uint4& a, int base, F& f) {
+  const uint32_t w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    if (f(base + j, key_of_bits((w[j >> 1] >> ((j & 1) * 16)) & 0xffffu))) return true;
+  return false;
+}
+
+// f(id, key) for every id of the row, split over the block's threads (each id once, in no
+// particular order). Four independent 16-byte loads in flight per thread: a pass over a 128k row
+// is then bound by bandwidth, not by the latency of one small load after another.
+template <typename F>
+__device__ __forceinline__ void for_each_key(const Row& r, F f) {
+  auto g = [&f](int i, uint32_t k) {
+    f(i, k);
+    return false;
+  };
+  int scalar_from = 0;
+  if (r.vec) {
+    const int n8 = r.vocab >> 3;
+    const uint4* v = reinterpret_cast<const uint4*>(r.logits);
+    int i = threadIdx.x;
+    for (; i + 3 * kThreads < n8; i += 4 * kThreads) {
+      uint4 a[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) a[u] = __ldg(v + i + u * kThreads);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) keys_of8(a[u], (i + u * kThreads) * 8, g);
+    }
+    for (; i < n8; i += kThreads) keys_of8(__ldg(v + i), i * 8, g);
+    scalar_from = n8 * 8;
+  }
+  for (int i = scalar_from + threadIdx.x; i < r.vocab; i += kThreads) f(i, key_of(r.logits[i]));
+}
+
+// f(id, key) for ids begin, begin + 1, ... < end in order until f returns true. With vector
+// loads `begin` must be a multiple of 8.
+template <typename F>
+__device__ __forceinline__ void walk_segment(const Row& r, int begin, int end, F f) {
+  int i = begin;
+  if (r.vec) {
+    const uint4* v = reinterpret_cast<const uint4*>(r.logits);
+    for (; i + 32 <= end; i += 32) {
+      uint4 a[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) a[u] = __ldg(v + (i >> 3) + u);
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (keys_of8(a[u], i + u * 8, f)) return;
+    }
+    for (; i + 8 <= end; i += 8)
+      if (keys_of8(__ldg(v + (i >> 3)), i, f)) return;
+  }
+  for (; i < end; ++i)
+    if (f(i, key_of(r.logits[i]))) return;
+}
 
 __device__ __forceinline__ unsigned long long mass_of(const Row& r, uint32_t k) {
   const float w = __expf((value_of_key(k) - r.lmax) * r.inv_temp);
@@ -127,11 +193,15 @@ __device__ double block_exclusive_scan(double v, double* scratch, double* total)
 template <typename Weight>
 __device__ int find_crossing(const Row& r, Shared& sh, Weight weight, double target,
                              bool relative) {
-  const int seg = (r.vocab + kThreads - 1) / kThreads;
+  int seg = (r.vocab + kThreads - 1) / kThreads;
+  if (r.vec) seg = (seg + 7) & ~7;
   const int begin = min(r.vocab, static_cast<int>(threadIdx.x) * seg);
   const int end = min(r.vocab, begin + seg);
   double sum = 0.0;
-  for (int i = begin; i < end; ++i) sum += weight(i, key_of(r.logits[i]));
+  walk_segment(r, begin, end, [&](int i, uint32_t k) {
+    sum += weight(i, k);
+    return false;
+  });
   double total = 0.0;
   const double excl = block_exclusive_scan(sum, sh.dred, &total);
   if (relative) target *= total;
@@ -146,15 +216,16 @@ __device__ int find_crossing(const Row& r, Shared& sh, Weight weight, double tar
   __syncthreads();
   const int tid = static_cast<int>(threadIdx.x);
   if (tid == first) {
-    // Summed from 0 exactly as `sum` was, so the last id of the range is sure to cross.
+    // Summed from 0 in the same order as `sum`, so the last id of the range is sure to cross.
     double partial = 0.0;
-    for (int i = begin; i < end; ++i) {
-      partial += weight(i, key_of(r.logits[i]));
+    walk_segment(r, begin, end, [&](int i, uint32_t k) {
+      partial += weight(i, k);
       if (excl + partial > target) {
         sh.found = i;
-        break;
+        return true;
       }
-    }
+      return false;
+    });
   } else if (first == INT_MAX && tid == last) {
     for (int i = end - 1; i >= begin; --i)
       if (weight(i, key_of(r.logits[i])) > 0.0) {
@@ -177,13 +248,28 @@ __device__ void histogram(const Row& r, Shared& sh, int hi_bin, uint32_t min_key
   __syncthreads();
   const int copy = (threadIdx.x >> 5) % kCopies;
   const bool with_mass = r.inv_temp > 0.0f;
-  for (int i = threadIdx.x; i < r.vocab; i += kThreads) {
-    const uint32_t k = key_of(r.logits[i]);
-    if (k < min_key || (hi_bin >= 0 && static_cast<int>(k >> 8) != hi_bin)) continue;
-    const int bin = hi_bin >= 0 ? static_cast<int>(k & 0xff) : static_cast<int>(k >> 8);
-    atomicAdd(&sh.cnt[copy][bin], 1u);
-    if (with_mass && k >= kMinSampleKey) atomicAdd(&sh.mass[copy][bin], mass_of(r, k));
-  }
+  const bool aggregate = r.aggregate;
+  for_each_key(r, [&](int, uint32_t k) {
+    const bool in = k >= min_key && (hi_bin < 0 || static_cast<int>(k >> 8) == hi_bin);
+    const int bin = !in ? -1 : hi_bin >= 0 ? static_cast<int>(k & 0xff) : static_cast<int>(k >> 8);
+    const unsigned long long m = in && with_mass && k >= kMinSampleKey ? mass_of(r, k) : 0;
+    if (aggregate) {
+      // Lanes with the same bin add up first (logits crowd into a few bins, and same-address
+      // atomics of one warp serialize); the lowest lane of each group does the atomics.
+      const unsigned peers = __match_any_sync(__activemask(), bin);
+      const unsigned m_hi = __reduce_add_sync(peers, static_cast<unsigned>(m >> 20));
+      const unsigned m_lo = __reduce_add_sync(peers, static_cast<unsigned>(m & 0xfffffu));
+      const int lane = threadIdx.x & 31;
+      if (bin >= 0 && lane == __ffs(peers) - 1) {
+        atomicAdd(&sh.cnt[copy][bin], static_cast<unsigned>(__popc(peers)));
+        const unsigned long long sum = (static_cast<unsigned long long>(m_hi) << 20) + m_lo;
+        if (sum) atomicAdd(&sh.mass[copy][bin], sum);
+      }
+    } else if (bin >= 0) {
+      atomicAdd(&sh.cnt[copy][bin], 1u);
+      if (m) atomicAdd(&sh.mass[copy][bin], m);
+    }
+  });
   __syncthreads();
   unsigned long long* out_cnt = hi_bin >= 0 ? sh.lo_cnt : sh.hi_cnt;
   unsigned long long* out_mass = hi_bin >= 0 ? sh.lo_mass : sh.hi_mass;
@@ -300,8 +386,8 @@ __device__ Selected select_prefix(const Row& r, Shared& sh, bool by_mass, double
 
 __global__ void __launch_bounds__(kThreads)
     sample_rows_kernel(const half* __restrict__ logits, int64_t ld, int vocab,
-                       const SampleRowParams* __restrict__ params,
-                       SampleRowOut* __restrict__ outs) {
+                       const SampleRowParams* __restrict__ params, SampleRowOut* __restrict__ outs,
+                       int mode) {
   const SampleRowParams p = params[blockIdx.x];
   if (p.skip) return;
   __shared__ Shared sh;
@@ -310,14 +396,16 @@ __global__ void __launch_bounds__(kThreads)
   r.logits = logits + static_cast<int64_t>(blockIdx.x) * ld;
   r.vocab = vocab;
   r.inv_temp = 0.0f;
+  r.vec = (mode & kSampleVectorLoads) && (reinterpret_cast<uintptr_t>(r.logits) & 15) == 0;
+  r.aggregate = (mode & kSampleWarpAggregate) != 0;
 
   // The largest key and the lowest id holding it, as one 64-bit maximum.
   unsigned long long best = 0;
-  for (int i = threadIdx.x; i < vocab; i += kThreads) {
+  for_each_key(r, [&](int i, uint32_t k) {
     const unsigned long long c =
-        (static_cast<unsigned long long>(key_of(r.logits[i])) << 32) | (0xffffffffu - i);
+        (static_cast<unsigned long long>(k) << 32) | (0xffffffffu - static_cast<uint32_t>(i));
     best = c > best ? c : best;
-  }
+  });
   best = block_reduce(
       best, [](unsigned long long a, unsigned long long b) { return a > b ? a : b; }, sh.ured);
   const uint32_t max_key = static_cast<uint32_t>(best >> 32);
@@ -380,10 +468,9 @@ __global__ void __launch_bounds__(kThreads)
 
   if (p.want_logprob || p.top_n > 0) {
     double sum = 0.0;
-    for (int i = threadIdx.x; i < vocab; i += kThreads) {
-      const uint32_t k = key_of(r.logits[i]);
+    for_each_key(r, [&](int, uint32_t k) {
       if (k != 0) sum += __expf(value_of_key(k) - r.lmax);
-    }
+    });
     sum = block_reduce(
         sum, [](double a, double b) { return a + b; }, sh.dred);
     const double log_z = static_cast<double>(r.lmax) + log(sum);
@@ -392,15 +479,14 @@ __global__ void __launch_bounds__(kThreads)
       const Selected s = select_prefix(r, sh, false, p.top_n, 1);
       if (threadIdx.x == 0) sh.n_gathered = 0;
       __syncthreads();
-      for (int i = threadIdx.x; i < vocab; i += kThreads) {
-        const uint32_t k = key_of(r.logits[i]);
-        if (k == 0 || !kept(s.cut, k, i)) continue;
+      for_each_key(r, [&](int i, uint32_t k) {
+        if (k == 0 || !kept(s.cut, k, i)) return;
         const int slot = atomicAdd(&sh.n_gathered, 1);
         if (slot < kSampleMaxTop) {
           sh.gathered_key[slot] = k;
           sh.gathered_id[slot] = i;
         }
-      }
+      });
       __syncthreads();
       if (threadIdx.x == 0) {
         const int n = min(min(sh.n_gathered, p.top_n), kSampleMaxTop);
@@ -436,9 +522,9 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 void sample_rows(const half* logits, int64_t ld, int vocab, int rows, const SampleRowParams* params,
-                 SampleRowOut* out, cudaStream_t s) {
+                 SampleRowOut* out, int mode, cudaStream_t s) {
   if (rows <= 0) return;
-  sample_rows_kernel<<<rows, kThreads, 0, s>>>(logits, ld, vocab, params, out);
+  sample_rows_kernel<<<rows, kThreads, 0, s>>>(logits, ld, vocab, params, out, mode);
   GYRE_CUDA_LAUNCHED();
 }
 

@@ -33,8 +33,13 @@ struct SampleRowOut {
   float top_logprobs[kSampleMaxTop];
 };
 
+// Implementation choices (bits of `mode`), kept switchable to compare them on the device.
+constexpr int kSampleVectorLoads = 1;    // 16-byte loads where the row is 16-byte aligned
+constexpr int kSampleWarpAggregate = 2;  // histogram atomics combined per warp (match/reduce)
+constexpr int kSampleDefaultMode = kSampleVectorLoads | kSampleWarpAggregate;
+
 // Samples rows [0, rows) of FP16 logits (row r at logits + r * ld, `vocab` entries each).
 void sample_rows(const half* logits, int64_t ld, int vocab, int rows, const SampleRowParams* params,
-                 SampleRowOut* out, cudaStream_t s);
+                 SampleRowOut* out, int mode, cudaStream_t s);
 
 }  // namespace gyre::cuda
