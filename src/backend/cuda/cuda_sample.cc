@@ -97,8 +97,8 @@ void CudaBackend::sample(const Tensor& logits, const SampleRequest* requests, in
     } else {
       o.id = r.id;
       if (params[i].want_logprob || params[i].top_n > 0) o.logprob = r.logprob;
-      for (int k = 0; k < std::min(r.n_top, kSampleMaxTop); ++k)
-        o.top_logprobs.emplace_back(r.top_ids[k], r.top_logprobs[k]);
+      const int n_top = params[i].top_n > 0 ? std::min(r.n_top, kSampleMaxTop) : 0;
+      for (int k = 0; k < n_top; ++k) o.top_logprobs.emplace_back(r.top_ids[k], r.top_logprobs[k]);
     }
   }
   if (any_host)

@@ -513,9 +513,11 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0) {  // every field: the results buffer is reused between calls
     out->id = chosen;
     out->error = kSampleOk;
+    if (p.top_n <= 0) out->n_top = 0;
+    if (!p.want_logprob && p.top_n <= 0) out->logprob = 0.0f;
   }
 }
 
