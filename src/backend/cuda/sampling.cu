@@ -81,7 +81,6 @@ struct Row {
   float lmax;      // largest logit (raw)
   float inv_temp;  // 0 when greedy
   bool vec;        // 16-byte loads (the row is 16-byte aligned and they are enabled)
-  bool aggregate;  // histogram atomics combined per warp first
 };
 
 // f(id, key) for the 8 halves of one 16-byte load starting at id `base` (little-endian: the
@@ -248,24 +247,11 @@ __device__ void histogram(const Row& r, Shared& sh, int hi_bin, uint32_t min_key
   __syncthreads();
   const int copy = (threadIdx.x >> 5) % kCopies;
   const bool with_mass = r.inv_temp > 0.0f;
-  const bool aggregate = r.aggregate;
   for_each_key(r, [&](int, uint32_t k) {
     const bool in = k >= min_key && (hi_bin < 0 || static_cast<int>(k >> 8) == hi_bin);
     const int bin = !in ? -1 : hi_bin >= 0 ? static_cast<int>(k & 0xff) : static_cast<int>(k >> 8);
     const unsigned long long m = in && with_mass && k >= kMinSampleKey ? mass_of(r, k) : 0;
-    if (aggregate) {
-      // Lanes with the same bin add up first (logits crowd into a few bins, and same-address
-      // atomics of one warp serialize); the lowest lane of each group does the atomics.
-      const unsigned peers = __match_any_sync(__activemask(), bin);
-      const unsigned m_hi = __reduce_add_sync(peers, static_cast<unsigned>(m >> 20));
-      const unsigned m_lo = __reduce_add_sync(peers, static_cast<unsigned>(m & 0xfffffu));
-      const int lane = threadIdx.x & 31;
-      if (bin >= 0 && lane == __ffs(peers) - 1) {
-        atomicAdd(&sh.cnt[copy][bin], static_cast<unsigned>(__popc(peers)));
-        const unsigned long long sum = (static_cast<unsigned long long>(m_hi) << 20) + m_lo;
-        if (sum) atomicAdd(&sh.mass[copy][bin], sum);
-      }
-    } else if (bin >= 0) {
+    if (bin >= 0) {
       atomicAdd(&sh.cnt[copy][bin], 1u);
       if (m) atomicAdd(&sh.mass[copy][bin], m);
     }
@@ -397,7 +383,6 @@ __global__ void __launch_bounds__(kThreads)
   r.vocab = vocab;
   r.inv_temp = 0.0f;
   r.vec = (mode & kSampleVectorLoads) && (reinterpret_cast<uintptr_t>(r.logits) & 15) == 0;
-  r.aggregate = (mode & kSampleWarpAggregate) != 0;
 
   // The largest key and the lowest id holding it, as one 64-bit maximum.
   unsigned long long best = 0;

@@ -33,12 +33,11 @@ struct SampleRowOut {
   float top_logprobs[kSampleMaxTop];
 };
 
-// Implementation choices (bits of `mode`), kept switchable to compare them on the device
+// Implementation choices (bits of `mode`), switchable to compare them on the device
 // (GYRE_CUDA_SAMPLE_MODE). Measured on an H100 (bench/NOTES.md), one row of 128256, top-p 0.95:
-// scalar loads 366 us, 16-byte loads 278 us, 16-byte loads + warp aggregation 930 us (the
-// match/reduce per element costs far more than the atomics' conflicts it avoids).
-constexpr int kSampleVectorLoads = 1;    // 16-byte loads where the row is 16-byte aligned
-constexpr int kSampleWarpAggregate = 2;  // histogram atomics combined per warp (match/reduce)
+// scalar loads 366 us, 16-byte loads 278 us. (Combining the histogram atomics per warp with
+// match_any/reduce_add was tried and removed: 930 us.)
+constexpr int kSampleVectorLoads = 1;  // 16-byte loads where the row is 16-byte aligned
 constexpr int kSampleDefaultMode = kSampleVectorLoads;
 
 // Samples rows [0, rows) of FP16 logits (row r at logits + r * ld, `vocab` entries each).
