@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -146,6 +148,9 @@ TEST(Gptq, HostileLayersGiveOneLineErrors) {
   bad.shape = {qw.shape[0], qw.shape[1], 1};
   expect_one_line_error(run(bad, qz, sc, &gi), "shape");
   bad = qw;
+  bad.shape = {int64_t{1} << 60, int64_t{1} << 60};
+  expect_one_line_error(run(bad, qz, sc, &gi), "too large");
+  bad = qw;
   bad.nbytes -= 4;  // truncated
   expect_one_line_error(run(bad, qz, sc, &gi), "too few bytes");
   bad = qw;
@@ -217,6 +222,26 @@ TEST(Gptq, ModelWithoutItsQzerosFailsToLoad) {
   GptqConfig c;
   WeightSet out;
   expect_one_line_error([&] { gptq_load_weights(c, partial, out); }, "qzeros");
+}
+
+TEST(Gptq, TruncatedOrMisconfiguredModelFoldersGiveOneLineErrors) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(::testing::TempDir()) / "gyre_gptq_hostile";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json"})
+    fs::copy_file(kDir + "/llama/" + f, dir / f);
+  const auto size = fs::file_size(dir / "model.safetensors");
+  fs::resize_file(dir / "model.safetensors", size - 1000);
+  expect_one_line_error([&] { load_model(dir.string()); }, "model.safetensors");
+  fs::copy_file(kDir + "/llama/model.safetensors", dir / "model.safetensors",
+                fs::copy_options::overwrite_existing);
+  // The checkpoint says 8 bits but its tensors hold 4-bit packing: the shapes disagree.
+  auto cfg = nlohmann::json::parse(read_text_file(kDir + "/llama/config.json"));
+  cfg["quantization_config"]["bits"] = 8;
+  std::ofstream(dir / "config.json") << cfg.dump();
+  expect_one_line_error([&] { load_model(dir.string()); }, "GPTQ layer");
+  fs::remove_all(dir);
 }
 
 TEST(Gptq, LoadedModelHasPackedProjectionsAndNoGptqTensors) {

@@ -78,9 +78,10 @@ QWeightHost gptq_layer_to_qweight(const GptqConfig& c, const std::string& name,
   GYRE_CHECK(qweight.shape.size() == 2 && qweight.shape[0] > 0 && qweight.shape[1] > 0,
              "GPTQ layer ", name, ": qweight has shape ", shape_str(qweight.shape),
              ", expected [in * bits / 32, out]");
+  GYRE_CHECK(qweight.shape[0] <= (INT32_MAX / 2) / per_word && qweight.shape[1] <= INT32_MAX / 2 &&
+                 qweight.shape[0] * per_word * qweight.shape[1] <= (int64_t{1} << 40),
+             "GPTQ layer ", name, ": qweight shape ", shape_str(qweight.shape), " is too large");
   const int64_t in = qweight.shape[0] * per_word, out = qweight.shape[1];
-  GYRE_CHECK(in <= INT32_MAX / 2 && out <= INT32_MAX / 2 && in * out <= (int64_t{1} << 40),
-             "GPTQ layer ", name, ": shape [", out, ", ", in, "] is too large");
   check_tensor(qweight, name, DType::I32, qweight.shape[0], out);
   GYRE_CHECK(out % per_word == 0, "GPTQ layer ", name, ": ", out,
              " output columns do not pack into whole qzeros words of ", per_word);
