@@ -118,10 +118,8 @@ QWeightHost gptq_layer_to_qweight(const GptqConfig& c, const std::string& name,
   for (int64_t j = 0; j < in; ++j)
     GYRE_CHECK(group_of[perm[j]] == j / group, "GPTQ layer ", name, ": g_idx does not give every ",
                "group exactly ", group, " columns (group ", j / group, ")");
-  const bool identity = std::is_sorted(group_of.begin(), group_of.end()) &&
-                        std::adjacent_find(perm.begin(), perm.end(), [](int32_t a, int32_t b) {
-                          return b != a + 1;
-                        }) == perm.end();
+  // Already grouped in order (no act-order shuffle): the stable sort left every column in place.
+  const bool identity = std::is_sorted(group_of.begin(), group_of.end());
 
   // Zero points and scales per (group, output); symmetric when every zero is the midpoint.
   const int32_t zero_bias = c.zeros_v2 ? 0 : 1;
@@ -166,7 +164,8 @@ QWeightHost gptq_layer_to_qweight(const GptqConfig& c, const std::string& name,
     for (int64_t k = 0; k < in / gyre_group; ++k) {
       const int64_t g = (k * gyre_group) / group;  // the GPTQ group of packed columns of k
       const float s = scale[g * out + o];
-      // s * z is exact in f32 (see the header), so s * q + m == s * (q - z) exactly.
+      // s * z is exact in f32 for f16/bf16 scales (see the header), so s * q + m == s * (q - z)
+      // exactly; F32 scales (not written by GPTQ tools) may differ by an f32 rounding.
       qweight_set_scale(w, o, k, s, -(s * static_cast<float>(zero[g * out + o])));
     }
   }
