@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/mapped_file.h"
 #include "model/gguf_loader.h"
+#include "model/gptq.h"
 #include "model/safetensors.h"
 
 namespace gyre {
@@ -84,7 +85,15 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path) {
   const bool has_gen = file_exists(path + "/generation_config.json");
   if (has_gen) gen = read_json(path + "/generation_config.json");
   m->config = config_from_hf_json(cfg, has_gen ? &gen : nullptr);
-  for (const std::string& f : shard_files(path)) safetensors_load(f, m->weights);
+  GptqConfig gptq;
+  if (gptq_config_from_hf(cfg, gptq)) {
+    auto raw = std::make_shared<WeightSet>();
+    for (const std::string& f : shard_files(path)) safetensors_load(f, *raw);
+    gptq_load_weights(gptq, std::move(raw), m->weights);
+    m->format = "gptq";
+  } else {
+    for (const std::string& f : shard_files(path)) safetensors_load(f, m->weights);
+  }
   weights_validate(m->weights, m->config);
   m->tokenizer = Tokenizer::from_folder(path);
   if (file_exists(path + "/tokenizer_config.json"))
