@@ -23,6 +23,7 @@ void tile_int4_upload(const uint8_t* host_q, const uint8_t* host_scales, const u
                       const Params& p, uint8_t* dst_q, uint8_t* dst_scales, uint8_t* dst_mins);
 void launch_gemv4(const Params& p, cudaStream_t stream);
 void launch_dequant4(const Params& p, __half* out, cudaStream_t stream);
+void launch_batch(const Params& p, cudaStream_t stream);  // qlinear_batch.cu
 void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("CUDA error in ", what, ": ", cudaGetErrorString(e));
 }
@@ -332,6 +333,8 @@ void qlinear_matmul_split(const QWeightDevice& w, const __half* x, const cuda::O
     } else {
       dispatch_gemv<8>(p, g_rows_per_block == 0 ? 2 : g_rows_per_block, stream);
     }
+  } else if (n <= kQlinearBatchMaxRows) {
+    qlinear_detail::launch_batch(p, stream);
   } else {
     qlinear_detail::launch_gemm(p, stream);
   }
@@ -340,14 +343,26 @@ void qlinear_matmul_split(const QWeightDevice& w, const __half* x, const cuda::O
 
 bool qlinear_gemv_swiglu(const QWeightDevice& w, const __half* x, __half* out, int n, int hidden,
                          cudaStream_t stream) {
-  if (w.desc.bits != 4 || n < 1 || n > 8) return false;
+  if (n < 1 || n > kQlinearBatchMaxRows) return false;
   GYRE_CHECK(w.desc.rows == 2 * ((hidden + 7) / 8 * 8), "qlinear swiglu: weight of ", w.desc.rows,
              " rows for a hidden size of ", hidden);
   Params p = make_params(w, x, out, n, nullptr);
   p.swiglu_hidden = hidden;
-  qlinear_detail::launch_gemv4(p, stream);
+  if (w.desc.bits == 4 && n <= 8) {
+    qlinear_detail::launch_gemv4(p, stream);
+  } else {
+    qlinear_detail::launch_batch(p, stream);
+  }
   check_cuda(cudaGetLastError(), "qlinear swiglu launch");
   return true;
+}
+
+void qlinear_batch(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
+                   cudaStream_t stream) {
+  GYRE_CHECK(n >= 1 && n <= kQlinearBatchMaxRows, "qlinear_batch: n must be 1..",
+             kQlinearBatchMaxRows, ", got ", n);
+  qlinear_detail::launch_batch(make_params(w, x, y, n, bias), stream);
+  check_cuda(cudaGetLastError(), "qlinear_batch launch");
 }
 
 void qlinear_gemm(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
@@ -360,6 +375,8 @@ void qlinear_matmul(const QWeightDevice& w, const __half* x, __half* y, int n, c
                     cudaStream_t stream) {
   if (n <= 8) {
     qlinear_gemv(w, x, y, n, bias, stream);
+  } else if (n <= kQlinearBatchMaxRows) {
+    qlinear_batch(w, x, y, n, bias, stream);
   } else {
     qlinear_gemm(w, x, y, n, bias, stream);
   }
