@@ -183,24 +183,33 @@ int main() {
         std::printf("%6dx%-7d %4d %3d %9s %9.2f %8.0f %6.1f%%\n", sh[0], sh[1], bits, n, path,
                     ms * 1e3, moved / ms / 1e6, 100.0 * moved / ms / 1e6 / copy_gbs);
       };
-      for (const int n : {1, 8, 16, 32, 64, 128}) {
+      for (const int n : {1, 4, 8, 16, 32, 64, 128}) {
         report(n, "matmul",
                time_ms([&](int i) { qlinear_matmul(ws[i % copies].w, x, y, n, nullptr, nullptr); },
                        40));
-        const int cfgs[][2] = {{0, 0}, {1, 0}, {2, 0}, {1, 2}, {1, 4},
-                               {1, 8}, {2, 2}, {2, 4}, {2, 8}};
+        // {kernel (0 auto, 1 register-fed), tiles per warp, split-K}; 4-bit auto = batch4.
+        const int cfgs[][3] = {{1, 0, 0}, {1, 1, 0}, {1, 2, 0}, {1, 2, 2}, {0, 0, 0},
+                               {0, 1, 0}, {0, 2, 0}, {0, 1, 1}, {0, 1, 2}, {0, 1, 4},
+                               {0, 1, 8}, {0, 2, 1}, {0, 2, 2}, {0, 2, 4}, {0, 2, 8}};
         for (const auto& c : cfgs) {
-          if (n <= 8 && (c[0] != 0 || c[1] != 0)) continue;
-          qlinear_detail::set_batch_tiles_per_warp(c[0]);
-          qlinear_detail::set_batch_ksplit(c[1]);
+          if (bits == 8 && c[0] == 0) continue;
+          if (n <= 8 && c[1] == 2) continue;
+          qlinear_detail::set_batch_kernel(c[0]);
+          qlinear_detail::set_batch_tiles_per_warp(c[0] == 1 ? c[1] : 0);
+          qlinear_detail::set_batch_ksplit(c[0] == 1 ? c[2] : 0);
+          qlinear_detail::set_batch4_tiles_per_warp(c[0] == 0 ? c[1] : 0);
+          qlinear_detail::set_batch4_ksplit(c[0] == 0 ? c[2] : 0);
           char name[16];
-          std::snprintf(name, sizeof name, "b%d/%d", c[0], c[1]);
+          std::snprintf(name, sizeof name, "%s%d/%d", c[0] == 0 ? "c" : "r", c[1], c[2]);
           report(n, name,
                  time_ms([&](int i) { qlinear_batch(ws[i % copies].w, x, y, n, nullptr, nullptr); },
                          40));
         }
+        qlinear_detail::set_batch_kernel(0);
         qlinear_detail::set_batch_tiles_per_warp(0);
         qlinear_detail::set_batch_ksplit(0);
+        qlinear_detail::set_batch4_tiles_per_warp(0);
+        qlinear_detail::set_batch4_ksplit(0);
         if (n >= 16) {
           report(n, "gemm",
                  time_ms([&](int i) { qlinear_gemm(ws[i % copies].w, x, y, n, nullptr, nullptr); },

@@ -261,6 +261,14 @@ void expect_close(const std::vector<uint16_t>& got, const std::vector<double>& r
   }
 }
 
+void set_batch_config(int kernel, int tiles_per_warp, int ksplit) {
+  qlinear_detail::set_batch_kernel(kernel);
+  qlinear_detail::set_batch_tiles_per_warp(kernel == 1 ? tiles_per_warp : 0);
+  qlinear_detail::set_batch_ksplit(kernel == 1 ? ksplit : 0);
+  qlinear_detail::set_batch4_tiles_per_warp(kernel == 0 ? tiles_per_warp : 0);
+  qlinear_detail::set_batch4_ksplit(kernel == 0 ? ksplit : 0);
+}
+
 // The batch kernel (n = 1..128) for every layout, awkward row counts, column counts that leave
 // a partial 64-column block or few blocks per split-K warp, every n8-tile count and two token
 // groups, under the automatic choice and forced tiles-per-warp / split-K settings.
@@ -278,7 +286,9 @@ TEST(CudaQlinear, BatchMatchesFloat64) {
   };
   const int shapes[][2] = {{17, 1280}, {300, 768}, {45, 2560}};
   const int ns[] = {1, 3, 8, 9, 16, 17, 31, 32, 33, 64, 65, 128};
-  const int configs[][2] = {{0, 0}, {2, 1}, {2, 8}, {1, 4}};  // tiles per warp, ksplit
+  // kernel (0: auto, 4-bit -> qlinear_batch4.cu; 1: register-fed), tiles per warp, split-K
+  const int configs[][3] = {{0, 0, 0}, {0, 1, 8}, {0, 2, 2}, {1, 0, 0},
+                            {1, 2, 1}, {1, 2, 8}, {1, 1, 4}};
   constexpr int kMaxN = 128;
   uint32_t seed = 2000;
   for (const Layout& l : layouts) {
@@ -294,8 +304,7 @@ TEST(CudaQlinear, BatchMatchesFloat64) {
       x.upload(xh);
       bias.upload(bh);
       for (const auto& cfg : configs) {
-        qlinear_detail::set_batch_tiles_per_warp(cfg[0]);
-        qlinear_detail::set_batch_ksplit(cfg[1]);
+        set_batch_config(cfg[0], cfg[1], cfg[2]);
         for (const int n : ns) {
           SCOPED_TRACE(l.name + " rows " + std::to_string(rows) + " cols " + std::to_string(cols) +
                        " n " + std::to_string(n) + " cfg " + std::to_string(cfg[0]) + "/" +
@@ -311,8 +320,7 @@ TEST(CudaQlinear, BatchMatchesFloat64) {
           if (HasFatalFailure()) break;
         }
       }
-      qlinear_detail::set_batch_tiles_per_warp(0);
-      qlinear_detail::set_batch_ksplit(0);
+      set_batch_config(0, 0, 0);
       qweight_free(dw);
       if (HasFatalFailure()) return;
     }

@@ -82,6 +82,11 @@ void set_gemv_unroll(int unroll);
 // (1 or 2; 0 = auto).
 void set_batch_ksplit(int ksplit);
 void set_batch_tiles_per_warp(int tiles);
+// Batch kernel choice for 4-bit: 0 = auto (qlinear_batch4.cu), 1 = register-fed
+// (qlinear_batch.cu, the 8-bit one); batch4's own split-K (1..8, 0 = auto) and tiles per warp.
+void set_batch_kernel(int kernel);
+void set_batch4_ksplit(int ksplit);
+void set_batch4_tiles_per_warp(int tiles);
 }  // namespace qlinear_detail
 
 }  // namespace gyre

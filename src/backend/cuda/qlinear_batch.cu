@@ -22,13 +22,14 @@
 
 namespace gyre::qlinear_detail {
 
-void check_cuda(cudaError_t e, const char* what);  // qlinear.cu
+void check_cuda(cudaError_t e, const char* what);          // qlinear.cu
+void launch_batch4(const Params& p, cudaStream_t stream);  // qlinear_batch4.cu
 
 namespace {
 
 constexpr int kWarps = 8;
 constexpr int kRedFloats = 32;  // accumulators reduced per round (shared: 8 x 32 x 32 floats)
-int g_batch_ksplit = 0, g_batch_mt = 0;
+int g_batch_ksplit = 0, g_batch_mt = 0, g_batch_kernel = 0;
 
 // Weight bytes (and raw scales) of one 64-column block for one tile.
 template <int BITS>
@@ -314,6 +315,8 @@ void launch_by_n(const Params& p, int ks, cudaStream_t stream) {
 }  // namespace
 
 void launch_batch(const Params& p, cudaStream_t stream) {
+  // 4-bit: the cp.async / cluster kernel unless the register-fed one is asked for.
+  if (p.bits == 4 && g_batch_kernel != 1) return launch_batch4(p, stream);
   // One 16-row tile per warp while that already gives few x bytes per weight byte (n <= 16) or
   // the matrix has few tiles; two tiles per warp otherwise.
   int mt = g_batch_mt;
@@ -326,6 +329,9 @@ void launch_batch(const Params& p, cudaStream_t stream) {
   return launch_by_n<8, 2>(p, g_batch_ksplit, stream);
 }
 
+void set_batch_kernel(int kernel) {
+  g_batch_kernel = kernel;
+}
 void set_batch_ksplit(int ksplit) {
   g_batch_ksplit = ksplit;
 }
