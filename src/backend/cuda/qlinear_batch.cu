@@ -314,19 +314,31 @@ void launch_by_n(const Params& p, int ks, cudaStream_t stream) {
 
 }  // namespace
 
+bool batch_prefers_gemm(const Params& p) {
+  // Measured on H100 (bench/qlinear_notes.md, round 3): the WMMA GEMM beats both batch kernels
+  // on large weights from n = 65 (8-bit from 7168 rows, 4-bit from 24576 rows).
+  return p.n > 64 && p.tiles >= (p.bits == 8 ? 448 : 1536);
+}
+
 void launch_batch(const Params& p, cudaStream_t stream) {
-  // 4-bit: the cp.async / cluster kernel unless the register-fed one is asked for.
-  if (p.bits == 4 && g_batch_kernel != 1) return launch_batch4(p, stream);
-  // One 16-row tile per warp while that already gives few x bytes per weight byte (n <= 16) or
-  // the matrix has few tiles; two tiles per warp otherwise.
-  int mt = g_batch_mt;
-  if (mt == 0) mt = p.n <= 16 || p.tiles < 512 ? 1 : 2;
-  if (p.bits == 4) {
-    if (mt == 1) return launch_by_n<4, 1>(p, g_batch_ksplit, stream);
-    return launch_by_n<4, 2>(p, g_batch_ksplit, stream);
+  // Choices measured on H100 with the Llama-3-8B shapes (bench/qlinear_notes.md, round 3).
+  if (g_batch_kernel == 0) {
+    // 4-bit: the cp.async / cluster kernel, except 2048..6143 rows at n <= 32, where the
+    // register-fed kernel's many warps win.
+    if (p.bits == 4 && !(p.n <= 32 && p.tiles >= 128 && p.tiles < 384))
+      return launch_batch4(p, stream);
   }
-  if (mt == 1) return launch_by_n<8, 1>(p, g_batch_ksplit, stream);
-  return launch_by_n<8, 2>(p, g_batch_ksplit, stream);
+  // One 16-row tile per warp up to 32 tokens; two beyond (x reuse), with a 2-way split-K on
+  // large weights (more warps would each hold 64 accumulators).
+  int mt = g_batch_mt, ks = g_batch_ksplit;
+  if (mt == 0) mt = p.n <= 32 ? 1 : 2;
+  if (ks == 0 && mt == 2 && p.tiles >= 512) ks = 2;
+  if (p.bits == 4) {
+    if (mt == 1) return launch_by_n<4, 1>(p, ks, stream);
+    return launch_by_n<4, 2>(p, ks, stream);
+  }
+  if (mt == 1) return launch_by_n<8, 1>(p, ks, stream);
+  return launch_by_n<8, 2>(p, ks, stream);
 }
 
 void set_batch_kernel(int kernel) {

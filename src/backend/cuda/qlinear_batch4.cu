@@ -238,9 +238,11 @@ void launch(const Params& p, cudaStream_t stream) {
   const int token_groups = (p.n + 8 * NT - 1) / (8 * NT);
   int ks = g_ks;
   if (ks == 0) {
-    // About one block per SM (132 on an H100), at least two stages' worth of blocks each.
+    // Measured: one tile per warp wants many blocks (up to 8-way split-K); two tiles per warp
+    // about 1.7 blocks per SM up to 32 tokens and about one beyond (more compute per block).
+    const int target = MT == 1 ? 512 : p.n <= 32 ? 224 : 112;
     ks = 1;
-    while (ks < 8 && row_blocks * token_groups * ks < 120 && p.kblocks / (2 * ks) >= kStages)
+    while (ks < 8 && row_blocks * token_groups * ks < target && p.kblocks / (2 * ks) >= kStages)
       ks *= 2;
   }
   const bool g32 = p.group == 32;
@@ -279,7 +281,7 @@ void launch_by_n(const Params& p, cudaStream_t stream) {
 
 void launch_batch4(const Params& p, cudaStream_t stream) {
   int mt = g_mt;
-  if (mt == 0) mt = p.n <= 16 ? 1 : 2;
+  if (mt == 0) mt = p.tiles >= 384 ? 2 : 1;  // x reuse where the grid stays large enough
   if (mt == 1) return launch_by_n<1>(p, stream);
   return launch_by_n<2>(p, stream);
 }
