@@ -46,7 +46,9 @@ void qweight_free(QWeightDevice& w);  // frees and nulls; safe on an empty weigh
 // qlinear_batch: serving batches, n = 1..kQlinearBatchMaxRows (tensor cores, one pass over the
 // weight per 64 tokens: each weight fragment serves up to 8 n8 token tiles), 4- and 8-bit.
 // qlinear_gemm: any n >= 1 (tensor cores, 128x128 tiles); meant for prefill.
-// qlinear_matmul: picks one of them by n (gemv n <= 8, batch n <= 128, gemm beyond).
+// qlinear_matmul: picks one by n and shape as measured on H100 (bench/qlinear_notes.md,
+// round 3): gemv for n <= 8 (8-bit: n <= 4), batch up to 128, gemm beyond and for n > 64 on
+// the largest weights.
 // x must be 16-byte aligned; bias may be null.
 void qlinear_gemv(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
                   cudaStream_t stream);
