@@ -232,6 +232,38 @@ __global__ void __launch_bounds__(kWarps * 32) batch4_kernel(Params p, int ks_bl
 }
 
 template <int MT, int NT>
+void allow_shared_memory() {
+  using L = Layout<MT, NT>;
+  for (auto kernel : {batch4_kernel<true, MT, NT>, batch4_kernel<false, MT, NT>}) {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes),
+               "cudaFuncSetAttribute (qlinear batch4)");
+  }
+}
+
+}  // namespace
+
+// Raises the dynamic shared-memory limit of every instantiation, once per device; called at
+// 4-bit weight upload too, so that it never first happens inside a graph capture.
+void prepare_batch4() {
+  static uint64_t done_devices = 0;
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
+  if (bit != 0 && (done_devices & bit) != 0) return;
+  allow_shared_memory<1, 1>();
+  allow_shared_memory<1, 2>();
+  allow_shared_memory<1, 4>();
+  allow_shared_memory<1, 8>();
+  allow_shared_memory<2, 1>();
+  allow_shared_memory<2, 2>();
+  allow_shared_memory<2, 4>();
+  allow_shared_memory<2, 8>();
+  done_devices |= bit;
+}
+
+namespace {
+
+template <int MT, int NT>
 void launch(const Params& p, cudaStream_t stream) {
   using L = Layout<MT, NT>;
   const int row_blocks = (p.tiles + kWarps * MT - 1) / (kWarps * MT);
@@ -247,12 +279,7 @@ void launch(const Params& p, cudaStream_t stream) {
   }
   const bool g32 = p.group == 32;
   auto kernel = g32 ? batch4_kernel<true, MT, NT> : batch4_kernel<false, MT, NT>;
-  static bool configured[2] = {false, false};
-  if (!configured[g32]) {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes),
-               "cudaFuncSetAttribute (qlinear batch4)");
-    configured[g32] = true;
-  }
+  prepare_batch4();
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(ks),
                      static_cast<unsigned>(token_groups));
