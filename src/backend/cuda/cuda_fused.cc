@@ -14,7 +14,7 @@ namespace gyre::cuda {
 namespace {
 
 // From this many rows a quantized weight is dequantized for a cuBLAS GEMM (as in cuda_ops.cc).
-constexpr int kDequantGemmMinRows = 64;
+constexpr int kDequantGemmMinRows = kQlinearBatchMaxRows + 1;
 
 void check_f16(const Tensor& t, const char* what) {
   GYRE_CHECK(t.dtype == DType::F16 && t.data != nullptr, "CUDA ", what,
@@ -177,12 +177,12 @@ void CudaBackend::matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_ga
              w_gate_up.cols, "] -> out [", out.rows, ", ", out.cols, "]");
   half* o = static_cast<half*>(out.data);
   const half* xd = static_cast<const half*>(x.data);
-  if (n <= kGemvMaxRows) {
-    if (is_quantized_tensor(w_gate_up)) {
-      if (qlinear_gemv_swiglu(qweight_of(w_gate_up), xd, o, n, hidden, stream_)) return;
-    } else if (gemv_swiglu(o, xd, dense_weight(w_gate_up), n, hidden, in, stream_)) {
-      return;
-    }
+  if (is_quantized_tensor(w_gate_up)) {
+    // Decode and serving batches: one pass over the weight with the SwiGLU epilogue.
+    if (qlinear_gemv_swiglu(qweight_of(w_gate_up), xd, o, n, hidden, stream_)) return;
+  } else if (n <= kGemvMaxRows &&
+             gemv_swiglu(o, xd, dense_weight(w_gate_up), n, hidden, in, stream_)) {
+    return;
   }
   // No fused epilogue for this path: the fused [n, rows] output, then one SwiGLU kernel.
   half* fused = fused_scratch(static_cast<size_t>(n) * rows);
