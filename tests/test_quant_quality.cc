@@ -51,7 +51,11 @@ void table_for(const std::string& name, const std::string& text_file, int64_t ma
     std::fflush(stdout);
   };
   report("original", model, "16");
-  std::string measurement;
+  std::string measurement;  // the first mixed row's, reused by the others
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const std::string f = root + "/" + name + "_" + std::to_string(i) + "/measurement.json";
+    if (measurement.empty() && fs::exists(f)) measurement = f;
+  }
   for (const Row& r : rows) {
     const std::string out = root + "/" + name + "_" + std::to_string(&r - rows.data());
     if (!fs::exists(out + "/config.json")) {

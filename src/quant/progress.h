@@ -16,7 +16,8 @@ class Progress {
   void draw();
   std::string what_;
   int64_t total_, done_ = 0;
-  bool enabled_, drawn_ = false;
+  bool enabled_, tty_, drawn_ = false;
+  int64_t last_tenth_ = 0;
   std::chrono::steady_clock::time_point start_;
 };
 
