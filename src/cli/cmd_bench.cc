@@ -20,6 +20,7 @@
 #ifdef GYRE_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
+#include "cli/bench_serve.h"
 
 namespace gyre {
 
@@ -29,7 +30,11 @@ struct BenchOptions {
   std::string model, synthetic, device = "auto";
   int bits = 16, prompt = 2048, decode = 128, long_ctx = 8192, threads = 0;
   bool json = false;
+  std::string concurrency;  // non-empty: the serving benchmark (bench_serve.cc)
+  int prefix = 2048, ttft_requests = 32;
 };
+
+}  // namespace
 
 ModelConfig synthetic_config(const std::string& name) {
   ModelConfig c;
@@ -96,6 +101,8 @@ void synthetic_weights(const ModelConfig& c, WeightSet& w) {
   }
 }
 
+namespace {
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -115,18 +122,22 @@ int argmax(const std::vector<float>& v) {
   return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
-// Decode `steps` tokens after the cache holds `ctx` positions; returns seconds per token.
+// Decode `steps` tokens after the cache holds `ctx` positions; returns seconds per token. The
+// greedy pick runs through Backend::sample, as generation does (on CUDA only the id comes back;
+// GYRE_CUDA_SAMPLE=0 copies the logits row to the host instead, the old path).
 double time_decode(Transformer& t, int ctx, int steps, std::vector<float>& logits) {
   int pos = ctx, token = argmax(logits);
-  for (int i = 0; i < 2; ++i, ++pos) {  // eager step, then the recorded one
-    t.forward(&token, 1, pos, logits.data(), false);
-    token = argmax(logits);
-  }
+  const SampleRequest greedy;  // temperature 0
+  SampleResult picked;
+  auto step = [&] {
+    t.forward(&token, 1, pos, nullptr, false);
+    t.sample_logits(&greedy, 1, &picked);
+    GYRE_CHECK(picked.error.empty(), picked.error);
+    token = picked.id;
+  };
+  for (int i = 0; i < 2; ++i, ++pos) step();  // eager step, then the recorded one
   const double t0 = now_s();
-  for (int i = 0; i < steps; ++i, ++pos) {
-    t.forward(&token, 1, pos, logits.data(), false);
-    token = argmax(logits);
-  }
+  for (int i = 0; i < steps; ++i, ++pos) step();
   return (now_s() - t0) / steps;
 }
 
@@ -301,7 +312,29 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--device", o->device, "cpu, cuda, cuda:N or auto")->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "CPU threads (0: all)");
   cmd->add_flag("--json", o->json, "print JSON");
-  cmd->callback([o] { run_bench(*o); });
+  cmd->add_option("--concurrency", o->concurrency,
+                  "serving benchmark through the Engine: concurrent request counts, e.g. "
+                  "1,8,32,128 (-n tokens each)");
+  cmd->add_option("--prefix", o->prefix, "serving benchmark: shared prompt prefix for TTFT")
+      ->capture_default_str();
+  cmd->add_option("--ttft-requests", o->ttft_requests,
+                  "serving benchmark: requests sharing the prefix (0: skip)")
+      ->capture_default_str();
+  cmd->callback([o] {
+    if (o->concurrency.empty()) return run_bench(*o);
+    ServeBenchOptions s;
+    s.model = o->model;
+    s.synthetic = o->synthetic;
+    s.device = o->device;
+    s.bits = o->bits;
+    s.threads = o->threads;
+    s.decode = o->decode;
+    s.prefix = o->prefix;
+    s.ttft_requests = o->ttft_requests;
+    s.json = o->json;
+    s.concurrency = parse_concurrency(o->concurrency);
+    run_serve_bench(s);
+  });
 }
 
 }  // namespace gyre

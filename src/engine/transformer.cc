@@ -177,8 +177,8 @@ void Transformer::forward(const int32_t* tokens, int n, int pos, float* logits, 
     graph_warm_ = graph_warm_ || graph;
   }
   const int first = all_logits ? 0 : n - 1;
-  Tensor out = logits_.slice_rows(0, n - first);
-  backend_.to_host(out, logits);
+  logit_rows_ = n - first;
+  if (logits) backend_.to_host(logits_.slice_rows(0, logit_rows_), logits);
 }
 
 std::unique_ptr<PagedKvCache> Transformer::new_paged_kv_cache(int num_pages, int page_size) {
@@ -214,6 +214,7 @@ void Transformer::forward_batch(const int32_t* tokens, const PagedBatch& batch, 
              [&](Tensor& att, const Tensor& q, const Tensor& k, const Tensor& v, int layer) {
                backend_.attention_paged(att, q, k, v, kv, layer, batch, ap);
              });
+  logit_rows_ = n_logit_rows;
   if (n_logit_rows == 0) return;
   // The lm head runs on consecutive runs of wanted rows (the decodes of a step are one run), so
   // no gather op is needed and no unwanted row pays for the vocabulary projection.
@@ -225,7 +226,13 @@ void Transformer::forward_batch(const int32_t* tokens, const PagedBatch& batch, 
     backend_.matmul(out, xn_.slice_rows(logit_rows[i], j - i), lm_head_, nullptr);
     i = j;
   }
-  backend_.to_host(out_all, logits);
+  if (logits) backend_.to_host(out_all, logits);
+}
+
+void Transformer::sample_logits(const SampleRequest* requests, int n, SampleResult* out) {
+  GYRE_CHECK(n >= 0 && n <= logit_rows_, "sampling ", n, " rows, but the last forward pass made ",
+             logit_rows_);
+  backend_.sample(logits_.slice_rows(0, n), requests, n, out);
 }
 
 }  // namespace gyre

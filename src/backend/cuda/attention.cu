@@ -7,27 +7,26 @@
 // Decode (one query) splits the context over many blocks so a 32k context still fills the GPU;
 // the split count is fixed per launch while the chunk length follows the device-side position,
 // which lets a captured CUDA graph replay at any position.
-// Keys: one thread per key, its row's 16-byte loads all issued before the math, the scaled query
-// broadcast from shared memory. Values: each thread owns (head, dim pair) outputs, coalesced across
-// the row. Layout: cache [kv_head][max_seq][head_dim] per layer, so one head's keys are contiguous.
+// The block's work is split_attend (attention_split.cuh, shared with the paged cache).
+// Layout: cache [kv_head][max_seq][head_dim] per layer, so one head's keys are contiguous.
 // Alternatives: a tensor-core (mma) tile kernel for prefill is the known faster path for
 // head dims 64..128; this scalar kernel is the generic one (any head_dim <= 256).
-#include <cfloat>
-
-#include "backend/cuda/launch.h"
+#include "backend/cuda/attention_split.cuh"
 
 namespace gyre::cuda {
 
 namespace {
 
-constexpr int kThreads = 128;  // also keys per chunk
-constexpr int kWarps = kThreads / 32;
-constexpr int kMaxGroup = 8;
-// Smallest share of the context per split. Measured (ncu, H100, Llama-3-8B shape, 130 keys):
-// with 128-key shares one block did all the work of a decode step at short context, 58 us per
-// layer; smaller shares spread short contexts over several blocks.
-constexpr int kMinChunk = 32;
-constexpr int kMaxHeadDim = 256;
+using namespace split_attn;
+
+// Rows of one KV head's keys (or values) in the contiguous cache [kv_head][max_seq][D].
+struct ContiguousKv {
+  static constexpr bool kContiguous = true;
+  const half *k, *v;
+  int64_t base;  // kv_head * max_seq * D
+  int D;
+  __device__ int64_t row(int j) const { return base + static_cast<int64_t>(j) * D; }
+};
 
 __global__ void kv_store_kernel(half* k_cache, half* v_cache, const half* k, const half* v,
                                 const int32_t* pos0, int n, int n_kv, int dim, int max_seq) {
@@ -47,180 +46,20 @@ __global__ void kv_store_kernel(half* k_cache, half* v_cache, const half* k, con
 
 __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, int n_sub) {
   pdl_begin();
-  extern __shared__ float smem[];
   const int D = a.head_dim;
-  float* q_s = smem;                          // [kMaxGroup][D], pre-scaled
-  float* acc_s = q_s + kMaxGroup * D;         // [kMaxGroup][D]
-  float* p_s = acc_s + kMaxGroup * D;         // [kMaxGroup][kThreads]
-  float* red_s = p_s + kMaxGroup * kThreads;  // [kWarps][kMaxGroup]
-  float* m_s = red_s + kWarps * kMaxGroup;    // [kMaxGroup]
-  float* l_s = m_s + kMaxGroup;
-  float* alpha_s = l_s + kMaxGroup;
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int split = blockIdx.x;
   const int kvh = blockIdx.y / n_sub, sub = blockIdx.y % n_sub;
   const int qi = blockIdx.z;
   const int group = a.n_heads / a.n_kv_heads;
   const int g0 = sub * kMaxGroup;
   const int gn = min(kMaxGroup, group - g0);
   const int head0 = kvh * group + g0;
-
   const int pos = *a.pos0 + qi;
   const int lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
-  const int hi = pos + 1;
-  int chunk = (hi - lo + a.splits - 1) / a.splits;
-  if (a.splits > 1) chunk = max(chunk, kMinChunk);
-  const int my_lo = min(hi, lo + split * chunk);
-  const int my_hi = min(hi, my_lo + chunk);
-
-  const half* qrow = a.q + (static_cast<int64_t>(qi) * a.n_heads + head0) * D;
-  for (int i = tid; i < gn * D; i += kThreads) {
-    q_s[i] = __half2float(qrow[i]) * a.scale;
-    acc_s[i] = 0.0f;
-  }
-  if (tid < kMaxGroup) {
-    m_s[tid] = -FLT_MAX;
-    l_s[tid] = 0.0f;
-  }
-  __syncthreads();
-
-  const half* kbase = a.k_cache + static_cast<int64_t>(kvh) * a.max_seq * D;
-  const half* vbase = a.v_cache + static_cast<int64_t>(kvh) * a.max_seq * D;
-  for (int c0 = my_lo; c0 < my_hi; c0 += kThreads) {
-    const int j = c0 + tid;
-    const bool valid = j < my_hi;
-    float s[kMaxGroup];
-#pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) s[g] = 0.0f;
-    if (valid) {
-      const half* krow = kbase + static_cast<int64_t>(j) * D;
-      if ((D & 7) == 0) {
-        // All loads of up to 128 dims first, then the math: one memory round trip, not 16.
-        for (int base = 0; base < D; base += 128) {
-          uint4 raw[16];
-#pragma unroll
-          for (int u = 0; u < 16; ++u)
-            if (base + u * 8 < D) raw[u] = *reinterpret_cast<const uint4*>(krow + base + u * 8);
-#pragma unroll
-          for (int u = 0; u < 16; ++u) {
-            if (base + u * 8 >= D) break;
-            const half2* h2 = reinterpret_cast<const half2*>(&raw[u]);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const float2 kf = __half22float2(h2[e]);
-              const int d = base + u * 8 + 2 * e;
-#pragma unroll
-              for (int g = 0; g < kMaxGroup; ++g)
-                if (g < gn) s[g] += q_s[g * D + d] * kf.x + q_s[g * D + d + 1] * kf.y;
-            }
-          }
-        }
-      } else {
-        for (int d = 0; d < D; ++d) {
-          const float kf = __half2float(krow[d]);
-#pragma unroll
-          for (int g = 0; g < kMaxGroup; ++g)
-            if (g < gn) s[g] += q_s[g * D + d] * kf;
-        }
-      }
-    }
-    // Chunk maximum per head -> new running maximum and the rescale factor of the old sums.
-#pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
-      float v = valid ? s[g] : -FLT_MAX;
-      for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-      if (lane == 0) red_s[warp * kMaxGroup + g] = v;
-    }
-    __syncthreads();
-    if (tid < gn) {
-      float cm = red_s[tid];
-      for (int w = 1; w < kWarps; ++w) cm = fmaxf(cm, red_s[w * kMaxGroup + tid]);
-      const float m_new = fmaxf(m_s[tid], cm);
-      alpha_s[tid] = __expf(m_s[tid] - m_new);
-      m_s[tid] = m_new;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
-      const float p = (valid && g < gn) ? __expf(s[g] - m_s[g]) : 0.0f;
-      p_s[g * kThreads + tid] = p;
-      float v = p;
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0) red_s[warp * kMaxGroup + g] = v;
-    }
-    __syncthreads();
-    if (tid < gn) {
-      float sum = 0.0f;
-      for (int w = 0; w < kWarps; ++w) sum += red_s[w * kMaxGroup + tid];
-      l_s[tid] = l_s[tid] * alpha_s[tid] + sum;
-    }
-    const int cnt = min(kThreads, my_hi - c0);
-    const half* vchunk = vbase + static_cast<int64_t>(c0) * D;
-    if ((D & 1) == 0) {
-      const int pairs = D / 2;
-      for (int i = tid; i < gn * pairs; i += kThreads) {
-        const int g = i / pairs, d = 2 * (i % pairs);
-        float ax = acc_s[g * D + d] * alpha_s[g], ay = acc_s[g * D + d + 1] * alpha_s[g];
-        const float* pg = p_s + g * kThreads;
-#pragma unroll 16
-        for (int jj = 0; jj < cnt; ++jj) {
-          const float2 vf = __half22float2(*reinterpret_cast<const half2*>(vchunk + jj * D + d));
-          ax += pg[jj] * vf.x;
-          ay += pg[jj] * vf.y;
-        }
-        acc_s[g * D + d] = ax;
-        acc_s[g * D + d + 1] = ay;
-      }
-    } else {
-      for (int i = tid; i < gn * D; i += kThreads) {
-        const int g = i / D, d = i % D;
-        float acc = acc_s[i] * alpha_s[g];
-        const float* pg = p_s + g * kThreads;
-        for (int jj = 0; jj < cnt; ++jj) acc += pg[jj] * __half2float(vchunk[jj * D + d]);
-        acc_s[i] = acc;
-      }
-    }
-    __syncthreads();
-  }
-
-  if (a.splits == 1) {
-    half* orow = a.out + (static_cast<int64_t>(qi) * a.n_heads + head0) * D;
-    for (int i = tid; i < gn * D; i += kThreads) {
-      const float l = l_s[i / D];
-      orow[i] = __float2half(l > 0.0f ? acc_s[i] / l : 0.0f);
-    }
-  } else {
-    for (int i = tid; i < gn * (D + 2); i += kThreads) {
-      const int g = i / (D + 2), d = i % (D + 2);
-      float* part =
-          a.partial +
-          ((static_cast<int64_t>(qi) * a.n_heads + head0 + g) * a.splits + split) * (D + 2);
-      part[d] = d < D ? acc_s[g * D + d] : (d == D ? m_s[g] : l_s[g]);
-    }
-  }
-}
-
-// out = sum_s acc_s * e^(m_s - M) / sum_s l_s * e^(m_s - M), M the largest m_s.
-__global__ void combine_kernel(half* out, const float* partial, int splits, int dim) {
-  pdl_begin();
-  const int64_t qh = blockIdx.x;  // query * n_heads + head
-  const float* part = partial + qh * splits * (dim + 2);
-  float m_max = -FLT_MAX;
-  for (int s = 0; s < splits; ++s) m_max = fmaxf(m_max, part[s * (dim + 2) + dim]);
-  float l = 0.0f;
-  for (int s = 0; s < splits; ++s) {
-    const float* p = part + s * (dim + 2);
-    l += p[dim + 1] * __expf(p[dim] - m_max);
-  }
-  for (int d = threadIdx.x; d < dim; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-      const float* p = part + s * (dim + 2);
-      acc += p[d] * __expf(p[dim] - m_max);
-    }
-    out[qh * dim + d] = __float2half(l > 0.0f ? acc / l : 0.0f);
-  }
+  const int64_t first = static_cast<int64_t>(qi) * a.n_heads + head0;
+  const ContiguousKv kv{a.k_cache, a.v_cache, static_cast<int64_t>(kvh) * a.max_seq * D, D};
+  split_attend(kv, a.q + first * D, a.out + first * D,
+               a.splits > 1 ? a.partial + first * a.splits * (D + 2) : nullptr, D, gn, lo, pos + 1,
+               blockIdx.x, a.splits, a.scale);
 }
 
 }  // namespace
@@ -245,18 +84,13 @@ void attention(const AttentionArgs& a, cudaStream_t s) {
              a.n_kv_heads);
   const int group = a.n_heads / a.n_kv_heads;
   const int n_sub = (group + kMaxGroup - 1) / kMaxGroup;
-  const size_t smem = sizeof(float) * (2 * kMaxGroup * a.head_dim + kMaxGroup * kThreads +
-                                       kWarps * kMaxGroup + 3 * kMaxGroup);
+  const size_t smem = smem_bytes(a.head_dim);
   const dim3 grid(static_cast<unsigned>(a.splits), static_cast<unsigned>(a.n_kv_heads * n_sub),
                   static_cast<unsigned>(a.n_q));
   launch(attention_kernel, grid, kThreads, smem, s, a, n_sub);
   GYRE_CUDA_LAUNCHED();
-  if (a.splits > 1) {
-    const int threads = a.head_dim < 128 ? 32 * ((a.head_dim + 31) / 32) : 128;
-    launch(combine_kernel, static_cast<unsigned>(a.n_q * a.n_heads), threads, 0, s, a.out,
-           a.partial, a.splits, a.head_dim);
-    GYRE_CUDA_LAUNCHED();
-  }
+  if (a.splits > 1)
+    split_combine(a.out, a.partial, a.n_q, a.n_heads, a.head_dim, a.splits, nullptr, s);
 }
 
 }  // namespace gyre::cuda

@@ -19,6 +19,8 @@ struct QWeightDevice;
 
 namespace gyre::cuda {
 
+struct PagedStep;  // the device copy of a step's PagedBatch (cuda_paged.cc)
+
 // Linear weights packed by qlinear (cuda_qweights.cc).
 bool is_quantized_tensor(const Tensor& t);
 const QWeightDevice& qweight_of(const Tensor& t);
@@ -80,6 +82,17 @@ class CudaBackend final : public Backend {
                     const Tensor* bias) override;
   void matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_gate_up) override;
   void add(Tensor& x, const Tensor& y) override;
+  // On the GPU (cuda_sample.cc, sampling.cu); rows with penalties or typical_p go to the host
+  // reference. GYRE_CUDA_SAMPLE=0 in the environment sends every row there (for comparisons).
+  void sample(const Tensor& logits, const SampleRequest* requests, int n,
+              SampleResult* out) override;
+  // Batched serving over a paged KV cache (cuda_paged.cc).
+  std::unique_ptr<PagedKvCache> new_paged_kv_cache(int n_layers, int n_kv_heads, int head_dim,
+                                                   int num_pages, int page_size) override;
+  void copy_kv_page(PagedKvCache& cache, int src, int dst, int num_tokens) override;
+  void attention_paged(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
+                       PagedKvCache& cache, int layer, const PagedBatch& batch,
+                       const AttentionParams& p) override;
 
   // GYRE_CUDA_GRAPH=0 in the environment turns decode-step graphs off (for comparisons).
   bool graph_capable() const override { return graphs_enabled_; }
@@ -127,6 +140,8 @@ class CudaBackend final : public Backend {
   std::shared_ptr<void> fused_scratch_;  // GEMM output of a fused weight before its epilogue
   size_t fused_scratch_halves_ = 0;
   size_t to_host_floats_ = 0;
+  std::shared_ptr<void> sample_pinned_, sample_device_;  // per-row parameters, then results
+  int sample_rows_ = 0;
   cudaGraphExec_t graph_ = nullptr;
   const void* graph_owner_ = nullptr;
   bool capturing_ = false;
@@ -134,6 +149,7 @@ class CudaBackend final : public Backend {
   bool synthetic_ = false;
   uint64_t synthetic_seed_ = 0;
   size_t weight_bytes_ = 0, kv_bytes_ = 0, scratch_bytes_ = 0;
+  std::shared_ptr<PagedStep> paged_step_;
 };
 
 }  // namespace gyre::cuda

@@ -1,0 +1,224 @@
+// The split (flash-decoding) attention block shared by the contiguous cache (attention.cu) and
+// the paged cache (paged_attention.cu). One block: the query heads of one row that share one KV
+// head (GQA: each key and value is read once for the group), over its share [lo, hi) of the
+// keys, in chunks of kThreads keys with an online softmax (running max m, sum l, f32
+// accumulators in shared memory). It writes the normalised output (one split) or its partial
+// (acc, m, l) per head for split_combine_kernel.
+// Keys: one thread per key, its row's 16-byte loads all issued before the math, the scaled query
+// broadcast from shared memory. Values: each thread owns (head, dim pair) outputs, coalesced
+// across the row. Where the key rows live is the Kv policy's business:
+//   Kv::kContiguous          rows of consecutive keys are consecutive (row(j + 1) = row(j) + D)
+//   int64_t Kv::row(int j)   element offset of key j's row from kv.k (and of its value from kv.v)
+// A paged Kv stores each chunk's row offsets in shared memory for the value pass.
+#pragma once
+#include <cfloat>
+
+#include "backend/cuda/launch.h"
+
+namespace gyre::cuda::split_attn {
+
+constexpr int kThreads = 128;  // also keys per chunk
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxGroup = 8;
+// Smallest share of the context per split. Measured (ncu, H100, Llama-3-8B shape, 130 keys):
+// with 128-key shares one block did all the work of a decode step at short context, 58 us per
+// layer; smaller shares spread short contexts over several blocks.
+constexpr int kMinChunk = 32;
+constexpr int kMaxHeadDim = 256;
+
+inline size_t smem_bytes(int head_dim) {
+  return sizeof(long long) * kThreads +
+         sizeof(float) *
+             (2 * kMaxGroup * head_dim + kMaxGroup * kThreads + kWarps * kMaxGroup + 3 * kMaxGroup);
+}
+
+// Attends rows' query heads [head0, head0 + gn) (already at qrow / orow) over keys [lo, hi)
+// cut into `splits` shares; this block takes share `split`. part: the partials of head0,
+// (D + 2) floats per (head, split), heads `splits` shares apart.
+template <class Kv>
+__device__ __forceinline__ void split_attend(const Kv& kv, const half* qrow, half* orow,
+                                             float* part, int D, int gn, int lo, int hi, int split,
+                                             int splits, float scale) {
+  extern __shared__ float smem[];
+  long long* off_s = reinterpret_cast<long long*>(smem);  // [kThreads] row offsets (paged)
+  float* q_s = smem + 2 * kThreads;                       // [kMaxGroup][D], pre-scaled
+  float* acc_s = q_s + kMaxGroup * D;                     // [kMaxGroup][D]
+  float* p_s = acc_s + kMaxGroup * D;                     // [kMaxGroup][kThreads]
+  float* red_s = p_s + kMaxGroup * kThreads;              // [kWarps][kMaxGroup]
+  float* m_s = red_s + kWarps * kMaxGroup;                // [kMaxGroup]
+  float* l_s = m_s + kMaxGroup;
+  float* alpha_s = l_s + kMaxGroup;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int chunk = (hi - lo + splits - 1) / splits;
+  if (splits > 1) chunk = max(chunk, kMinChunk);
+  const int my_lo = min(hi, lo + split * chunk);
+  const int my_hi = min(hi, my_lo + chunk);
+
+  for (int i = tid; i < gn * D; i += kThreads) {
+    q_s[i] = __half2float(qrow[i]) * scale;
+    acc_s[i] = 0.0f;
+  }
+  if (tid < kMaxGroup) {
+    m_s[tid] = -FLT_MAX;
+    l_s[tid] = 0.0f;
+  }
+  __syncthreads();
+
+  for (int c0 = my_lo; c0 < my_hi; c0 += kThreads) {
+    const int j = c0 + tid;
+    const bool valid = j < my_hi;
+    float s[kMaxGroup];
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) s[g] = 0.0f;
+    if (valid) {
+      const int64_t off = kv.row(j);
+      if constexpr (!Kv::kContiguous) off_s[tid] = off;
+      const half* krow = kv.k + off;
+      if ((D & 7) == 0) {
+        // All loads of up to 128 dims first, then the math: one memory round trip, not 16.
+        for (int base = 0; base < D; base += 128) {
+          uint4 raw[16];
+#pragma unroll
+          for (int u = 0; u < 16; ++u)
+            if (base + u * 8 < D) raw[u] = *reinterpret_cast<const uint4*>(krow + base + u * 8);
+#pragma unroll
+          for (int u = 0; u < 16; ++u) {
+            if (base + u * 8 >= D) break;
+            const half2* h2 = reinterpret_cast<const half2*>(&raw[u]);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float2 kf = __half22float2(h2[e]);
+              const int d = base + u * 8 + 2 * e;
+#pragma unroll
+              for (int g = 0; g < kMaxGroup; ++g)
+                if (g < gn) s[g] += q_s[g * D + d] * kf.x + q_s[g * D + d + 1] * kf.y;
+            }
+          }
+        }
+      } else {
+        for (int d = 0; d < D; ++d) {
+          const float kf = __half2float(krow[d]);
+#pragma unroll
+          for (int g = 0; g < kMaxGroup; ++g)
+            if (g < gn) s[g] += q_s[g * D + d] * kf;
+        }
+      }
+    }
+    // Chunk maximum per head -> new running maximum and the rescale factor of the old sums.
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      float v = valid ? s[g] : -FLT_MAX;
+      for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+      if (lane == 0) red_s[warp * kMaxGroup + g] = v;
+    }
+    __syncthreads();
+    if (tid < gn) {
+      float cm = red_s[tid];
+      for (int w = 1; w < kWarps; ++w) cm = fmaxf(cm, red_s[w * kMaxGroup + tid]);
+      const float m_new = fmaxf(m_s[tid], cm);
+      alpha_s[tid] = __expf(m_s[tid] - m_new);
+      m_s[tid] = m_new;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      const float p = (valid && g < gn) ? __expf(s[g] - m_s[g]) : 0.0f;
+      p_s[g * kThreads + tid] = p;
+      float v = p;
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) red_s[warp * kMaxGroup + g] = v;
+    }
+    __syncthreads();
+    if (tid < gn) {
+      float sum = 0.0f;
+      for (int w = 0; w < kWarps; ++w) sum += red_s[w * kMaxGroup + tid];
+      l_s[tid] = l_s[tid] * alpha_s[tid] + sum;
+    }
+    const int cnt = min(kThreads, my_hi - c0);
+    // Row jj of the chunk's values: consecutive for a contiguous cache, else its stored offset.
+    const half* vchunk = kv.v + (Kv::kContiguous ? kv.row(c0) : 0);
+    auto vrow = [&](int jj) {
+      if constexpr (Kv::kContiguous)
+        return vchunk + static_cast<int64_t>(jj) * D;
+      else
+        return kv.v + off_s[jj];
+    };
+    if ((D & 1) == 0) {
+      const int pairs = D / 2;
+      for (int i = tid; i < gn * pairs; i += kThreads) {
+        const int g = i / pairs, d = 2 * (i % pairs);
+        float ax = acc_s[g * D + d] * alpha_s[g], ay = acc_s[g * D + d + 1] * alpha_s[g];
+        const float* pg = p_s + g * kThreads;
+#pragma unroll 16
+        for (int jj = 0; jj < cnt; ++jj) {
+          const float2 vf = __half22float2(*reinterpret_cast<const half2*>(vrow(jj) + d));
+          ax += pg[jj] * vf.x;
+          ay += pg[jj] * vf.y;
+        }
+        acc_s[g * D + d] = ax;
+        acc_s[g * D + d + 1] = ay;
+      }
+    } else {
+      for (int i = tid; i < gn * D; i += kThreads) {
+        const int g = i / D, d = i % D;
+        float acc = acc_s[i] * alpha_s[g];
+        const float* pg = p_s + g * kThreads;
+        for (int jj = 0; jj < cnt; ++jj) acc += pg[jj] * __half2float(vrow(jj)[d]);
+        acc_s[i] = acc;
+      }
+    }
+    __syncthreads();
+  }
+
+  if (splits == 1) {
+    for (int i = tid; i < gn * D; i += kThreads) {
+      const float l = l_s[i / D];
+      orow[i] = __float2half(l > 0.0f ? acc_s[i] / l : 0.0f);
+    }
+  } else {
+    for (int i = tid; i < gn * (D + 2); i += kThreads) {
+      const int g = i / (D + 2), d = i % (D + 2);
+      float* p = part + (static_cast<int64_t>(g) * splits + split) * (D + 2);
+      p[d] = d < D ? acc_s[g * D + d] : (d == D ? m_s[g] : l_s[g]);
+    }
+  }
+}
+
+// One block per (query index, head): out = sum_s acc_s * e^(m_s - M) / sum_s l_s * e^(m_s - M),
+// M the largest m_s. Query index qi writes row rows[qi] of out (qi itself when rows is null).
+// Internal linkage: each .cu file that includes this gets its own copy.
+static __global__ void split_combine_kernel(half* out, const float* partial, int splits, int dim,
+                                            int n_heads, const int32_t* rows) {
+  pdl_begin();
+  const int64_t qh = blockIdx.x;  // query index * n_heads + head
+  const int64_t qi = qh / n_heads, head = qh % n_heads;
+  const int64_t row = rows ? rows[qi] : qi;
+  const float* part = partial + qh * splits * (dim + 2);
+  float m_max = -FLT_MAX;
+  for (int s = 0; s < splits; ++s) m_max = fmaxf(m_max, part[s * (dim + 2) + dim]);
+  float l = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    const float* p = part + s * (dim + 2);
+    l += p[dim + 1] * __expf(p[dim] - m_max);
+  }
+  half* dst = out + (row * n_heads + head) * dim;
+  for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      const float* p = part + s * (dim + 2);
+      acc += p[d] * __expf(p[dim] - m_max);
+    }
+    dst[d] = __float2half(l > 0.0f ? acc / l : 0.0f);
+  }
+}
+
+inline void split_combine(half* out, const float* partial, int n_q, int n_heads, int dim,
+                          int splits, const int32_t* rows, cudaStream_t s) {
+  const int threads = dim < 128 ? 32 * ((dim + 31) / 32) : 128;
+  launch(split_combine_kernel, static_cast<unsigned>(n_q * n_heads), threads, 0, s, out, partial,
+         splits, dim, n_heads, rows);
+  GYRE_CUDA_LAUNCHED();
+}
+
+}  // namespace gyre::cuda::split_attn

@@ -1,0 +1,294 @@
+// The CUDA backend's batched-serving ops: the paged KV cache, page copies (copy-on-write of a
+// shared prefix), and attention_paged. A step's PagedBatch is checked and uploaded once (one
+// pinned copy of every array, at the first layer of a new generation); the other layers reuse it.
+// Rows are routed here: prefill chunks of >= kTileMinRows consecutive positions go to the
+// tensor-core tile kernel (where the head dim has one), every other row to the split kernel.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend_impl.h"
+#include "backend/cuda/cuda_buffers.h"
+#include "backend/cuda/paged_attention.h"
+
+namespace gyre::cuda {
+
+namespace {
+
+// Below this many rows a sequence's rows keep more blocks busy in the split kernel (the
+// single-sequence path switches at the same count).
+constexpr int kTileMinRows = 16;
+
+class CudaPagedKvCache final : public PagedKvCache {
+ public:
+  CudaPagedKvCache(int n_layers, int n_kv_heads, int head_dim, int num_pages, int page_size)
+      : n_layers(n_layers),
+        n_kv_heads(n_kv_heads),
+        head_dim(head_dim),
+        num_pages_(num_pages),
+        page_size_(page_size) {
+    GYRE_CHECK(n_layers > 0 && n_kv_heads > 0 && head_dim > 0 && num_pages > 0 && page_size > 0,
+               "paged KV cache sizes must be positive, got ", n_layers, " layers, ", n_kv_heads,
+               " heads of ", head_dim, ", ", num_pages, " pages of ", page_size);
+    page_halves_ = static_cast<size_t>(n_kv_heads) * page_size * head_dim;
+    const double bytes = 4.0 * n_layers * static_cast<double>(page_halves_) * num_pages;
+    GYRE_CHECK(bytes < 1e15, "paged KV cache of ", bytes, " bytes is too large");
+    bytes_ = 2 * sizeof(half) * static_cast<size_t>(n_layers) * page_halves_ * num_pages;
+    data_ = device_alloc(bytes_, "the paged KV cache (" + std::to_string(num_pages) + " pages of " +
+                                     std::to_string(page_size) + " tokens)");
+  }
+  int num_pages() const override { return num_pages_; }
+  int page_size() const override { return page_size_; }
+  size_t bytes() const override { return bytes_; }
+  // Layer `layer`'s keys (kv 0) or values (kv 1): [page][kv_head][slot][head_dim].
+  half* plane(int layer, int kv) const {
+    return static_cast<half*>(data_.get()) +
+           (2 * static_cast<size_t>(layer) + kv) * page_halves_ * num_pages_;
+  }
+  size_t page_halves() const { return page_halves_; }
+
+  const int n_layers, n_kv_heads, head_dim;
+
+ private:
+  int num_pages_, page_size_;
+  size_t page_halves_ = 0, bytes_ = 0;
+  std::shared_ptr<void> data_;
+};
+
+CudaPagedKvCache& cuda_cache(PagedKvCache& cache) {
+  auto* c = dynamic_cast<CudaPagedKvCache*>(&cache);
+  GYRE_CHECK(c != nullptr, "paged attention: the KV cache was not made by the CUDA backend");
+  return *c;
+}
+
+// The same checks as the CPU backend's: a bad plan must not scribble over other pages (the
+// kernels trust slots and page tables). Returns the sequence of every row.
+std::vector<int32_t> check_batch(const CudaPagedKvCache& c, const PagedBatch& b) {
+  GYRE_CHECK(b.rows >= 0 && b.seqs >= 0 && b.max_pages >= 0, "paged attention: negative sizes");
+  GYRE_CHECK(b.seqs == 0 || (b.seq_starts && b.context_lens && b.page_tables),
+             "paged attention: missing batch arrays");
+  GYRE_CHECK(b.rows == 0 || (b.positions && b.slots), "paged attention: missing row arrays");
+  GYRE_CHECK(b.seqs > 0 || b.rows == 0, "paged attention: rows without sequences");
+  const int ps = c.page_size();
+  std::vector<int32_t> row_seq(static_cast<size_t>(b.rows));
+  if (b.seqs > 0)
+    GYRE_CHECK(b.seq_starts[0] == 0 && b.seq_starts[b.seqs] == b.rows,
+               "paged attention: sequence rows do not cover the ", b.rows, " rows");
+  for (int s = 0; s < b.seqs; ++s) {
+    const int r0 = b.seq_starts[s], r1 = b.seq_starts[s + 1];
+    const int ctx = b.context_lens[s];
+    GYRE_CHECK(r0 <= r1, "paged attention: sequence ", s, " has decreasing row bounds");
+    GYRE_CHECK(ctx >= 0 && int64_t{ctx} <= int64_t{b.max_pages} * ps, "paged attention: context ",
+               ctx, " of sequence ", s, " exceeds its ", b.max_pages, " pages");
+    const int32_t* table = b.page_tables + static_cast<size_t>(s) * b.max_pages;
+    for (int i = 0; i < (ctx + ps - 1) / ps; ++i)
+      GYRE_CHECK(table[i] >= 0 && table[i] < c.num_pages(), "paged attention: page ", table[i],
+                 " of sequence ", s, " is outside the pool of ", c.num_pages());
+    for (int r = r0; r < r1; ++r) {
+      const int pos = b.positions[r];
+      GYRE_CHECK(pos >= 0 && pos < ctx, "paged attention: row ", r, " at position ", pos,
+                 " is outside its context of ", ctx);
+      GYRE_CHECK(b.slots[r] == int64_t{table[pos / ps]} * ps + pos % ps, "paged attention: row ", r,
+                 " writes slot ", b.slots[r], ", not its page table's slot for position ", pos);
+      row_seq[static_cast<size_t>(r)] = s;
+    }
+  }
+  return row_seq;
+}
+
+}  // namespace
+
+// The device copy of one step's batch: one allocation, one pinned copy per generation.
+struct PagedStep {
+  PagedStep() { GYRE_CUDA_CHECK(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming)); }
+  ~PagedStep() { (void)cudaEventDestroy(copied); }
+  PagedStep(const PagedStep&) = delete;
+  PagedStep& operator=(const PagedStep&) = delete;
+
+  bool valid = false;
+  uint64_t generation = 0;
+  const PagedKvCache* cache = nullptr;
+  int rows = 0, seqs = 0, max_pages = 0;
+  std::shared_ptr<void> pinned, device;
+  size_t capacity = 0;
+  cudaEvent_t copied = nullptr;  // the last copy out of `pinned`
+  const int64_t* slots = nullptr;
+  const int32_t *positions = nullptr, *row_seq = nullptr, *page_tables = nullptr;
+  const int32_t *split_rows = nullptr, *tiles = nullptr;
+  int n_split_rows = 0, n_tiles = 0;
+  int max_split_span = 1;  // longest key range of a split row (sets the split count)
+};
+
+namespace {
+
+// Checks the batch, routes its rows, and copies everything the kernels read in one transfer.
+void upload_step(PagedStep& st, const CudaPagedKvCache& c, const PagedBatch& b, int head_dim,
+                 int window, cudaStream_t stream) {
+  const std::vector<int32_t> row_seq = check_batch(c, b);
+  std::vector<int32_t> split_rows, tiles;
+  st.max_split_span = 1;
+  const bool tiled = paged_tiles_supported(head_dim);
+  for (int s = 0; s < b.seqs; ++s) {
+    const int r0 = b.seq_starts[s], r1 = b.seq_starts[s + 1];
+    bool consecutive = tiled && r1 - r0 >= kTileMinRows;
+    for (int r = r0 + 1; consecutive && r < r1; ++r)
+      consecutive = b.positions[r] == b.positions[r - 1] + 1;
+    if (consecutive) {
+      for (int r = r0; r < r1; r += kPagedTileRows)
+        tiles.insert(tiles.end(), {r, std::min(kPagedTileRows, r1 - r), s});
+      continue;
+    }
+    for (int r = r0; r < r1; ++r) {
+      split_rows.push_back(r);
+      const int span = window > 0 ? std::min(window, b.positions[r] + 1) : b.positions[r] + 1;
+      st.max_split_span = std::max(st.max_split_span, span);
+    }
+  }
+  const size_t rows = static_cast<size_t>(b.rows);
+  const size_t table_ints = static_cast<size_t>(b.seqs) * static_cast<size_t>(b.max_pages);
+  const size_t ints = 2 * rows + table_ints + split_rows.size() + tiles.size();
+  const size_t bytes = rows * sizeof(int64_t) + ints * sizeof(int32_t);
+  // The previous step's copy must be done before the pinned buffer is overwritten.
+  GYRE_CUDA_CHECK(cudaEventSynchronize(st.copied));
+  if (bytes > st.capacity) {
+    const size_t cap = std::max(bytes, 2 * st.capacity);
+    GYRE_CUDA_CHECK(cudaStreamSynchronize(stream));  // kernels may still read the old buffer
+    st.pinned = pinned_alloc(cap, "the batch plan of a serving step");
+    st.device = device_alloc(cap, "the batch plan of a serving step");
+    st.capacity = cap;
+  }
+  auto* host = static_cast<uint8_t*>(st.pinned.get());
+  auto* dev = static_cast<uint8_t*>(st.device.get());
+  size_t at = 0;
+  auto put = [&](const void* src, size_t n) {
+    if (n > 0) std::memcpy(host + at, src, n);
+    const uint8_t* where = dev + at;
+    at += n;
+    return where;
+  };
+  st.slots = reinterpret_cast<const int64_t*>(put(b.slots, rows * sizeof(int64_t)));
+  st.positions = reinterpret_cast<const int32_t*>(put(b.positions, rows * 4));
+  st.row_seq = reinterpret_cast<const int32_t*>(put(row_seq.data(), rows * 4));
+  st.page_tables = reinterpret_cast<const int32_t*>(put(b.page_tables, table_ints * 4));
+  st.split_rows = reinterpret_cast<const int32_t*>(put(split_rows.data(), split_rows.size() * 4));
+  st.tiles = reinterpret_cast<const int32_t*>(put(tiles.data(), tiles.size() * 4));
+  if (bytes > 0) {
+    GYRE_CUDA_CHECK(
+        cudaMemcpyAsync(st.device.get(), st.pinned.get(), bytes, cudaMemcpyHostToDevice, stream));
+    GYRE_CUDA_CHECK(cudaEventRecord(st.copied, stream));
+  }
+  st.n_split_rows = static_cast<int>(split_rows.size());
+  st.n_tiles = static_cast<int>(tiles.size() / 3);
+  st.rows = b.rows;
+  st.seqs = b.seqs;
+  st.max_pages = b.max_pages;
+  st.generation = b.generation;
+  st.cache = &c;
+  st.valid = true;
+}
+
+}  // namespace
+
+std::unique_ptr<PagedKvCache> CudaBackend::new_paged_kv_cache(int n_layers, int n_kv_heads,
+                                                              int head_dim, int num_pages,
+                                                              int page_size) {
+  drop_graph();
+  auto cache =
+      std::make_unique<CudaPagedKvCache>(n_layers, n_kv_heads, head_dim, num_pages, page_size);
+  kv_bytes_ += cache->bytes();
+  const CudaMemoryReport m = memory_report();
+  std::fprintf(stderr,
+               "gyre: %s: weights %.1f MiB, paged KV cache %.1f MiB (%d pages of %d tokens, f16), "
+               "%.1f MiB free of %.1f MiB\n",
+               name_.c_str(), mib(m.weights), mib(cache->bytes()), num_pages, page_size,
+               mib(m.free), mib(m.total));
+  return cache;
+}
+
+void CudaBackend::copy_kv_page(PagedKvCache& cache, int src, int dst, int num_tokens) {
+  CudaPagedKvCache& c = cuda_cache(cache);
+  GYRE_CHECK(src >= 0 && src < c.num_pages() && dst >= 0 && dst < c.num_pages() && src != dst,
+             "copy_kv_page: pages ", src, " -> ", dst, " are not two pages of ", c.num_pages());
+  GYRE_CHECK(num_tokens >= 0 && num_tokens <= c.page_size(), "copy_kv_page: ", num_tokens,
+             " tokens do not fit a page of ", c.page_size());
+  if (num_tokens == 0) return;
+  // Per head, the first num_tokens slots: rows of one 2-D copy per layer and kind.
+  const size_t pitch = static_cast<size_t>(c.page_size()) * c.head_dim * sizeof(half);
+  const size_t width = static_cast<size_t>(num_tokens) * c.head_dim * sizeof(half);
+  for (int layer = 0; layer < c.n_layers; ++layer)
+    for (int kv = 0; kv < 2; ++kv) {
+      half* plane = c.plane(layer, kv);
+      GYRE_CUDA_CHECK(cudaMemcpy2DAsync(plane + static_cast<size_t>(dst) * c.page_halves(), pitch,
+                                        plane + static_cast<size_t>(src) * c.page_halves(), pitch,
+                                        width, static_cast<size_t>(c.n_kv_heads),
+                                        cudaMemcpyDeviceToDevice, stream_));
+    }
+}
+
+void CudaBackend::attention_paged(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  PagedKvCache& cache, int layer, const PagedBatch& batch,
+                                  const AttentionParams& p) {
+  CudaPagedKvCache& c = cuda_cache(cache);
+  GYRE_CHECK(!capturing_, "internal: paged attention while capturing a CUDA graph");
+  GYRE_CHECK(p.n_heads > 0 && p.n_kv_heads > 0 && p.n_heads % p.n_kv_heads == 0,
+             "paged attention: ", p.n_heads, " query heads cannot share ", p.n_kv_heads,
+             " KV heads");
+  GYRE_CHECK(p.n_kv_heads == c.n_kv_heads && p.head_dim == c.head_dim,
+             "paged attention: ", p.n_kv_heads, " KV heads of ", p.head_dim,
+             " do not match the cache's ", c.n_kv_heads, " of ", c.head_dim);
+  GYRE_CHECK(layer >= 0 && layer < c.n_layers, "paged attention: layer ", layer, " out of ",
+             c.n_layers);
+  const int64_t n = batch.rows;
+  const int64_t q_cols = static_cast<int64_t>(p.n_heads) * p.head_dim;
+  const int64_t kv_cols = static_cast<int64_t>(p.n_kv_heads) * p.head_dim;
+  for (const Tensor* t : {static_cast<const Tensor*>(&out), &q, &k, &v})
+    GYRE_CHECK(t->dtype == DType::F16 && t->rows == n, "paged attention: inputs must be F16 with ",
+               n, " rows");
+  GYRE_CHECK(q.cols == q_cols && out.cols == q_cols && k.cols == kv_cols && v.cols == kv_cols,
+             "paged attention: q/out need ", q_cols, " columns and k/v ", kv_cols);
+
+  if (!paged_step_) paged_step_ = std::make_shared<PagedStep>();
+  PagedStep& st = *paged_step_;
+  if (!st.valid || st.generation != batch.generation || st.cache != &cache ||
+      st.rows != batch.rows || st.seqs != batch.seqs || st.max_pages != batch.max_pages)
+    upload_step(st, c, batch, p.head_dim, p.sliding_window, stream_);
+  if (n == 0) return;
+
+  paged_kv_store(c.plane(layer, 0), c.plane(layer, 1), static_cast<const half*>(k.data),
+                 static_cast<const half*>(v.data), st.slots, static_cast<int>(n), p.n_kv_heads,
+                 p.head_dim, c.page_size(), stream_);
+
+  PagedAttentionArgs a;
+  a.q = static_cast<const half*>(q.data);
+  a.out = static_cast<half*>(out.data);
+  a.k_cache = c.plane(layer, 0);
+  a.v_cache = c.plane(layer, 1);
+  a.positions = st.positions;
+  a.row_seq = st.row_seq;
+  a.page_tables = st.page_tables;
+  a.max_pages = st.max_pages;
+  a.page_size = c.page_size();
+  a.n_heads = p.n_heads;
+  a.n_kv_heads = p.n_kv_heads;
+  a.head_dim = p.head_dim;
+  a.window = p.sliding_window;
+  a.scale = p.scale;
+  a.split_rows = st.split_rows;
+  a.n_split_rows = st.n_split_rows;
+  a.tiles = st.tiles;
+  a.n_tiles = st.n_tiles;
+  // Enough blocks to fill the GPU a few times over, each share >= 32 keys.
+  const int group_blocks = p.n_kv_heads * ((p.n_heads / p.n_kv_heads + 7) / 8);
+  const int blocks = std::max(1, st.n_split_rows * group_blocks);
+  const int max_useful = std::max(1, (st.max_split_span + 31) / 32);
+  a.splits = blocks >= 2 * sm_count_
+                 ? 1
+                 : std::min({128, max_useful, (4 * sm_count_ + blocks - 1) / blocks});
+  if (a.splits > 1)
+    a.partial = workspace(paged_workspace_floats(st.n_split_rows, p.n_heads, p.head_dim, a.splits));
+  paged_attention(a, stream_);
+}
+
+}  // namespace gyre::cuda

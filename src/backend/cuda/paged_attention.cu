@@ -1,0 +1,162 @@
+// Attention over the paged FP16 KV cache (serving steps of ragged sequences):
+//   - decode rows (and any row without a tile kernel): the split (flash-decoding) block of
+//     attention_split.cuh, grid (split, kv head [x sub-group of <= 8 query heads], listed row),
+//     then the shared combine kernel when the context is split;
+//   - rows of prefill chunks: the tensor-core tile of attention_flash.cuh (head dims 64/80/96/
+//     128), grid (tile of <= 64 consecutive rows of one sequence, query head).
+// Both read keys through the sequence's page table: the PagedKv policy maps a position to its
+// page and slot. The step's rows were stored at their slots beforehand (paged_kv_store), so
+// later rows of a prefill chunk see the earlier ones.
+#include "backend/cuda/attention_flash.cuh"
+#include "backend/cuda/attention_split.cuh"
+#include "backend/cuda/paged_attention.h"
+
+namespace gyre::cuda {
+
+namespace {
+
+// Rows of one KV head's keys (or values) of one sequence: [page][kv_head][slot][D] per layer.
+struct PagedKv {
+  static constexpr bool kContiguous = false;
+  const half *k, *v;
+  const int32_t* table;  // the sequence's pages
+  int page_size, n_kv_heads, kv_head, D;
+  __device__ int64_t row(int j) const {
+    const int64_t page = table[j / page_size];
+    return ((page * n_kv_heads + kv_head) * page_size + j % page_size) * D;
+  }
+};
+
+__device__ PagedKv paged_kv(const PagedAttentionArgs& a, int seq, int kv_head) {
+  return PagedKv{a.k_cache,   a.v_cache,    a.page_tables + static_cast<int64_t>(seq) * a.max_pages,
+                 a.page_size, a.n_kv_heads, kv_head,
+                 a.head_dim};
+}
+
+__global__ void paged_store_kernel(half* k_cache, half* v_cache, const half* k, const half* v,
+                                   const int64_t* slots, int rows, int n_kv, int dim,
+                                   int page_size) {
+  pdl_begin();
+  const int64_t total = static_cast<int64_t>(rows) * n_kv * dim;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int d = static_cast<int>(i % dim);
+    const int h = static_cast<int>((i / dim) % n_kv);
+    const int r = static_cast<int>(i / (static_cast<int64_t>(dim) * n_kv));
+    const int64_t slot = slots[r];
+    const int64_t page = slot / page_size, offset = slot % page_size;
+    const int64_t dst = ((page * n_kv + h) * page_size + offset) * dim + d;
+    k_cache[dst] = k[i];
+    v_cache[dst] = v[i];
+  }
+}
+
+__global__ void __launch_bounds__(split_attn::kThreads)
+    paged_split_kernel(PagedAttentionArgs a, int n_sub) {
+  pdl_begin();
+  using split_attn::kMaxGroup;
+  const int D = a.head_dim;
+  const int kvh = blockIdx.y / n_sub, sub = blockIdx.y % n_sub;
+  const int listed = blockIdx.z;
+  const int row = a.split_rows[listed];
+  const int group = a.n_heads / a.n_kv_heads;
+  const int g0 = sub * kMaxGroup;
+  const int gn = min(kMaxGroup, group - g0);
+  const int head0 = kvh * group + g0;
+  const int pos = a.positions[row];
+  const int lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
+  const int64_t first = static_cast<int64_t>(row) * a.n_heads + head0;
+  float* part = a.splits > 1 ? a.partial + (static_cast<int64_t>(listed) * a.n_heads + head0) *
+                                               a.splits * (D + 2)
+                             : nullptr;
+  split_attn::split_attend(paged_kv(a, a.row_seq[row], kvh), a.q + first * D, a.out + first * D,
+                           part, D, gn, lo, pos + 1, blockIdx.x, a.splits, a.scale);
+}
+
+template <int D>
+__global__ void __launch_bounds__(flash_attn::kThreads) paged_flash_kernel(PagedAttentionArgs a) {
+  pdl_begin();
+  const int* tile = a.tiles + 3 * blockIdx.x;
+  const int row0 = tile[0], rows = tile[1], seq = tile[2];
+  const int head = blockIdx.y, kvh = head / (a.n_heads / a.n_kv_heads);
+  const int64_t row_stride = static_cast<int64_t>(a.n_heads) * D;
+  const int64_t first = row0 * row_stride + head * D;
+  flash_attn::flash_tile<D>(paged_kv(a, seq, kvh), a.q + first, a.out + first, row_stride, rows,
+                            a.positions[row0], a.window, a.scale);
+}
+
+template <int D>
+void launch_paged_flash(const PagedAttentionArgs& a, cudaStream_t s) {
+  const size_t bytes = flash_attn::Smem<D>::bytes;
+  static bool configured = false;  // the attribute is per function; setting it once is enough
+  if (!configured) {
+    GYRE_CUDA_CHECK(cudaFuncSetAttribute(paged_flash_kernel<D>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(bytes)));
+    configured = true;
+  }
+  const dim3 grid(static_cast<unsigned>(a.n_tiles), static_cast<unsigned>(a.n_heads));
+  launch(paged_flash_kernel<D>, grid, flash_attn::kThreads, bytes, s, a);
+  GYRE_CUDA_LAUNCHED();
+}
+
+}  // namespace
+
+bool paged_tiles_supported(int head_dim) {
+  return head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128;
+}
+
+size_t paged_workspace_floats(int n_split_rows, int n_heads, int head_dim, int splits) {
+  return splits <= 1 ? 0 : static_cast<size_t>(n_split_rows) * n_heads * splits * (head_dim + 2);
+}
+
+void paged_kv_store(half* k_cache, half* v_cache, const half* k, const half* v,
+                    const int64_t* slots, int rows, int n_kv_heads, int head_dim, int page_size,
+                    cudaStream_t s) {
+  const int64_t total = static_cast<int64_t>(rows) * n_kv_heads * head_dim;
+  if (total == 0) return;
+  const int64_t blocks = (total + 255) / 256;
+  launch(paged_store_kernel, static_cast<unsigned>(blocks < 65536 ? blocks : 65536), 256, 0, s,
+         k_cache, v_cache, k, v, slots, rows, n_kv_heads, head_dim, page_size);
+  GYRE_CUDA_LAUNCHED();
+}
+
+void paged_attention(const PagedAttentionArgs& a, cudaStream_t s) {
+  using namespace split_attn;
+  GYRE_CHECK(a.head_dim > 0 && a.head_dim <= kMaxHeadDim,
+             "CUDA paged attention supports head_dim up to ", kMaxHeadDim, ", got ", a.head_dim);
+  GYRE_CHECK(a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0, "bad head counts ", a.n_heads, "/",
+             a.n_kv_heads);
+  GYRE_CHECK(a.n_split_rows <= 65535, "CUDA paged attention: ", a.n_split_rows,
+             " decode rows exceed one launch");
+  if (a.n_tiles > 0) {
+    switch (a.head_dim) {
+      case 64:
+        launch_paged_flash<64>(a, s);
+        break;
+      case 80:
+        launch_paged_flash<80>(a, s);
+        break;
+      case 96:
+        launch_paged_flash<96>(a, s);
+        break;
+      case 128:
+        launch_paged_flash<128>(a, s);
+        break;
+      default:
+        fail("paged attention: no tile kernel for head_dim ", a.head_dim);
+    }
+  }
+  if (a.n_split_rows == 0) return;
+  const int group = a.n_heads / a.n_kv_heads;
+  const int n_sub = (group + kMaxGroup - 1) / kMaxGroup;
+  const dim3 grid(static_cast<unsigned>(a.splits), static_cast<unsigned>(a.n_kv_heads * n_sub),
+                  static_cast<unsigned>(a.n_split_rows));
+  launch(paged_split_kernel, grid, kThreads, smem_bytes(a.head_dim), s, a, n_sub);
+  GYRE_CUDA_LAUNCHED();
+  if (a.splits > 1)
+    split_combine(a.out, a.partial, a.n_split_rows, a.n_heads, a.head_dim, a.splits, a.split_rows,
+                  s);
+}
+
+}  // namespace gyre::cuda

@@ -1,0 +1,41 @@
+// Kernels of the CUDA backend's paged KV cache (serving): the store of a step's keys and values
+// at their slots, and attention over ragged sequences read through their page tables.
+// Layout of one layer's keys (values likewise): [page][kv_head][slot][head_dim] FP16, so one
+// head's keys in a page are contiguous and a page of one layer is one block.
+#pragma once
+#include "backend/cuda/cuda_common.h"
+
+namespace gyre::cuda {
+
+struct PagedAttentionArgs {
+  const half* q = nullptr;  // [rows, n_heads * head_dim]
+  half* out = nullptr;
+  const half* k_cache = nullptr;  // this layer's keys
+  const half* v_cache = nullptr;
+  const int32_t* positions = nullptr;    // [rows] (device)
+  const int32_t* row_seq = nullptr;      // [rows] sequence of each row
+  const int32_t* page_tables = nullptr;  // [seqs][max_pages]
+  int max_pages = 0, page_size = 0;
+  int n_heads = 0, n_kv_heads = 0, head_dim = 0, window = 0;
+  float scale = 0.0f;
+  // Rows attended by the split kernel (decode rows, and every row without a tile kernel).
+  const int32_t* split_rows = nullptr;
+  int n_split_rows = 0, splits = 1;
+  float* partial = nullptr;  // paged_workspace_floats()
+  // Prefill tiles for the tensor-core kernel: [n_tiles][3] = first row, rows (<= 64), sequence;
+  // a tile's rows have consecutive positions starting at positions[first row].
+  const int32_t* tiles = nullptr;
+  int n_tiles = 0;
+};
+
+constexpr int kPagedTileRows = 64;
+bool paged_tiles_supported(int head_dim);  // head dims of the tensor-core tile kernel
+size_t paged_workspace_floats(int n_split_rows, int n_heads, int head_dim, int splits);
+
+// k, v [rows, n_kv_heads * head_dim] to slot slots[r] (= page * page_size + offset).
+void paged_kv_store(half* k_cache, half* v_cache, const half* k, const half* v,
+                    const int64_t* slots, int rows, int n_kv_heads, int head_dim, int page_size,
+                    cudaStream_t s);
+void paged_attention(const PagedAttentionArgs& a, cudaStream_t s);
+
+}  // namespace gyre::cuda

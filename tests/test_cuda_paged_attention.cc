@@ -1,0 +1,340 @@
+// The CUDA backend's paged KV cache and batched attention against the CPU backend's (the
+// reference, itself checked against float64 attention in test_cpu_paged_attention.cc), on random
+// FP16-exact inputs: ragged steps mixing prefill chunks (tile kernel) and decode rows (split
+// kernel), page sizes 16 and others, GQA ratios, head dims 8/64/80/96/128, sliding windows and
+// contexts of several thousand positions; copy_kv_page; and the Engine on the CUDA backend with
+// stories260K against the single-sequence generators. Skipped when no GPU is present.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
+#include "core/half.h"
+#include "engine/engine.h"
+#include "engine/generator.h"
+#include "engine/transformer.h"
+#include "model/loader.h"
+#ifdef GYRE_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace gyre {
+namespace {
+
+#ifdef GYRE_HAVE_CUDA
+bool have_gpu() {
+  return cuda_device_count() > 0;
+}
+std::unique_ptr<Backend> cuda_backend() {
+  return make_cuda_backend(0, BackendOptions{});
+}
+#else
+bool have_gpu() {
+  return false;
+}
+std::unique_ptr<Backend> cuda_backend() {
+  return nullptr;
+}
+#endif
+
+#define SKIP_WITHOUT_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or built without CUDA)"
+
+// Random values already rounded to FP16, so both backends start from identical inputs.
+std::vector<float> random_f16(size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = f16_to_f32(f32_to_f16(u(rng)));
+  return v;
+}
+
+// One activation on both backends (the CPU backend may keep the host data: the pair owns it).
+struct Pair {
+  Tensor cpu, gpu;
+  std::shared_ptr<std::vector<float>> data;
+};
+Pair upload(Backend& cpu, Backend& gpu, std::vector<float> values, int64_t rows, int64_t cols) {
+  auto v = std::make_shared<std::vector<float>>(std::move(values));
+  TensorView t;
+  t.name = "test";
+  t.dtype = DType::F32;
+  t.shape = {rows, cols};
+  t.data = v->data();
+  t.nbytes = v->size() * sizeof(float);
+  return {cpu.upload_weight(t), gpu.upload_weight(t), v};
+}
+
+std::vector<float> host(Backend& b, const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.rows * t.cols));
+  b.to_host(t, v.data());
+  return v;
+}
+
+double rel_error(const std::vector<float>& gpu, const std::vector<float>& cpu) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    if (!std::isfinite(gpu[i])) return INFINITY;
+    num += (gpu[i] - cpu[i]) * static_cast<double>(gpu[i] - cpu[i]);
+    den += static_cast<double>(cpu[i]) * cpu[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+struct Shape {
+  int n_heads, n_kv_heads, head_dim, page_size, window;
+};
+
+// A sequence of the test: `history` positions already cached, then `rows` new ones this step.
+struct Seq {
+  int history, rows;
+  std::vector<int32_t> pages;
+};
+
+// Runs the same steps on both backends and compares every output.
+class PagedPair {
+ public:
+  PagedPair(Backend& cpu, Backend& gpu, const Shape& s, int layers, int num_pages)
+      : cpu_(cpu), gpu_(gpu), s_(s) {
+    kc_ = cpu.new_paged_kv_cache(layers, s.n_kv_heads, s.head_dim, num_pages, s.page_size);
+    kg_ = gpu.new_paged_kv_cache(layers, s.n_kv_heads, s.head_dim, num_pages, s.page_size);
+  }
+  // Positions [first[i], first[i] + rows[i]) of each sequence, attended with `window`; returns
+  // the relative error of the GPU output.
+  double step(const std::vector<Seq>& seqs, const std::vector<int>& first,
+              const std::vector<int>& rows, int layer, int window, uint64_t generation,
+              std::mt19937& rng) {
+    std::vector<int32_t> positions, seq_starts{0}, context_lens, tables;
+    std::vector<int64_t> slots;
+    int max_pages = 0;
+    for (const Seq& q : seqs) max_pages = std::max(max_pages, static_cast<int>(q.pages.size()));
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      for (int r = 0; r < rows[i]; ++r) {
+        const int pos = first[i] + r;
+        positions.push_back(pos);
+        slots.push_back(int64_t{seqs[i].pages[size_t(pos / s_.page_size)]} * s_.page_size +
+                        pos % s_.page_size);
+      }
+      seq_starts.push_back(static_cast<int32_t>(positions.size()));
+      context_lens.push_back(first[i] + rows[i]);
+      std::vector<int32_t> t = seqs[i].pages;
+      t.resize(size_t(max_pages), -1);
+      tables.insert(tables.end(), t.begin(), t.end());
+    }
+    PagedBatch b;
+    b.rows = static_cast<int>(positions.size());
+    b.seqs = static_cast<int>(seqs.size());
+    b.positions = positions.data();
+    b.slots = slots.data();
+    b.seq_starts = seq_starts.data();
+    b.context_lens = context_lens.data();
+    b.page_tables = tables.data();
+    b.max_pages = max_pages;
+    b.generation = generation;
+    const int64_t n = b.rows, qc = int64_t{s_.n_heads} * s_.head_dim,
+                  kvc = int64_t{s_.n_kv_heads} * s_.head_dim;
+    Pair q = upload(cpu_, gpu_, random_f16(size_t(n * qc), rng), n, qc);
+    Pair k = upload(cpu_, gpu_, random_f16(size_t(n * kvc), rng), n, kvc);
+    Pair v = upload(cpu_, gpu_, random_f16(size_t(n * kvc), rng), n, kvc);
+    Tensor oc = cpu_.alloc(n, qc), og = gpu_.alloc(n, qc);
+    AttentionParams p;
+    p.n_heads = s_.n_heads;
+    p.n_kv_heads = s_.n_kv_heads;
+    p.head_dim = s_.head_dim;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(s_.head_dim));
+    p.sliding_window = window;
+    cpu_.attention_paged(oc, q.cpu, k.cpu, v.cpu, *kc_, layer, b, p);
+    gpu_.attention_paged(og, q.gpu, k.gpu, v.gpu, *kg_, layer, b, p);
+    return rel_error(host(gpu_, og), host(cpu_, oc));
+  }
+  PagedKvCache& cpu_cache() { return *kc_; }
+  PagedKvCache& gpu_cache() { return *kg_; }
+
+ private:
+  Backend &cpu_, &gpu_;
+  Shape s_;
+  std::unique_ptr<PagedKvCache> kc_, kg_;
+};
+
+// Gives each sequence its pages, scattered over the pool.
+int assign_pages(std::vector<Seq>& seqs, int page_size, std::mt19937& rng) {
+  int total = 0;
+  for (const Seq& q : seqs) total += (q.history + q.rows + page_size - 1) / page_size;
+  std::vector<int32_t> pool(size_t(total + 7));
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  size_t at = 0;
+  for (Seq& q : seqs)
+    for (int i = 0; i < (q.history + q.rows + page_size - 1) / page_size; ++i)
+      q.pages.push_back(pool[at++]);
+  return static_cast<int>(pool.size());
+}
+
+// Fills every history (window 1 keeps the CPU reference cheap: the stores are what matter),
+// then runs the ragged step at layers 1 and 0 with the shape's window.
+void run_case(const Shape& s, std::vector<Seq> seqs, uint32_t seed) {
+  std::mt19937 rng(seed);
+  auto cpu = make_cpu_backend(2);
+  auto gpu = cuda_backend();
+  const int num_pages = assign_pages(seqs, s.page_size, rng);
+  PagedPair pair(*cpu, *gpu, s, 2, num_pages);
+  std::vector<int> zeros(seqs.size(), 0), hist, rows;
+  for (const Seq& q : seqs) hist.push_back(q.history), rows.push_back(q.rows);
+  for (int layer = 0; layer < 2; ++layer)
+    EXPECT_LT(pair.step(seqs, zeros, hist, layer, 1, 10 + uint64_t(layer), rng), 3e-3)
+        << "history fill, layer " << layer;
+  const double e1 = pair.step(seqs, hist, rows, 1, s.window, 20, rng);
+  const double e0 = pair.step(seqs, hist, rows, 0, s.window, 20, rng);  // same generation
+  EXPECT_LT(e1, 3e-3) << "head_dim " << s.head_dim << " window " << s.window;
+  EXPECT_LT(e0, 3e-3) << "head_dim " << s.head_dim << " window " << s.window;
+}
+
+TEST(CudaPagedAttention, Llama8bShapeLongDecodesAndChunks) {
+  SKIP_WITHOUT_GPU();
+  // Decode rows at 2.5k/4.1k/50 positions, a 77-row chunk after 300, a fresh 16-row chunk.
+  run_case({32, 8, 128, 16, 0},
+           {{2500, 1, {}}, {4100, 1, {}}, {50, 1, {}}, {300, 77, {}}, {0, 16, {}}}, 1);
+}
+
+TEST(CudaPagedAttention, HeadDim64OddPagesWindow) {
+  SKIP_WITHOUT_GPU();
+  run_case({12, 4, 64, 7, 500},
+           {{2000, 1, {}}, {3, 1, {}}, {1000, 130, {}}, {499, 1, {}}, {0, 40, {}}}, 2);
+}
+
+TEST(CudaPagedAttention, HeadDim80NoGqaPage32) {
+  SKIP_WITHOUT_GPU();
+  run_case({10, 10, 80, 32, 0}, {{1500, 1, {}}, {33, 65, {}}, {0, 1, {}}, {700, 3, {}}}, 3);
+}
+
+TEST(CudaPagedAttention, HeadDim96AndWideGqa) {
+  SKIP_WITHOUT_GPU();
+  run_case({32, 2, 96, 16, 0}, {{900, 1, {}}, {64, 64, {}}, {5, 20, {}}}, 4);
+  run_case({32, 2, 64, 16, 256}, {{5000, 1, {}}, {200, 100, {}}}, 5);
+}
+
+TEST(CudaPagedAttention, GenericHeadDims) {
+  SKIP_WITHOUT_GPU();
+  // stories260K's head_dim 8 and an odd one: the split kernel takes every row.
+  run_case({8, 4, 8, 16, 0}, {{300, 1, {}}, {10, 50, {}}, {0, 3, {}}}, 6);
+  run_case({6, 2, 13, 5, 9}, {{100, 1, {}}, {40, 30, {}}}, 7);
+}
+
+TEST(CudaPagedAttention, CopyKvPageThenAttend) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(8);
+  auto cpu = make_cpu_backend(2);
+  auto gpu = cuda_backend();
+  const Shape s{8, 2, 64, 16, 0};
+  PagedPair pair(*cpu, *gpu, s, 2, 12);
+  // 20 positions in pages 3 and 7; then pages 3 -> 9 (16 tokens) and 7 -> 10 (4 tokens).
+  std::vector<Seq> seqs{{0, 20, {3, 7}}};
+  for (int layer = 0; layer < 2; ++layer)
+    EXPECT_LT(pair.step(seqs, {0}, {20}, layer, 0, 1 + uint64_t(layer), rng), 3e-3);
+  for (Backend* b : {cpu.get(), gpu.get()}) {
+    PagedKvCache& c = b == cpu.get() ? pair.cpu_cache() : pair.gpu_cache();
+    b->copy_kv_page(c, 3, 9, 16);
+    b->copy_kv_page(c, 7, 10, 4);
+  }
+  // The copies must hold the original keys: a decode through them matches the CPU.
+  std::vector<Seq> copied{{20, 1, {9, 10}}};
+  for (int layer = 0; layer < 2; ++layer)
+    EXPECT_LT(pair.step(copied, {20}, {1}, layer, 0, 5, rng), 3e-3) << "layer " << layer;
+  EXPECT_THROW(gpu->copy_kv_page(pair.gpu_cache(), 3, 3, 4), Error);
+  EXPECT_THROW(gpu->copy_kv_page(pair.gpu_cache(), 3, 12, 4), Error);
+  EXPECT_THROW(gpu->copy_kv_page(pair.gpu_cache(), 3, 4, 17), Error);
+}
+
+TEST(CudaPagedAttention, RejectsBadPlans) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = cuda_backend();
+  auto cache = gpu->new_paged_kv_cache(1, 1, 8, 4, 4);
+  Tensor q = gpu->alloc(1, 8), o = gpu->alloc(1, 8);
+  const int32_t pos = 2, start[2] = {0, 1}, ctx = 3, table = 9;  // page 9 of 4
+  const int64_t slot = 9 * 4 + 2;
+  PagedBatch b;
+  b.rows = b.seqs = b.max_pages = 1;
+  b.positions = &pos;
+  b.slots = &slot;
+  b.seq_starts = start;
+  b.context_lens = &ctx;
+  b.page_tables = &table;
+  AttentionParams p{1, 1, 8, 0.3f, 0};
+  EXPECT_THROW(gpu->attention_paged(o, q, q, q, *cache, 0, b, p), Error);
+}
+
+// ---- the Engine on the CUDA backend ----
+
+std::string fixture(const std::string& rel) {
+  return std::string(GYRE_FIXTURES) + "/" + rel;
+}
+
+struct Collected {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int> tokens;
+  bool done = false;
+  std::string error;
+};
+
+TEST(CudaPagedEngine, ConcurrentGreedyRequestsMatchSingleSequence) {
+  SKIP_WITHOUT_GPU();
+  auto model = load_model(fixture("stories260K"));
+  auto gpu = cuda_backend();
+  auto cpu = make_cpu_backend(2);
+  Transformer gpu_tf(model->config, model->weights, *gpu, 512);
+  Transformer cpu_tf(model->config, model->weights, *cpu, 512);
+  Generator gpu_gen(gpu_tf, *model->tokenizer), cpu_gen(cpu_tf, *model->tokenizer);
+
+  const std::string shared =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "sun with her friends. One day,";
+  const std::vector<std::string> texts = {"The little dog",     shared + " she",
+                                          shared + " Ben",      "One day, a big cat",
+                                          shared + " the sun",  "Lily and Ben went to the park",
+                                          shared + " it was",   shared + " they saw",
+                                          "Tim had a red ball", shared};
+  GenerationSettings g;
+  g.max_tokens = 40;
+  g.sampler.temperature = 0.0f;
+  g.stop_ids = {1};
+  EngineConfig ec;
+  ec.max_batch = 6;         // fewer slots than requests: some wait, then join running batches
+  ec.max_step_tokens = 48;  // prompts are prefilled in chunks next to running decodes
+  ec.max_seq_len = 256;
+  std::vector<Collected> got(texts.size());
+  {
+    Engine engine(*model, *gpu, ec);
+    for (size_t i = 0; i < texts.size(); ++i) {
+      RequestOptions o;
+      o.gen = g;
+      Collected* c = &got[i];
+      engine.submit(model->tokenizer->encode(texts[i], true), o, [c](const TokenEvent& e) {
+        std::lock_guard<std::mutex> lock(c->mu);
+        if (e.token >= 0) c->tokens.push_back(e.token);
+        if (!e.error.empty()) c->error = e.error;
+        c->done = e.done;
+      });
+    }
+    engine.drain();
+  }
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const std::vector<int> prompt = model->tokenizer->encode(texts[i], true);
+    EXPECT_TRUE(got[i].done) << texts[i];
+    EXPECT_EQ(got[i].error, "") << texts[i];
+    EXPECT_EQ(got[i].tokens, gpu_gen.generate_ids(prompt, g).tokens)
+        << "vs CUDA single sequence: " << texts[i];
+    EXPECT_EQ(got[i].tokens, cpu_gen.generate_ids(prompt, g).tokens) << "vs CPU: " << texts[i];
+  }
+}
+
+}  // namespace
+}  // namespace gyre
