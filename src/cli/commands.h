@@ -13,5 +13,6 @@ void add_info_command(CLI::App& app);       // cmd_info.cc
 void add_bench_command(CLI::App& app);      // cmd_bench.cc
 void add_serve_command(CLI::App& app);      // cmd_serve.cc
 void add_eval_commands(CLI::App& app);      // cmd_eval.cc: perplexity, kld
+void add_convert_command(CLI::App& app);    // cmd_convert.cc
 
 }  // namespace gyre

@@ -7,6 +7,7 @@
 #include "core/mapped_file.h"
 #include "model/gguf_loader.h"
 #include "model/gptq.h"
+#include "model/gyre_quant_loader.h"
 #include "model/safetensors.h"
 
 namespace gyre {
@@ -91,6 +92,13 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path) {
     for (const std::string& f : shard_files(path)) safetensors_load(f, *raw);
     gptq_load_weights(gptq, std::move(raw), m->weights);
     m->format = "gptq";
+  } else if (is_gyre_quantized(cfg)) {
+    // `gyre convert` output: the packed tensors are read into a side set that the model's
+    // WeightSet keeps alive, and come out as ordinary weights (model/gyre_quant_loader.h).
+    auto raw = std::make_shared<std::pair<WeightSet, std::vector<uint8_t>>>();
+    for (const std::string& f : shard_files(path)) safetensors_load(f, raw->first);
+    gyre_quant_load(cfg, raw->first, m->weights, path);
+    m->weights.keep(std::shared_ptr<std::vector<uint8_t>>(raw, &raw->second));
   } else {
     for (const std::string& f : shard_files(path)) safetensors_load(f, m->weights);
   }
