@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -90,6 +91,30 @@ struct PagedBatch {
   int padding_rows = 0;
 };
 
+// Per-row settings of Backend::sample. The semantics (order of the filters, tie rules) are the
+// host reference in backend/sample_host.h; engine/sampler.h documents them for users.
+struct SampleRequest {
+  float temperature = 0.0f;  // <= 0: greedy (argmax, lowest id on ties); the filters are skipped
+  int top_k = 0;             // 0 = off
+  float top_p = 1.0f;        // 1 = off
+  float min_p = 0.0f;        // 0 = off
+  float typical_p = 1.0f;    // 1 = off
+  double uniform = 0.0;      // [0, 1): the draw, taken by the caller from the request's own RNG
+  // Penalties on the raw logits before everything else: (id, count) of the recent tokens.
+  float repetition_penalty = 1.0f, frequency_penalty = 0.0f, presence_penalty = 0.0f;
+  std::vector<std::pair<int, int>> penalty_counts;
+  bool logprob = false;  // the chosen id's log-probability under the raw logits (log-softmax)
+  int top_logprobs = 0;  // 0..kMaxTopLogprobs: best raw logits as (id, logprob), best first
+};
+constexpr int kMaxTopLogprobs = 20;
+
+struct SampleResult {
+  int id = -1;
+  float logprob = 0.0f;
+  std::vector<std::pair<int, float>> top_logprobs;
+  std::string error;  // non-empty: this row could not be sampled (e.g. no finite logit)
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -143,6 +168,12 @@ class Backend {
   virtual void attention_paged(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
                                PagedKvCache& cache, int layer, const PagedBatch& batch,
                                const AttentionParams& p);
+
+  // Samples each of the first n rows of logits (vocabulary-wide rows, e.g. the LM head's output)
+  // with its own request; only the results come back to the host. Default: the rows are copied
+  // to the host and sampled by the host reference (sample_host.h).
+  virtual void sample(const Tensor& logits, const SampleRequest* requests, int n,
+                      SampleResult* out);
 
   // out = silu(gate) * up
   virtual void silu_mul(Tensor& out, const Tensor& gate, const Tensor& up) = 0;

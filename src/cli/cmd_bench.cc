@@ -122,18 +122,22 @@ int argmax(const std::vector<float>& v) {
   return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
-// Decode `steps` tokens after the cache holds `ctx` positions; returns seconds per token.
+// Decode `steps` tokens after the cache holds `ctx` positions; returns seconds per token. The
+// greedy pick runs through Backend::sample, as generation does (on CUDA only the id comes back;
+// GYRE_CUDA_SAMPLE=0 copies the logits row to the host instead, the old path).
 double time_decode(Transformer& t, int ctx, int steps, std::vector<float>& logits) {
   int pos = ctx, token = argmax(logits);
-  for (int i = 0; i < 2; ++i, ++pos) {  // eager step, then the recorded one
-    t.forward(&token, 1, pos, logits.data(), false);
-    token = argmax(logits);
-  }
+  const SampleRequest greedy;  // temperature 0
+  SampleResult picked;
+  auto step = [&] {
+    t.forward(&token, 1, pos, nullptr, false);
+    t.sample_logits(&greedy, 1, &picked);
+    GYRE_CHECK(picked.error.empty(), picked.error);
+    token = picked.id;
+  };
+  for (int i = 0; i < 2; ++i, ++pos) step();  // eager step, then the recorded one
   const double t0 = now_s();
-  for (int i = 0; i < steps; ++i, ++pos) {
-    t.forward(&token, 1, pos, logits.data(), false);
-    token = argmax(logits);
-  }
+  for (int i = 0; i < steps; ++i, ++pos) step();
   return (now_s() - t0) / steps;
 }
 

@@ -48,7 +48,8 @@ struct Engine::Impl {
   std::unique_ptr<PagedKvCache> kv;
   std::unique_ptr<KvPageManager> pages;
   std::unique_ptr<Scheduler> sched;
-  std::vector<float> logits;
+  std::vector<SampleRequest> sample_requests;  // one per logits row of a step, reused
+  std::vector<SampleResult> sample_results;
   uint64_t preemptions_before_reset = 0;
   int ended_unpublished = 0;  // requests ended since the last publish_stats
 
@@ -222,9 +223,17 @@ bool Engine::Impl::run_step() {
     pb.page_tables = fb.page_tables.data();
     pb.max_pages = fb.max_pages;
     pb.generation = static_cast<uint64_t>(plan.step) + 1;
-    logits.resize(fb.logit_rows.size() * static_cast<size_t>(vocab));
+    // The logits stay on the backend, which samples every row (only ids and the asked
+    // log-probabilities come back).
     transformer->forward_batch(fb.tokens.data(), pb, *kv, fb.logit_rows.data(),
-                               static_cast<int>(fb.logit_rows.size()), logits.data());
+                               static_cast<int>(fb.logit_rows.size()), nullptr);
+    sample_requests.clear();
+    for (const SeqStep& st : plan.seqs)
+      if (st.need_logits)
+        sample_requests.push_back(active.at(static_cast<uint64_t>(st.id))->next_request());
+    sample_results.assign(sample_requests.size(), SampleResult{});
+    transformer->sample_logits(sample_requests.data(), static_cast<int>(sample_requests.size()),
+                               sample_results.data());
   } catch (const std::exception& e) {
     fail_in_flight(plan, std::string("batched forward pass failed: ") + e.what());
     return true;
@@ -235,9 +244,9 @@ bool Engine::Impl::run_step() {
     EngineRequest& r = *active.at(id);
     if (st.cached_tokens > 0) r.set_cached_tokens(st.cached_tokens);
     if (!st.need_logits) continue;
-    const float* lg = logits.data() + row++ * static_cast<size_t>(vocab);
+    const SampleResult& res = sample_results[row++];
     try {
-      SampledToken t = r.sample(lg, vocab);
+      SampledToken t = EngineRequest::sampled_token(res);
       results.push_back({st.id, t.token});
       sampled.emplace_back(id, std::move(t));
     } catch (const std::exception& e) {

@@ -1,7 +1,6 @@
 #include "engine/engine_request.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "core/error.h"
 
@@ -32,28 +31,19 @@ EngineRequest::EngineRequest(uint64_t id, std::vector<int> prompt, const Request
   decoder_.push(prompt_.back());
 }
 
-SampledToken EngineRequest::sample(const float* logits, int n_vocab) {
+SampleRequest EngineRequest::next_request() {
+  SampleRequest r = sampler_.next_request();
+  r.logprob = options_.logprobs;
+  r.top_logprobs = options_.top_logprobs;
+  return r;
+}
+
+SampledToken EngineRequest::sampled_token(const SampleResult& r) {
+  GYRE_CHECK(r.error.empty(), r.error);
   SampledToken t;
-  t.token = sampler_.sample(logits, n_vocab);
-  if (!options_.logprobs && options_.top_logprobs == 0) return t;
-  // log-softmax over the raw logits (before penalties and temperature), in double.
-  double max_logit = -INFINITY;
-  for (int i = 0; i < n_vocab; ++i) max_logit = std::max<double>(max_logit, logits[i]);
-  double sum = 0;
-  for (int i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - max_logit);
-  const double log_z = max_logit + std::log(sum);
-  t.logprob = static_cast<float>(logits[t.token] - log_z);
-  if (options_.top_logprobs > 0) {
-    std::vector<int> ids(static_cast<size_t>(n_vocab));
-    for (int i = 0; i < n_vocab; ++i) ids[static_cast<size_t>(i)] = i;
-    const int k = std::min(options_.top_logprobs, n_vocab);
-    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int a, int b) {
-      return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
-    });
-    for (int i = 0; i < k; ++i)
-      t.top_logprobs.emplace_back(ids[static_cast<size_t>(i)],
-                                  static_cast<float>(logits[ids[static_cast<size_t>(i)]] - log_z));
-  }
+  t.token = r.id;
+  t.logprob = r.logprob;
+  t.top_logprobs = r.top_logprobs;
   return t;
 }
 

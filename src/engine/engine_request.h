@@ -32,8 +32,11 @@ class EngineRequest {
   // is full (the last sampled token needs no position: max_seq - prompt + 1).
   int token_limit() const { return token_limit_; }
 
-  // Draws the next token from one row of raw logits (and its log-probabilities if asked).
-  SampledToken sample(const float* logits, int n_vocab);
+  // The next token's sample request (Backend::sample): settings, penalties, this request's next
+  // uniform number, and the log-probabilities asked for.
+  SampleRequest next_request();
+  // The sampled token as the engine reports it (throws gyre::Error for a failed row).
+  static SampledToken sampled_token(const SampleResult& r);
   // Applies a sampled token; `limit_reached` when the scheduler ended the sequence on its token
   // limit. Returns the event to send; done is set when the request ends here.
   TokenEvent accept(const SampledToken& t, bool limit_reached);

@@ -90,7 +90,7 @@ void Generator::prefill(const std::vector<int>& ids, int start, int chunk) {
   const int n_total = static_cast<int>(ids.size());
   for (int pos = start; pos < n_total; pos += chunk) {
     const int n = std::min(chunk, n_total - pos);
-    model_.forward(ids.data() + pos, n, pos, logits_.data(), false);
+    model_.forward(ids.data() + pos, n, pos, nullptr, false);  // sampled on the backend
     cached_.insert(cached_.end(), ids.begin() + pos, ids.begin() + pos + n);
   }
 }
@@ -126,7 +126,6 @@ GenerationResult Generator::generate_ids(const std::vector<int>& prompt_ids,
     ++reuse;
   reuse = std::min(reuse, prompt_ids.size() - 1);
   cached_.resize(reuse);
-  logits_.resize(static_cast<size_t>(vocab));
 
   try {
     const auto t0 = Clock::now();
@@ -141,7 +140,12 @@ GenerationResult Generator::generate_ids(const std::vector<int>& prompt_ids,
     int decode_steps = 0;
     bool stopped = false;
     for (;;) {
-      const int id = sampler.sample(logits_.data(), vocab);
+      // On the backend: only the id comes back (Backend::sample, the host reference on the CPU).
+      const SampleRequest request = sampler.next_request();
+      SampleResult sampled;
+      model_.sample_logits(&request, 1, &sampled);
+      GYRE_CHECK(sampled.error.empty(), sampled.error);
+      const int id = sampled.id;
       ++r.stats.generated_tokens;
       if (std::binary_search(end.begin(), end.end(), id)) {
         r.finish = FinishReason::Eos;
@@ -163,7 +167,7 @@ GenerationResult Generator::generate_ids(const std::vector<int>& prompt_ids,
         r.finish = FinishReason::ContextFull;
         break;
       }
-      model_.forward(&id, 1, static_cast<int>(cached_.size()), logits_.data(), false);
+      model_.forward(&id, 1, static_cast<int>(cached_.size()), nullptr, false);
       cached_.push_back(id);
       ++decode_steps;
     }

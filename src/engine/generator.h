@@ -86,13 +86,12 @@ class Generator {
   std::vector<int> end_ids(const GenerationSettings& s) const;
 
  private:
-  // Runs prompt ids from `start` on in chunks; returns logits of the last one in logits_.
+  // Runs prompt ids from `start` on in chunks; the last one's logits stay on the backend.
   void prefill(const std::vector<int>& ids, int start, int chunk);
 
   Transformer& model_;
   const Tokenizer& tok_;
   std::vector<int> cached_;  // the tokens whose keys and values the KV cache holds, in order
-  std::vector<float> logits_;
 };
 
 }  // namespace gyre

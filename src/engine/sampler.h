@@ -14,12 +14,18 @@
 //   6. top_p (nucleus: the smallest most-likely prefix with cumulative probability >= top_p);
 //   7. min_p (keep tokens with p >= min_p * p_max).
 //   Each filter works on the distribution renormalized over what the earlier filters kept, and
-//   always keeps at least the most likely token. The draw is from the final renormalized set.
+//   always keeps at least the most likely token. The draw is from the final renormalized set,
+//   walked in ascending id order with one uniform number from the seeded generator.
+// The semantics live once, in backend/sample_host.h; a Sampler turns its settings and history
+// into a SampleRequest (next_request) that any backend's sample op can serve.
 #pragma once
 #include <cstdint>
 #include <deque>
 #include <random>
 #include <vector>
+
+#include "backend/backend.h"
+#include "backend/sample_host.h"
 
 namespace gyre {
 
@@ -39,15 +45,6 @@ struct SamplerSettings {
   void validate() const;
 };
 
-namespace detail {
-// One token while filtering: tempered logit (for ordering) and probability.
-struct SamplerEntry {
-  int id;
-  double logit;
-  double prob;
-};
-}  // namespace detail
-
 struct Candidate {
   int id;
   float prob;
@@ -59,6 +56,9 @@ class Sampler {
 
   // Picks a token from n_vocab logits. Does not record it: call accept() for that.
   int sample(const float* logits, int n_vocab);
+  // The request for the next token (penalty counts of the history; a uniform number drawn from
+  // the seeded generator unless greedy, exactly as sample() would draw it). For Backend::sample.
+  SampleRequest next_request();
   // Records a token (prompt or generated) for the penalties.
   void accept(int id);
   void reset_history() { history_.clear(); }
@@ -74,15 +74,12 @@ class Sampler {
 
  private:
   double uniform();  // [0, 1), 53 random bits, the same on every platform
-  void penalize_into(const float* logits, int n_vocab, std::vector<float>& out) const;
+  SampleRequest request_without_draw() const;
 
   SamplerSettings s_;
   std::mt19937_64 rng_;
   std::deque<int> history_;
-  // Buffers reused between tokens: a vocabulary-sized allocation per token would cost more than
-  // the filtering itself.
-  std::vector<float> logits_buf_;
-  std::vector<detail::SamplerEntry> set_buf_;
+  sampling::HostScratch scratch_;
 };
 
 }  // namespace gyre

@@ -156,8 +156,8 @@ void Transformer::forward(const int32_t* tokens, int n, int pos, float* logits, 
     ops();
   }
   const int first = all_logits ? 0 : n - 1;
-  Tensor out = logits_.slice_rows(0, n - first);
-  backend_.to_host(out, logits);
+  logit_rows_ = n - first;
+  if (logits) backend_.to_host(logits_.slice_rows(0, logit_rows_), logits);
 }
 
 template <typename Ops>
@@ -234,6 +234,7 @@ void Transformer::forward_batch(const int32_t* tokens, const PagedBatch& batch, 
                  backend_.attention_paged(att, q, k, v, kv, layer, batch, ap);
                });
   }
+  logit_rows_ = n_logit_rows;
   if (n_logit_rows == 0) return;
   // The lm head runs on consecutive runs of wanted rows (the decodes of a step are one run), so
   // no gather op is needed and no unwanted row pays for the vocabulary projection.
@@ -245,7 +246,13 @@ void Transformer::forward_batch(const int32_t* tokens, const PagedBatch& batch, 
     backend_.matmul(out, xn_.slice_rows(logit_rows[i], j - i), lm_head_, nullptr);
     i = j;
   }
-  backend_.to_host(out_all, logits);
+  if (logits) backend_.to_host(out_all, logits);
+}
+
+void Transformer::sample_logits(const SampleRequest* requests, int n, SampleResult* out) {
+  GYRE_CHECK(n >= 0 && n <= logit_rows_, "sampling ", n, " rows, but the last forward pass made ",
+             logit_rows_);
+  backend_.sample(logits_.slice_rows(0, n), requests, n, out);
 }
 
 void Transformer::forward_decode_bucket(const int32_t* tokens, const PagedBatch& batch,

@@ -19,16 +19,21 @@ class Transformer {
 
   // Runs tokens [n] at positions pos, pos+1, ... (continuing the cached sequence).
   // logits: host buffer of vocab floats per requested row: only the last token's row when
-  // all_logits is false, every token's when true.
+  // all_logits is false, every token's when true. nullptr: the logits stay on the backend for
+  // sample_logits().
   void forward(const int32_t* tokens, int n, int pos, float* logits, bool all_logits);
 
   // A paged KV cache for forward_batch (backend's new_paged_kv_cache with this model's shape).
   std::unique_ptr<PagedKvCache> new_paged_kv_cache(int num_pages, int page_size);
   // Runs one step of ragged sequences: tokens[batch.rows] at their positions, keys and values
   // written to their slots of `kv`; every row's matmuls run together. logits: vocab floats for
-  // each of logit_rows (ascending row indices), in that order.
+  // each of logit_rows (ascending row indices), in that order; nullptr: they stay on the backend
+  // for sample_logits().
   void forward_batch(const int32_t* tokens, const PagedBatch& batch, PagedKvCache& kv,
                      const int32_t* logit_rows, int n_logit_rows, float* logits);
+  // Samples the logits rows of the last forward / forward_batch on the backend (row i with
+  // requests[i]; n at most the rows it made), so only ids and log-probabilities reach the host.
+  void sample_logits(const SampleRequest* requests, int n, SampleResult* out);
 
   const ModelConfig& config() const { return config_; }
   int max_seq() const { return max_seq_; }
@@ -67,6 +72,7 @@ class Transformer {
   int scratch_rows_ = 0;
   std::vector<int> warm_buckets_;  // steps run eagerly once: the next one may be recorded
   Tensor x_, xn_, q_, k_, v_, att_, gate_, ffn_, logits_;
+  int logit_rows_ = 0;  // rows of logits_ the last forward pass wrote
 };
 
 }  // namespace gyre

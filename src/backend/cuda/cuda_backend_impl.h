@@ -88,6 +88,10 @@ class CudaBackend final : public Backend {
                     const Tensor* bias) override;
   void matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_gate_up) override;
   void add(Tensor& x, const Tensor& y) override;
+  // On the GPU (cuda_sample.cc, sampling.cu); rows with penalties or typical_p go to the host
+  // reference. GYRE_CUDA_SAMPLE=0 in the environment sends every row there (for comparisons).
+  void sample(const Tensor& logits, const SampleRequest* requests, int n,
+              SampleResult* out) override;
   // Batched serving over a paged KV cache (cuda_paged.cc).
   std::unique_ptr<PagedKvCache> new_paged_kv_cache(int n_layers, int n_kv_heads, int head_dim,
                                                    int num_pages, int page_size) override;
@@ -154,6 +158,8 @@ class CudaBackend final : public Backend {
   std::shared_ptr<void> fused_scratch_;  // GEMM output of a fused weight before its epilogue
   size_t fused_scratch_halves_ = 0;
   size_t to_host_floats_ = 0;
+  std::shared_ptr<void> sample_pinned_, sample_device_;  // per-row parameters, then results
+  int sample_rows_ = 0;
   // A recorded step; a batched one replays only with the paged cache and split span it was
   // recorded with.
   struct Record {

@@ -1,0 +1,109 @@
+// CudaBackend::sample: the per-row settings go up and the results come back through one pinned
+// buffer, around one kernel launch (sampling.cu); a step moves a few hundred bytes per row
+// instead of a vocabulary of floats.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "backend/cuda/cuda_backend_impl.h"
+#include "backend/cuda/cuda_buffers.h"
+#include "backend/cuda/sampling.h"
+
+namespace gyre::cuda {
+
+namespace {
+
+bool gpu_sampling_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("GYRE_CUDA_SAMPLE");
+    return !(v && std::string(v) == "0");
+  }();
+  return enabled;
+}
+
+// Penalties need the row rewritten and typical_p sorts by entropy distance: the host does them.
+bool kernel_can_serve(const SampleRequest& r) {
+  const bool penalties =
+      !r.penalty_counts.empty() &&
+      (r.repetition_penalty != 1.0f || r.frequency_penalty != 0.0f || r.presence_penalty != 0.0f);
+  return !penalties && r.typical_p >= 1.0f && r.top_logprobs >= 0 &&
+         r.top_logprobs <= kSampleMaxTop;
+}
+
+SampleRowParams row_params(const SampleRequest& r) {
+  SampleRowParams p;
+  p.inv_temp = r.temperature > 0.0f ? 1.0f / r.temperature : 0.0f;
+  p.top_k = r.top_k;
+  p.top_p = r.top_p;
+  p.min_p = r.min_p;
+  p.uniform = r.uniform;
+  p.top_n = r.top_logprobs;
+  p.want_logprob = r.logprob ? 1 : 0;
+  return p;
+}
+
+// GYRE_CUDA_SAMPLE_MODE=N picks the kernel's implementation bits (sampling.h), for comparisons.
+int kernel_mode() {
+  static const int mode = [] {
+    const char* v = std::getenv("GYRE_CUDA_SAMPLE_MODE");
+    return v && *v ? std::atoi(v) : kSampleDefaultMode;
+  }();
+  return mode;
+}
+
+}  // namespace
+
+void CudaBackend::sample(const Tensor& logits, const SampleRequest* requests, int n,
+                         SampleResult* out) {
+  GYRE_CHECK(n >= 0 && n <= logits.rows, "sample: ", n, " rows asked of a tensor of ", logits.rows);
+  if (n == 0) return;
+  GYRE_CHECK(logits.dtype == DType::F16, "sample expects FP16 logits");
+  if (!gpu_sampling_enabled()) return Backend::sample(logits, requests, n, out);
+  GYRE_CHECK(logits.cols > 0 && logits.cols <= (int64_t{1} << 30), "sample: bad vocabulary size ",
+             logits.cols);
+  if (n > sample_rows_) {
+    const size_t bytes = static_cast<size_t>(n) * (sizeof(SampleRowParams) + sizeof(SampleRowOut));
+    sample_pinned_ = pinned_alloc(bytes, "sampling parameters");
+    sample_device_ = device_alloc(bytes, "sampling parameters");
+    sample_rows_ = n;
+  }
+  auto* params = static_cast<SampleRowParams*>(sample_pinned_.get());
+  auto* results = reinterpret_cast<SampleRowOut*>(params + sample_rows_);
+  auto* d_params = static_cast<SampleRowParams*>(sample_device_.get());
+  auto* d_results = reinterpret_cast<SampleRowOut*>(d_params + sample_rows_);
+  bool any_host = false;
+  for (int i = 0; i < n; ++i) {
+    params[i] = row_params(requests[i]);
+    params[i].skip = kernel_can_serve(requests[i]) ? 0 : 1;
+    any_host = any_host || params[i].skip;
+  }
+  GYRE_CUDA_CHECK(cudaMemcpyAsync(d_params, params, static_cast<size_t>(n) * sizeof(*params),
+                                  cudaMemcpyHostToDevice, stream_));
+  sample_rows(static_cast<const half*>(logits.data), logits.cols, static_cast<int>(logits.cols), n,
+              d_params, d_results, kernel_mode(), stream_);
+  GYRE_CUDA_CHECK(cudaMemcpyAsync(results, d_results, static_cast<size_t>(n) * sizeof(*results),
+                                  cudaMemcpyDeviceToHost, stream_));
+  GYRE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (int i = 0; i < n; ++i) {
+    if (params[i].skip) continue;
+    const SampleRowOut& r = results[i];
+    SampleResult& o = out[i];
+    o = SampleResult{};
+    if (r.error == kSampleAllNan) {
+      o.error = "every logit is NaN";
+    } else if (r.error == kSampleNoFinite) {
+      o.error = "no finite logit to sample from";
+    } else {
+      o.id = r.id;
+      if (params[i].want_logprob || params[i].top_n > 0) o.logprob = r.logprob;
+      const int n_top = params[i].top_n > 0 ? std::min(r.n_top, kSampleMaxTop) : 0;
+      for (int k = 0; k < n_top; ++k) o.top_logprobs.emplace_back(r.top_ids[k], r.top_logprobs[k]);
+    }
+  }
+  if (any_host)
+    for (int i = 0; i < n; ++i)
+      if (params[i].skip) Backend::sample(logits.slice_rows(i, 1), &requests[i], 1, &out[i]);
+}
+
+}  // namespace gyre::cuda
