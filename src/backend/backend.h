@@ -185,10 +185,11 @@ class Backend {
   // so a recorded step reads them from there: stage_step_inputs() fills those buffers with the
   // next step's values, replay_step() re-runs the ops recorded between capture_begin() and
   // capture_end(true) (false: an op failed, nothing is kept) and returns false when there is no
-  // usable record (none made yet, or a buffer
-  // it used was reallocated since). Records are kept per (owner, bucket): `owner` is the caller
-  // (the Transformer), so two models sharing a backend never replay each other's; `bucket` is 0
-  // for the single-sequence decode step and B for batched decode steps padded to B rows.
+  // usable record (none made yet, or a buffer it used was reallocated since). Records are kept
+  // per (owner, bucket): `owner` is the caller (the Transformer), so two models sharing a
+  // backend never replay each other's; `bucket` is 0 for the single-sequence decode step and B
+  // for batched decode steps padded to B rows (a backend may keep several records per bucket,
+  // e.g. per paged cache, and picks the one matching what stage_paged_step staged).
   virtual bool graph_capable() const { return false; }
   virtual void stage_step_inputs(const int32_t* /*tokens*/, const int32_t* /*positions*/, int /*n*/,
                                  int /*pos0*/) {}
