@@ -10,10 +10,13 @@
 // Keys: one thread per key, its row's 16-byte loads all issued before the math, the scaled query
 // broadcast from shared memory. Values: each thread owns (head, dim pair) outputs, coalesced across
 // the row. Layout: cache [kv_head][max_seq][head_dim] per layer, so one head's keys are contiguous.
+// Quantized caches (q8/q4, kv_quant.cuh): the same kernel, instantiated per cache type, reads
+// codes and dequantizes them in registers (keys 8 dims at a time, values a dim pair at a time).
 // Alternatives: a tensor-core (mma) tile kernel for prefill is the known faster path for
 // head dims 64..128; this scalar kernel is the generic one (any head_dim <= 256).
 #include <cfloat>
 
+#include "backend/cuda/kv_quant.cuh"
 #include "backend/cuda/launch.h"
 
 namespace gyre::cuda {
@@ -45,6 +48,35 @@ __global__ void kv_store_kernel(half* k_cache, half* v_cache, const half* k, con
   }
 }
 
+// One warp per (token, KV head, block of 32 dims) and per k/v: quantizes that block of the row.
+template <int T>
+__global__ void kv_store_quant_kernel(KvStoreArgs a, const half* k, const half* v,
+                                      const int32_t* pos0) {
+  pdl_begin();
+  const int blocks = (a.head_dim + 31) / 32;
+  const int64_t warps = static_cast<int64_t>(a.n) * a.n_kv_heads * blocks * 2;
+  const int lane = threadIdx.x & 31;
+  const int base = *pos0;
+  for (int64_t w = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5; w < warps;
+       w += (static_cast<int64_t>(gridDim.x) * blockDim.x) >> 5) {
+    const int kv = static_cast<int>(w & 1);
+    const int64_t rest = w >> 1;
+    const int b = static_cast<int>(rest % blocks);
+    const int h = static_cast<int>((rest / blocks) % a.n_kv_heads);
+    const int t = static_cast<int>(rest / (static_cast<int64_t>(blocks) * a.n_kv_heads));
+    const int d = b * 32 + lane;
+    const bool active = d < a.head_dim;
+    const half* src = (kv ? v : k) + (static_cast<int64_t>(t) * a.n_kv_heads + h) * a.head_dim;
+    const float x = active ? __half2float(src[d]) : 0.0f;
+    const int64_t row = static_cast<int64_t>(h) * a.max_seq + base + t;
+    uint8_t* codes =
+        static_cast<uint8_t*>(kv ? a.v_codes : a.k_codes) + row * kv_code_bytes_of<T>(a.head_dim);
+    half* params = (kv ? a.v_params : a.k_params) + row * kv_param_halves_of<T>(a.head_dim);
+    kv_quantize_block<T>(x, active, b * 32, codes, params);
+  }
+}
+
+template <int T>
 __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, int n_sub) {
   pdl_begin();
   extern __shared__ float smem[];
@@ -85,15 +117,45 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, in
   }
   __syncthreads();
 
-  const half* kbase = a.k_cache + static_cast<int64_t>(kvh) * a.max_seq * D;
-  const half* vbase = a.v_cache + static_cast<int64_t>(kvh) * a.max_seq * D;
+  const int64_t row0 = static_cast<int64_t>(kvh) * a.max_seq;
   for (int c0 = my_lo; c0 < my_hi; c0 += kThreads) {
     const int j = c0 + tid;
     const bool valid = j < my_hi;
     float s[kMaxGroup];
 #pragma unroll
     for (int g = 0; g < kMaxGroup; ++g) s[g] = 0.0f;
-    if (valid) {
+    if (valid && T != kKvF16) {
+      const KvRow krow = kv_row<T>(a.k_cache, a.k_params, row0 + j, D);
+      if ((D & 7) == 0) {
+        // As for FP16: the codes of up to 128 dims loaded first, then dequantized and used.
+        for (int base = 0; base < D; base += 128) {
+          typename KvRaw8<T>::type raw[16];
+#pragma unroll
+          for (int u = 0; u < 16; ++u)
+            if (base + u * 8 < D) raw[u] = kv_raw8<T>(krow, base + u * 8);
+#pragma unroll
+          for (int u = 0; u < 16; ++u) {
+            const int d0 = base + u * 8;
+            if (d0 >= D) break;
+            float kf[8];
+            kv_decode8<T>(raw[u], krow, d0, kf);
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+#pragma unroll
+              for (int g = 0; g < kMaxGroup; ++g)
+                if (g < gn) s[g] += q_s[g * D + d0 + e] * kf[e];
+          }
+        }
+      } else {
+        for (int d = 0; d < D; ++d) {
+          const float kf = kv_load1<T>(krow, d);
+#pragma unroll
+          for (int g = 0; g < kMaxGroup; ++g)
+            if (g < gn) s[g] += q_s[g * D + d] * kf;
+        }
+      }
+    } else if (valid) {
+      const half* kbase = static_cast<const half*>(a.k_cache) + row0 * D;
       const half* krow = kbase + static_cast<int64_t>(j) * D;
       if ((D & 7) == 0) {
         // All loads of up to 128 dims first, then the math: one memory round trip, not 16.
@@ -156,7 +218,36 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, in
       l_s[tid] = l_s[tid] * alpha_s[tid] + sum;
     }
     const int cnt = min(kThreads, my_hi - c0);
-    const half* vchunk = vbase + static_cast<int64_t>(c0) * D;
+    if constexpr (T != kKvF16) {
+      if ((D & 1) == 0) {
+        const int pairs = D / 2;
+        for (int i = tid; i < gn * pairs; i += kThreads) {
+          const int g = i / pairs, d = 2 * (i % pairs);
+          float ax = acc_s[g * D + d] * alpha_s[g], ay = acc_s[g * D + d + 1] * alpha_s[g];
+          const float* pg = p_s + g * kThreads;
+#pragma unroll 8
+          for (int jj = 0; jj < cnt; ++jj) {
+            const float2 vf = kv_load2<T>(kv_row<T>(a.v_cache, a.v_params, row0 + c0 + jj, D), d);
+            ax += pg[jj] * vf.x;
+            ay += pg[jj] * vf.y;
+          }
+          acc_s[g * D + d] = ax;
+          acc_s[g * D + d + 1] = ay;
+        }
+      } else {
+        for (int i = tid; i < gn * D; i += kThreads) {
+          const int g = i / D, d = i % D;
+          float acc = acc_s[i] * alpha_s[g];
+          const float* pg = p_s + g * kThreads;
+          for (int jj = 0; jj < cnt; ++jj)
+            acc += pg[jj] * kv_load1<T>(kv_row<T>(a.v_cache, a.v_params, row0 + c0 + jj, D), d);
+          acc_s[i] = acc;
+        }
+      }
+      __syncthreads();
+      continue;
+    }
+    const half* vchunk = static_cast<const half*>(a.v_cache) + (row0 + c0) * D;
     if ((D & 1) == 0) {
       const int pairs = D / 2;
       for (int i = tid; i < gn * pairs; i += kThreads) {
@@ -229,12 +320,24 @@ size_t attention_workspace_floats(int n_q, int n_heads, int head_dim, int splits
   return splits <= 1 ? 0 : static_cast<size_t>(n_q) * n_heads * splits * (head_dim + 2);
 }
 
-void kv_store(half* k_cache, half* v_cache, const half* k, const half* v, const int32_t* pos0,
-              int n, int n_kv_heads, int head_dim, int max_seq, cudaStream_t s) {
-  const int64_t total = static_cast<int64_t>(n) * n_kv_heads * head_dim;
-  const int64_t blocks = (total + 255) / 256;
-  launch(kv_store_kernel, static_cast<unsigned>(blocks < 65536 ? blocks : 65536), 256, 0, s,
-         k_cache, v_cache, k, v, pos0, n, n_kv_heads, head_dim, max_seq);
+void kv_store(const KvStoreArgs& a, const half* k, const half* v, const int32_t* pos0,
+              cudaStream_t s) {
+  if (a.kv_type == kKvF16) {
+    const int64_t total = static_cast<int64_t>(a.n) * a.n_kv_heads * a.head_dim;
+    const int64_t blocks = (total + 255) / 256;
+    launch(kv_store_kernel, static_cast<unsigned>(blocks < 65536 ? blocks : 65536), 256, 0, s,
+           static_cast<half*>(a.k_codes), static_cast<half*>(a.v_codes), k, v, pos0, a.n,
+           a.n_kv_heads, a.head_dim, a.max_seq);
+    GYRE_CUDA_LAUNCHED();
+    return;
+  }
+  const int64_t warps = static_cast<int64_t>(a.n) * a.n_kv_heads * ((a.head_dim + 31) / 32) * 2;
+  const int64_t blocks = (warps + 7) / 8;
+  const unsigned grid = static_cast<unsigned>(blocks < 65536 ? blocks : 65536);
+  if (a.kv_type == kKvQ8)
+    launch(kv_store_quant_kernel<kKvQ8>, grid, 256, 0, s, a, k, v, pos0);
+  else
+    launch(kv_store_quant_kernel<kKvQ4>, grid, 256, 0, s, a, k, v, pos0);
   GYRE_CUDA_LAUNCHED();
 }
 
@@ -249,7 +352,19 @@ void attention(const AttentionArgs& a, cudaStream_t s) {
                                        kWarps * kMaxGroup + 3 * kMaxGroup);
   const dim3 grid(static_cast<unsigned>(a.splits), static_cast<unsigned>(a.n_kv_heads * n_sub),
                   static_cast<unsigned>(a.n_q));
-  launch(attention_kernel, grid, kThreads, smem, s, a, n_sub);
+  switch (a.kv_type) {
+    case kKvF16:
+      launch(attention_kernel<kKvF16>, grid, kThreads, smem, s, a, n_sub);
+      break;
+    case kKvQ8:
+      launch(attention_kernel<kKvQ8>, grid, kThreads, smem, s, a, n_sub);
+      break;
+    case kKvQ4:
+      launch(attention_kernel<kKvQ4>, grid, kThreads, smem, s, a, n_sub);
+      break;
+    default:
+      fail("CUDA attention: unknown KV cache type ", a.kv_type);
+  }
   GYRE_CUDA_LAUNCHED();
   if (a.splits > 1) {
     const int threads = a.head_dim < 128 ? 32 * ((a.head_dim + 31) / 32) : 128;

@@ -16,6 +16,7 @@
 
 #include <cfloat>
 
+#include "backend/cuda/kv_quant.cuh"
 #include "backend/cuda/launch.h"
 
 namespace gyre::cuda {
@@ -25,6 +26,18 @@ namespace {
 using namespace nvcuda;
 
 constexpr int kBlockQ = 64, kBlockK = 64, kWarps = 4, kThreads = kWarps * 32;
+
+// Dims c..c+7 of a quantized row as 8 halves (one 16-byte shared-memory store).
+template <int T>
+__device__ __forceinline__ uint4 dequant8_as_half(const KvRow& r, int c) {
+  float f[8];
+  kv_load8<T>(r, c, f);
+  uint4 out;
+  half2* h2 = reinterpret_cast<half2*>(&out);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) h2[e] = __floats2half2_rn(f[2 * e], f[2 * e + 1]);
+  return out;
+}
 
 // Shared-memory row strides, padded by 16 bytes so that rows do not start in the same banks.
 template <int D>
@@ -42,7 +55,7 @@ struct Smem {
   static constexpr size_t bytes = o + kWarps * 16 * os * 4;
 };
 
-template <int D>
+template <int D, int T>
 __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a) {
   pdl_begin();
   extern __shared__ __align__(128) unsigned char smem[];
@@ -82,8 +95,9 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a
   const int last_pos = pos0 + min(a.n_q, q0 + kBlockQ) - 1;
   int first_key = 0;
   if (a.window > 0) first_key = max(0, pos0 + q0 - a.window + 1) / kBlockK * kBlockK;
-  const half* kbase = a.k_cache + static_cast<int64_t>(kvh) * a.max_seq * D;
-  const half* vbase = a.v_cache + static_cast<int64_t>(kvh) * a.max_seq * D;
+  const int64_t row0 = static_cast<int64_t>(kvh) * a.max_seq;
+  const half* kbase = static_cast<const half*>(a.k_cache) + row0 * D;
+  const half* vbase = static_cast<const half*>(a.v_cache) + row0 * D;
 
   for (int k0 = first_key; k0 <= last_pos; k0 += kBlockK) {
     __syncthreads();  // previous tile fully consumed (and Q/O initialised on the first pass)
@@ -91,8 +105,13 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a
       const int r = i / (D / 8), c = (i % (D / 8)) * 8;
       uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
       if (k0 + r <= last_pos) {
-        kv = *reinterpret_cast<const uint4*>(kbase + static_cast<int64_t>(k0 + r) * D + c);
-        vv = *reinterpret_cast<const uint4*>(vbase + static_cast<int64_t>(k0 + r) * D + c);
+        if constexpr (T == kKvF16) {
+          kv = *reinterpret_cast<const uint4*>(kbase + static_cast<int64_t>(k0 + r) * D + c);
+          vv = *reinterpret_cast<const uint4*>(vbase + static_cast<int64_t>(k0 + r) * D + c);
+        } else {  // dequantized into the FP16 tile: the tensor-core part is unchanged
+          kv = dequant8_as_half<T>(kv_row<T>(a.k_cache, a.k_params, row0 + k0 + r, D), c);
+          vv = dequant8_as_half<T>(kv_row<T>(a.v_cache, a.v_params, row0 + k0 + r, D), c);
+        }
       }
       *reinterpret_cast<uint4*>(k_s + r * L::qs + c) = kv;
       *reinterpret_cast<uint4*>(v_s + r * L::qs + c) = vv;
@@ -169,19 +188,19 @@ __global__ void __launch_bounds__(kThreads) flash_prefill_kernel(AttentionArgs a
   }
 }
 
-template <int D>
+template <int D, int T>
 void launch_flash(const AttentionArgs& a, cudaStream_t s) {
   const size_t bytes = Smem<D>::bytes;
   static bool configured = false;  // the attribute is per function; setting it once is enough
   if (!configured) {
-    GYRE_CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel<D>,
+    GYRE_CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel<D, T>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(bytes)));
     configured = true;
   }
   const dim3 grid(static_cast<unsigned>((a.n_q + kBlockQ - 1) / kBlockQ),
                   static_cast<unsigned>(a.n_heads));
-  launch(flash_prefill_kernel<D>, grid, kThreads, bytes, s, a);
+  launch(flash_prefill_kernel<D, T>, grid, kThreads, bytes, s, a);
   GYRE_CUDA_LAUNCHED();
 }
 
@@ -191,23 +210,33 @@ bool flash_prefill_supported(int head_dim) {
   return head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128;
 }
 
-void flash_prefill(const AttentionArgs& a, cudaStream_t s) {
+template <int T>
+void flash_prefill_typed(const AttentionArgs& a, cudaStream_t s) {
   switch (a.head_dim) {
     case 64:
-      launch_flash<64>(a, s);
+      launch_flash<64, T>(a, s);
       break;
     case 80:
-      launch_flash<80>(a, s);
+      launch_flash<80, T>(a, s);
       break;
     case 96:
-      launch_flash<96>(a, s);
+      launch_flash<96, T>(a, s);
       break;
     case 128:
-      launch_flash<128>(a, s);
+      launch_flash<128, T>(a, s);
       break;
     default:
       fail("flash_prefill: unsupported head_dim ", a.head_dim);
   }
+}
+
+void flash_prefill(const AttentionArgs& a, cudaStream_t s) {
+  if (a.kv_type == kKvQ8)
+    flash_prefill_typed<kKvQ8>(a, s);
+  else if (a.kv_type == kKvQ4)
+    flash_prefill_typed<kKvQ4>(a, s);
+  else
+    flash_prefill_typed<kKvF16>(a, s);
 }
 
 }  // namespace gyre::cuda
