@@ -88,6 +88,9 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, in
   float* m_s = red_s + kWarps * kMaxGroup;    // [kMaxGroup]
   float* l_s = m_s + kMaxGroup;
   float* alpha_s = l_s + kMaxGroup;
+  // q8/q4: the chunk's value-row params, [kThreads][P] halves (after the floats, 4-aligned).
+  half* vpar_s = reinterpret_cast<half*>(alpha_s + kMaxGroup);
+  const int P = kv_param_halves_of<T>(a.head_dim);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int split = blockIdx.x;
@@ -125,6 +128,10 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, in
 #pragma unroll
     for (int g = 0; g < kMaxGroup; ++g) s[g] = 0.0f;
     if (valid && T != kKvF16) {
+      // This thread's value row params to shared memory: the value loop then reads one code
+      // load per key from global memory instead of two.
+      const half* vp = a.v_params + (row0 + j) * P;
+      for (int i = 0; i < P; ++i) vpar_s[tid * P + i] = vp[i];
       const KvRow krow = kv_row<T>(a.k_cache, a.k_params, row0 + j, D);
       if ((D & 7) == 0) {
         // As for FP16: the codes of up to 128 dims loaded first, then dequantized and used.
@@ -225,9 +232,23 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, in
           const int g = i / pairs, d = 2 * (i % pairs);
           float ax = acc_s[g * D + d] * alpha_s[g], ay = acc_s[g * D + d + 1] * alpha_s[g];
           const float* pg = p_s + g * kThreads;
-#pragma unroll 8
+          const int64_t row_bytes = kv_code_bytes_of<T>(D);
+          const uint8_t* vc = static_cast<const uint8_t*>(a.v_cache) + (row0 + c0) * row_bytes +
+                              (T == kKvQ8 ? d : d / 2);
+          const half* par = vpar_s + (T == kKvQ8 ? (d >> 5) : 2 * (d >> 5));
+#pragma unroll 16
           for (int jj = 0; jj < cnt; ++jj) {
-            const float2 vf = kv_load2<T>(kv_row<T>(a.v_cache, a.v_params, row0 + c0 + jj, D), d);
+            float2 vf;
+            if constexpr (T == kKvQ8) {
+              const float sc = __half2float(par[jj * P]);
+              const char2 c = *reinterpret_cast<const char2*>(vc + jj * row_bytes);
+              vf = make_float2(sc * static_cast<float>(c.x), sc * static_cast<float>(c.y));
+            } else {
+              const float2 sm = __half22float2(*reinterpret_cast<const half2*>(par + jj * P));
+              const unsigned b = vc[jj * row_bytes];
+              vf = make_float2(sm.y + sm.x * static_cast<float>(b & 15u),
+                               sm.y + sm.x * static_cast<float>(b >> 4));
+            }
             ax += pg[jj] * vf.x;
             ay += pg[jj] * vf.y;
           }
@@ -349,7 +370,8 @@ void attention(const AttentionArgs& a, cudaStream_t s) {
   const int group = a.n_heads / a.n_kv_heads;
   const int n_sub = (group + kMaxGroup - 1) / kMaxGroup;
   const size_t smem = sizeof(float) * (2 * kMaxGroup * a.head_dim + kMaxGroup * kThreads +
-                                       kWarps * kMaxGroup + 3 * kMaxGroup);
+                                       kWarps * kMaxGroup + 3 * kMaxGroup) +
+                      sizeof(half) * kThreads * 2 * ((a.head_dim + 31) / 32);
   const dim3 grid(static_cast<unsigned>(a.splits), static_cast<unsigned>(a.n_kv_heads * n_sub),
                   static_cast<unsigned>(a.n_q));
   switch (a.kv_type) {
