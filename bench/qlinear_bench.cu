@@ -160,6 +160,67 @@ int main() {
     }
   }
 
+  // Serving batches: the dispatched path (qlinear_matmul) for n = 1..128, the batch kernel
+  // forced at n = 1 and 8, a tiles-per-warp x split-K sweep, and the WMMA GEMM for comparison.
+  std::printf(
+      "\nBATCH (g128 sym); path: matmul = dispatched, batch mt/ks (0 = auto), gemm = WMMA\n"
+      "%-14s %4s %3s %9s %9s %8s %7s\n",
+      "shape", "bits", "n", "path", "us", "GB/s", "%copy");
+  for (const auto& sh : shapes) {
+    for (const int bits : {4, 8}) {
+      QWeightDesc d;
+      d.bits = bits;
+      d.group_size = 128;
+      d.rows = sh[0];
+      d.cols = sh[1];
+      if (sh[0] > 28672) continue;
+      const double bytes = double(d.qweight_bytes()) + d.scale_count() * 2.0;
+      const int copies = std::max(1, int(std::ceil(300e6 / bytes)));
+      std::vector<Weight> ws;
+      for (int c = 0; c < copies; ++c) ws.push_back(make(sh[0], sh[1], bits, 128, 31 + c));
+      auto report = [&](int n, const char* path, float ms) {
+        const double moved = bytes + 2.0 * n * (sh[0] + sh[1]);
+        std::printf("%6dx%-7d %4d %3d %9s %9.2f %8.0f %6.1f%%\n", sh[0], sh[1], bits, n, path,
+                    ms * 1e3, moved / ms / 1e6, 100.0 * moved / ms / 1e6 / copy_gbs);
+      };
+      for (const int n : {1, 4, 8, 16, 32, 64, 128}) {
+        report(n, "matmul",
+               time_ms([&](int i) { qlinear_matmul(ws[i % copies].w, x, y, n, nullptr, nullptr); },
+                       40));
+        // {kernel (0 auto, 1 register-fed), tiles per warp, split-K}; 4-bit auto = batch4.
+        const int cfgs[][3] = {{1, 0, 0}, {1, 1, 0}, {1, 2, 0}, {1, 2, 2}, {0, 0, 0},
+                               {0, 1, 0}, {0, 2, 0}, {0, 1, 1}, {0, 1, 2}, {0, 1, 4},
+                               {0, 1, 8}, {0, 2, 1}, {0, 2, 2}, {0, 2, 4}, {0, 2, 8}};
+        for (const auto& c : cfgs) {
+          if (bits == 8 && c[0] == 0) continue;
+          if (n <= 8 && c[1] == 2) continue;
+          qlinear_detail::set_batch_kernel(c[0]);
+          qlinear_detail::set_batch_tiles_per_warp(c[0] == 1 ? c[1] : 0);
+          qlinear_detail::set_batch_ksplit(c[0] == 1 ? c[2] : 0);
+          qlinear_detail::set_batch4_tiles_per_warp(c[0] == 0 ? c[1] : 0);
+          qlinear_detail::set_batch4_ksplit(c[0] == 0 ? c[2] : 0);
+          char name[16];
+          std::snprintf(name, sizeof name, "%s%d/%d", c[0] == 0 ? "c" : "r", c[1], c[2]);
+          report(n, name,
+                 time_ms([&](int i) { qlinear_batch(ws[i % copies].w, x, y, n, nullptr, nullptr); },
+                         40));
+        }
+        qlinear_detail::set_batch_kernel(0);
+        qlinear_detail::set_batch_tiles_per_warp(0);
+        qlinear_detail::set_batch_ksplit(0);
+        qlinear_detail::set_batch4_tiles_per_warp(0);
+        qlinear_detail::set_batch4_ksplit(0);
+        if (n >= 16) {
+          report(n, "gemm",
+                 time_ms([&](int i) { qlinear_gemm(ws[i % copies].w, x, y, n, nullptr, nullptr); },
+                         10));
+        }
+      }
+      CK(cudaGetLastError());
+      for (auto& w : ws) CK(cudaFree(w.mem));
+    }
+  }
+
   std::printf("\nGEMM n=2048 (g128 sym)\n%-14s %4s %9s %8s %12s\n", "shape", "bits", "us",
               "TFLOP/s", "dequant us");
   __half* deq;

@@ -101,7 +101,9 @@ QWeightHost make_weight(const Layout& l, int rows, int cols, uint32_t seed) {
 
 // Checks y [n, rows] from the GPU against float64 x W^T + bias: every element written, the
 // relative error norm under FP16 tolerance, each element within a bound from sum |x w|.
-void check_matmul(const QWeightHost& w, int n, bool use_gemm, uint32_t seed) {
+enum class Path { Gemv, Gemm, Batch };
+
+void check_matmul(const QWeightHost& w, int n, Path path, uint32_t seed) {
   const int rows = w.desc.rows, cols = w.desc.cols;
   std::vector<float> wf(static_cast<size_t>(rows) * cols);
   for (int r = 0; r < rows; ++r) qweight_dequantize_row(w, r, wf.data() + int64_t{r} * cols);
@@ -113,8 +115,10 @@ void check_matmul(const QWeightHost& w, int n, bool use_gemm, uint32_t seed) {
   x.upload(xh);
   bias.upload(bh);
   y.poison();
-  if (use_gemm) {
+  if (path == Path::Gemm) {
     qlinear_gemm(dw, x.p, y.p, n, bias.p, nullptr);
+  } else if (path == Path::Batch) {
+    qlinear_batch(dw, x.p, y.p, n, bias.p, nullptr);
   } else {
     qlinear_gemv(dw, x.p, y.p, n, bias.p, nullptr);
   }
@@ -164,7 +168,7 @@ TEST(CudaQlinear, GemvMatchesFloat64) {
       const QWeightHost w = make_weight(l, s[0], s[1], seed++);
       for (int n = 1; n <= 8; ++n) {
         SCOPED_TRACE(l.name + " rows " + std::to_string(s[0]) + " n " + std::to_string(n));
-        check_matmul(w, n, false, seed++);
+        check_matmul(w, n, Path::Gemv, seed++);
       }
     }
   }
@@ -189,10 +193,14 @@ TEST(CudaQlinear, FusedPaddedWeightMatchesFloat64) {
     const QWeightHost fused = qweight_concat_rows({&parts[0], &parts[1], &parts[2]});
     for (const int n : {1, 3, 8}) {
       SCOPED_TRACE(l.name + " n " + std::to_string(n));
-      check_matmul(fused, n, false, seed++);
+      check_matmul(fused, n, Path::Gemv, seed++);
+    }
+    for (const int n : {1, 40, 100}) {
+      SCOPED_TRACE(l.name + " batch n " + std::to_string(n));
+      check_matmul(fused, n, Path::Batch, seed++);
     }
     SCOPED_TRACE(l.name + " gemm");
-    check_matmul(fused, 40, true, seed++);
+    check_matmul(fused, 40, Path::Gemm, seed++);
   }
 }
 
@@ -204,9 +212,189 @@ TEST(CudaQlinear, GemmMatchesFloat64) {
       const QWeightHost w = make_weight(l, rows, 512, seed++);
       for (const int n : {1, 33, 512}) {
         SCOPED_TRACE(l.name + " rows " + std::to_string(rows) + " n " + std::to_string(n));
-        check_matmul(w, n, true, seed++);
+        check_matmul(w, n, Path::Gemm, seed++);
       }
     }
+  }
+}
+
+// float64 y [n, rows] = x W^T + bias for the first n rows of x [*, cols].
+std::vector<double> reference_matmul(const QWeightHost& w, const std::vector<uint16_t>& xh,
+                                     const std::vector<uint16_t>& bh, int n,
+                                     std::vector<double>* magnitude) {
+  const int rows = w.desc.rows, cols = w.desc.cols;
+  std::vector<float> wrow(cols);
+  std::vector<double> xd(size_t(n) * cols);
+  for (size_t i = 0; i < xd.size(); ++i) xd[i] = f16_to_f32(xh[i]);
+  std::vector<double> y(size_t(n) * rows);
+  magnitude->assign(y.size(), 0.0);
+  for (int r = 0; r < rows; ++r) {
+    qweight_dequantize_row(w, r, wrow.data());
+    for (int t = 0; t < n; ++t) {
+      double acc = f16_to_f32(bh[r]), mag = std::fabs(acc);
+      const double* xr = xd.data() + size_t(t) * cols;
+      for (int c = 0; c < cols; ++c) {
+        const double p = xr[c] * wrow[c];
+        acc += p;
+        mag += std::fabs(p);
+      }
+      y[size_t(t) * rows + r] = acc;
+      (*magnitude)[size_t(t) * rows + r] = mag;
+    }
+  }
+  return y;
+}
+
+// got [n, width] (FP16) against ref: every element written, within FP16 tolerance.
+void expect_close(const std::vector<uint16_t>& got, const std::vector<double>& ref,
+                  const std::vector<double>& mag) {
+  double err2 = 0, ref2 = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double g = f16_to_f32(got[i]);
+    ASSERT_FALSE(std::isnan(g)) << "unwritten element " << i;
+    ASSERT_NEAR(g, ref[i], 4e-3 * mag[i] + 1e-3 * std::fabs(ref[i]) + 1e-6) << "element " << i;
+    err2 += (g - ref[i]) * (g - ref[i]);
+    ref2 += ref[i] * ref[i];
+  }
+  if (ref.size() >= 64) {
+    EXPECT_LT(std::sqrt(err2 / ref2), 2e-3);
+  }
+}
+
+void set_batch_config(int kernel, int tiles_per_warp, int ksplit) {
+  qlinear_detail::set_batch_kernel(kernel);
+  qlinear_detail::set_batch_tiles_per_warp(kernel == 1 ? tiles_per_warp : 0);
+  qlinear_detail::set_batch_ksplit(kernel == 1 ? ksplit : 0);
+  qlinear_detail::set_batch4_tiles_per_warp(kernel == 0 ? tiles_per_warp : 0);
+  qlinear_detail::set_batch4_ksplit(kernel == 0 ? ksplit : 0);
+}
+
+// The batch kernel (n = 1..128) for every layout, awkward row counts, column counts that leave
+// a partial 64-column block or few blocks per split-K warp, every n8-tile count and two token
+// groups, under the automatic choice and forced tiles-per-warp / split-K settings.
+TEST(CudaQlinear, BatchMatchesFloat64) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Layout layouts[] = {
+      {"q4_g128_sym", 4, 128, false, false, DType::F32},
+      {"q4_g32_asym_perm", 4, 32, true, true, DType::F32},
+      {"q4_g64_asym", 4, 64, true, false, DType::F32},
+      {"q8_g64_sym", 8, 64, false, false, DType::F32},
+      {"q8_g128_asym_perm", 8, 128, true, true, DType::F32},
+      {"gguf_q4_k", 4, 32, true, false, DType::Q4_K},
+      {"gguf_q6_k", 8, 16, false, false, DType::Q6_K},
+      {"gguf_q8_0", 8, 32, false, false, DType::Q8_0},
+  };
+  const int shapes[][2] = {{17, 1280}, {300, 768}, {45, 2560}};
+  const int ns[] = {1, 3, 8, 9, 16, 17, 31, 32, 33, 64, 65, 128};
+  // kernel (0: auto, 4-bit -> qlinear_batch4.cu; 1: register-fed), tiles per warp, split-K
+  const int configs[][3] = {{0, 0, 0}, {0, 1, 8}, {0, 2, 2}, {1, 0, 0},
+                            {1, 2, 1}, {1, 2, 8}, {1, 1, 4}};
+  constexpr int kMaxN = 128;
+  uint32_t seed = 2000;
+  for (const Layout& l : layouts) {
+    for (const auto& s : shapes) {
+      const QWeightHost w = make_weight(l, s[0], s[1], seed++);
+      const int rows = w.desc.rows, cols = w.desc.cols;
+      const std::vector<uint16_t> xh = to_halves(random_floats(size_t(kMaxN) * cols, 1.0f, seed++));
+      const std::vector<uint16_t> bh = to_halves(random_floats(rows, 0.5f, seed++));
+      std::vector<double> mag;
+      const std::vector<double> ref_all = reference_matmul(w, xh, bh, kMaxN, &mag);
+      QWeightDevice dw = qweight_upload(w);
+      DeviceHalves x(size_t(kMaxN) * cols), y(size_t(kMaxN) * rows), bias(rows);
+      x.upload(xh);
+      bias.upload(bh);
+      for (const auto& cfg : configs) {
+        set_batch_config(cfg[0], cfg[1], cfg[2]);
+        for (const int n : ns) {
+          SCOPED_TRACE(l.name + " rows " + std::to_string(rows) + " cols " + std::to_string(cols) +
+                       " n " + std::to_string(n) + " cfg " + std::to_string(cfg[0]) + "/" +
+                       std::to_string(cfg[1]));
+          y.poison();
+          qlinear_batch(dw, x.p, y.p, n, bias.p, nullptr);
+          CUDA_OK(cudaDeviceSynchronize());
+          std::vector<uint16_t> got = y.download();
+          got.resize(size_t(n) * rows);
+          const std::vector<double> ref(ref_all.begin(), ref_all.begin() + size_t(n) * rows);
+          const std::vector<double> m(mag.begin(), mag.begin() + size_t(n) * rows);
+          expect_close(got, ref, m);
+          if (HasFatalFailure()) break;
+        }
+      }
+      set_batch_config(0, 0, 0);
+      qweight_free(dw);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// SwiGLU epilogue of the batch kernel (4- and 8-bit) and the split output through
+// qlinear_matmul_split, against float64.
+TEST(CudaQlinear, BatchSwigluAndSplitMatchFloat64) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Layout layouts[] = {
+      {"q4_g32_asym_perm", 4, 32, true, true, DType::F32},
+      {"q8_g64_sym", 8, 64, false, false, DType::F32},
+  };
+  const int hidden = 37, rows = 2 * 40, cols = 512, n_max = 100;
+  uint32_t seed = 3000;
+  for (const Layout& l : layouts) {
+    const QWeightHost w = make_weight(l, rows, cols, seed++);
+    const std::vector<uint16_t> xh = to_halves(random_floats(size_t(n_max) * cols, 1.0f, seed++));
+    const std::vector<uint16_t> zero(rows, 0);
+    std::vector<double> mag;
+    const std::vector<double> y = reference_matmul(w, xh, zero, n_max, &mag);
+    QWeightDevice dw = qweight_upload(w);
+    DeviceHalves x(size_t(n_max) * cols), out(size_t(n_max) * rows);
+    x.upload(xh);
+    for (const int n : {5, 20, 100}) {
+      SCOPED_TRACE(l.name + " n " + std::to_string(n));
+      out.poison();
+      ASSERT_TRUE(qlinear_gemv_swiglu(dw, x.p, out.p, n, hidden, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      std::vector<uint16_t> got = out.download();
+      got.resize(size_t(n) * hidden);
+      std::vector<double> ref(size_t(n) * hidden), m(ref.size());
+      for (int t = 0; t < n; ++t) {
+        for (int h = 0; h < hidden; ++h) {
+          // Rows [16b, 16b + 8) are gate rows 8b.., the next 8 the matching up rows.
+          const size_t gi = size_t(t) * rows + 16 * (h / 8) + h % 8, ui = gi + 8;
+          const double gate = y[gi], up = y[ui];
+          const double silu = gate / (1.0 + std::exp(-gate));
+          ref[size_t(t) * hidden + h] = silu * up;
+          m[size_t(t) * hidden + h] = std::fabs(silu) * mag[ui] + mag[gi] * std::fabs(up);
+        }
+      }
+      expect_close(got, ref, m);
+
+      // The same weight as three outputs of 30, 7 and 43 rows.
+      DeviceHalves a(size_t(n) * 30), b(size_t(n) * 7), c(size_t(n) * 43);
+      a.poison();
+      b.poison();
+      c.poison();
+      cuda::OutSplit split;
+      split.out[0] = a.p;
+      split.out[1] = b.p;
+      split.out[2] = c.p;
+      split.end[0] = 30;
+      split.end[1] = 37;
+      split.end[2] = rows;
+      split.parts = 3;
+      qlinear_matmul_split(dw, x.p, split, n, nullptr, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<uint16_t> parts[3] = {a.download(), b.download(), c.download()};
+      std::vector<uint16_t> joined(size_t(n) * rows);
+      int start = 0;
+      for (int pi = 0; pi < 3; ++pi) {
+        const int width = split.end[pi] - start;
+        for (int t = 0; t < n; ++t)
+          for (int r = 0; r < width; ++r)
+            joined[size_t(t) * rows + start + r] = parts[pi][size_t(t) * width + r];
+        start = split.end[pi];
+      }
+      expect_close(joined, std::vector<double>(y.begin(), y.begin() + size_t(n) * rows),
+                   std::vector<double>(mag.begin(), mag.begin() + size_t(n) * rows));
+    }
+    qweight_free(dw);
   }
 }
 
@@ -248,6 +436,8 @@ TEST(CudaQlinear, RejectsBadArguments) {
   EXPECT_THROW(qlinear_gemv(dw, x.p, y.p, 9, nullptr, nullptr), Error);
   EXPECT_THROW(qlinear_gemv(dw, x.p, y.p, 0, nullptr, nullptr), Error);
   EXPECT_THROW(qlinear_gemv(dw, x.p + 1, y.p, 1, nullptr, nullptr), Error);  // misaligned
+  EXPECT_THROW(qlinear_batch(dw, x.p, y.p, 0, nullptr, nullptr), Error);
+  EXPECT_THROW(qlinear_batch(dw, x.p, y.p, kQlinearBatchMaxRows + 1, nullptr, nullptr), Error);
   qweight_free(dw);
   EXPECT_THROW(qlinear_gemv(dw, x.p, y.p, 1, nullptr, nullptr), Error);  // freed
 }

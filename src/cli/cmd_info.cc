@@ -4,6 +4,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/qlinear_ref.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/error.h"
@@ -59,8 +60,14 @@ nlohmann::json describe(const LoadedModel& m) {
     if (d.is_null()) d = {{"tensors", 0}, {"params", 0}, {"bytes", 0}};
     d["tensors"] = d["tensors"].get<int64_t>() + 1;
     d["params"] = d["params"].get<int64_t>() + t.numel();
-    d["bytes"] = d["bytes"].get<uint64_t>() + t.nbytes;
-    weight_bytes += t.nbytes;
+    // A packed weight's view holds an object: count the bytes it packs (data, scales, mins).
+    size_t bytes = t.nbytes;
+    if (t.dtype == DType::QPACKED) {
+      const QWeightHost& q = qweight_of_view(t);
+      bytes = q.qweight.size() + q.scales.size() + q.mins.size() + q.perm.size() * 4;
+    }
+    d["bytes"] = d["bytes"].get<uint64_t>() + bytes;
+    weight_bytes += bytes;
   }
   const int64_t kv_elems_per_token = 2LL * c.n_layers * c.kv_dim();
   auto kv_bytes_per_token = [&](KvType t) {

@@ -12,5 +12,7 @@ void add_tokenize_commands(CLI::App& app);  // cmd_tokenize.cc: tokenize, detoke
 void add_info_command(CLI::App& app);       // cmd_info.cc
 void add_bench_command(CLI::App& app);      // cmd_bench.cc
 void add_serve_command(CLI::App& app);      // cmd_serve.cc
+void add_eval_commands(CLI::App& app);      // cmd_eval.cc: perplexity, kld
+void add_convert_command(CLI::App& app);    // cmd_convert.cc
 
 }  // namespace gyre

@@ -13,6 +13,8 @@ int main(int argc, char** argv) {
   gyre::add_info_command(app);
   gyre::add_bench_command(app);
   gyre::add_serve_command(app);
+  gyre::add_eval_commands(app);
+  gyre::add_convert_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -9,7 +9,7 @@
 namespace gyre {
 
 namespace {
-constexpr std::array<DTypeInfo, 10> kInfo = {{
+constexpr std::array<DTypeInfo, 11> kInfo = {{
     {"F32", 1, 4, false},
     {"F16", 1, 2, false},
     {"BF16", 1, 2, false},
@@ -20,6 +20,7 @@ constexpr std::array<DTypeInfo, 10> kInfo = {{
     {"Q4_K", 256, 144, true},
     {"Q5_K", 256, 176, true},
     {"Q6_K", 256, 210, true},
+    {"QPACKED", 1, 0, true},
 }};
 }  // namespace
 

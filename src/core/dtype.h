@@ -18,6 +18,10 @@ enum class DType : uint8_t {
   Q4_K,  // 256 elems, 144 bytes
   Q5_K,  // 256 elems, 176 bytes
   Q6_K,  // 256 elems, 210 bytes
+  // Not a file type: a linear weight already in Gyre's quantized layout (a QWeightHost of
+  // backend/cpu/qlinear_ref.h, made by a loader such as GPTQ's); the TensorView's data points at
+  // that object and rows have no byte size (0).
+  QPACKED,
 };
 
 struct DTypeInfo {

@@ -6,6 +6,8 @@
 #include "core/error.h"
 #include "core/mapped_file.h"
 #include "model/gguf_loader.h"
+#include "model/gptq.h"
+#include "model/gyre_quant_loader.h"
 #include "model/safetensors.h"
 
 namespace gyre {
@@ -84,7 +86,22 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path) {
   const bool has_gen = file_exists(path + "/generation_config.json");
   if (has_gen) gen = read_json(path + "/generation_config.json");
   m->config = config_from_hf_json(cfg, has_gen ? &gen : nullptr);
-  for (const std::string& f : shard_files(path)) safetensors_load(f, m->weights);
+  GptqConfig gptq;
+  if (gptq_config_from_hf(cfg, gptq)) {
+    auto raw = std::make_shared<WeightSet>();
+    for (const std::string& f : shard_files(path)) safetensors_load(f, *raw);
+    gptq_load_weights(gptq, std::move(raw), m->weights);
+    m->format = "gptq";
+  } else if (is_gyre_quantized(cfg)) {
+    // `gyre convert` output: the packed tensors are read into a side set that the model's
+    // WeightSet keeps alive, and come out as ordinary weights (model/gyre_quant_loader.h).
+    auto raw = std::make_shared<std::pair<WeightSet, std::vector<uint8_t>>>();
+    for (const std::string& f : shard_files(path)) safetensors_load(f, raw->first);
+    gyre_quant_load(cfg, raw->first, m->weights, path);
+    m->weights.keep(std::shared_ptr<std::vector<uint8_t>>(raw, &raw->second));
+  } else {
+    for (const std::string& f : shard_files(path)) safetensors_load(f, m->weights);
+  }
   weights_validate(m->weights, m->config);
   m->tokenizer = Tokenizer::from_folder(path);
   if (file_exists(path + "/tokenizer_config.json"))

@@ -28,11 +28,14 @@ class WeightSet {
   // Keeps the files (and any buffers) that the views point into alive.
   void keep(std::shared_ptr<MappedFile> f) { files_.push_back(std::move(f)); }
   void keep(std::shared_ptr<std::vector<uint8_t>> b) { buffers_.push_back(std::move(b)); }
+  // Any other owner (e.g. the QWeightHost behind a QPACKED view, or another WeightSet).
+  void keep_owner(std::shared_ptr<const void> o) { owners_.push_back(std::move(o)); }
 
  private:
   std::map<std::string, TensorView> tensors_;
   std::vector<std::shared_ptr<MappedFile>> files_;
   std::vector<std::shared_ptr<std::vector<uint8_t>>> buffers_;
+  std::vector<std::shared_ptr<const void>> owners_;
 };
 
 std::string layer_tensor(int layer, const char* suffix);  // "model.layers.{layer}.{suffix}"

@@ -3,7 +3,8 @@
 // element type). Quantized GGUF weights are dequantized once, at upload, to F32: this backend is
 // the reference the GPU kernels are checked against, and F32 holds every dequantized value
 // exactly (F16 would round the products of block scales and quants), at the price of 4 bytes per
-// weight; the models it serves are small, or the GPU backend is the one to use.
+// weight; the models it serves are small, or the GPU backend is the one to use. Weights already in
+// Gyre's quantized layout (QPACKED, e.g. from GPTQ) are dequantized the same way.
 #include "backend/cpu/cpu_backend.h"
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include "backend/cpu/cpu_attention.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/cpu_paged_attention.h"
+#include "backend/cpu/qlinear_ref.h"
 #include "backend/cpu/thread_pool.h"
 #include "core/error.h"
 
@@ -199,6 +201,18 @@ Tensor CpuBackend::upload_weight(const TensorView& w) {
   Tensor t;
   t.rows = w.rows();
   t.cols = w.cols();
+  if (w.dtype == DType::QPACKED) {  // Gyre's own quantized layout (e.g. GPTQ): F32 like GGUF
+    const QWeightHost& q = qweight_of_view(w);
+    t.dtype = DType::F32;
+    t.owner = alloc_aligned(static_cast<size_t>(t.rows * t.cols) * sizeof(float));
+    t.data = t.owner.get();
+    pool_.parallel_for(t.rows, std::max<int64_t>(1, kMinWorkPerChunk / t.cols),
+                       [&](int64_t r0, int64_t r1) {
+                         for (int64_t r = r0; r < r1; ++r)
+                           qweight_dequantize_row(q, r, f32(t) + r * t.cols);
+                       });
+    return t;
+  }
   const size_t row_bytes = dtype_row_bytes(w.dtype, t.cols);
   GYRE_CHECK(w.data != nullptr && w.nbytes == row_bytes * static_cast<size_t>(t.rows), "tensor ",
              w.name, " ", shape_str(w.shape), " of ", dtype_name(w.dtype), " has ", w.nbytes,

@@ -295,6 +295,72 @@ QWeightHost qweight_concat_rows(const std::vector<const QWeightHost*>& parts) {
   return out;
 }
 
+bool qweight_same_layout(const QWeightHost& a, const QWeightHost& b) {
+  const QWeightDesc &x = a.desc, &y = b.desc;
+  return x.bits == y.bits && x.group_size == y.group_size && x.asymmetric == y.asymmetric &&
+         x.scale_f32 == y.scale_f32 && x.has_perm == y.has_perm && x.cols == y.cols &&
+         a.perm == b.perm;
+}
+
+QWeightHost qweight_interleave_rows(const QWeightHost& a, const QWeightHost& b, int block) {
+  GYRE_CHECK(block > 0 && qweight_same_layout(a, b) && a.desc.rows == b.desc.rows,
+             "qweight_interleave_rows: weights differ in layout or shape");
+  const int64_t h = a.desc.rows;
+  const int64_t padded = (h + block - 1) / block * block;
+  GYRE_CHECK(2 * padded <= INT32_MAX, "qweight_interleave_rows: too many rows");
+  QWeightDesc d = a.desc;
+  d.rows = static_cast<int>(2 * padded);
+  QWeightHost out = allocate(d);  // zero rows are the padding
+  out.perm = a.perm;
+  const size_t q_row = static_cast<size_t>(d.cols) * d.bits / 8;
+  const size_t s_row = static_cast<size_t>(d.groups_per_row()) * d.scale_bytes();
+  auto copy_rows = [&](const QWeightHost& src, int64_t r, int64_t dst, int64_t n) {
+    std::memcpy(&out.qweight[dst * q_row], &src.qweight[r * q_row], n * q_row);
+    std::memcpy(&out.scales[dst * s_row], &src.scales[r * s_row], n * s_row);
+    if (d.asymmetric) std::memcpy(&out.mins[dst * s_row], &src.mins[r * s_row], n * s_row);
+  };
+  for (int64_t r0 = 0; r0 < h; r0 += block) {
+    const int64_t n = std::min<int64_t>(block, h - r0);
+    copy_rows(a, r0, 2 * r0, n);
+    copy_rows(b, r0, 2 * r0 + block, n);
+  }
+  return out;
+}
+
+TensorView qweight_view(const std::string& name, const QWeightHost& w) {
+  TensorView v;
+  v.name = name;
+  v.dtype = DType::QPACKED;
+  v.shape = {w.desc.rows, w.desc.cols};
+  v.data = &w;
+  v.nbytes = sizeof(QWeightHost);
+  return v;
+}
+
+const QWeightHost& qweight_of_view(const TensorView& v) {
+  GYRE_CHECK(v.dtype == DType::QPACKED && v.data != nullptr && v.nbytes == sizeof(QWeightHost),
+             "tensor ", v.name, " is not a packed quantized weight");
+  const auto& w = *static_cast<const QWeightHost*>(v.data);
+  GYRE_CHECK(v.shape.size() == 2 && v.shape[0] == w.desc.rows && v.shape[1] == w.desc.cols,
+             "tensor ", v.name, " has shape ", shape_str(v.shape), " but its packed weight is [",
+             w.desc.rows, ", ", w.desc.cols, "]");
+  return w;
+}
+
+QWeightHost qweight_allocate(const QWeightDesc& d) {
+  return allocate(d);
+}
+
+void qweight_set_q(QWeightHost& w, int64_t r, int64_t packed_col, int q) {
+  put_q(w, r, packed_col, q);
+}
+
+void qweight_set_scale(QWeightHost& w, int64_t r, int64_t group, float scale, float min) {
+  const int64_t i = r * w.desc.groups_per_row() + group;
+  put_scalar(w.scales, w.desc.scale_f32, i, scale);
+  if (w.desc.asymmetric) put_scalar(w.mins, w.desc.scale_f32, i, min);
+}
+
 void qweight_dequantize_row(const QWeightHost& w, int64_t r, float* out) {
   const QWeightDesc& d = w.desc;
   const int offset = 1 << (d.bits - 1);

@@ -20,9 +20,11 @@
 // Both are computed in float exactly as GGUF's dequantization does, so repacks are bit-exact.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/tensor.h"
 
 namespace gyre {
 
@@ -78,6 +80,25 @@ QWeightHost qweight_pack_from_gguf(DType t, const void* blocks, int rows, int co
 // cols; perms equal when present), e.g. to fuse Q/K/V or gate/up into one GEMV launch: the
 // output of the fused matmul is the parts' outputs side by side. Throws on mismatched layouts.
 QWeightHost qweight_concat_rows(const std::vector<const QWeightHost*>& parts);
+
+// Building blocks for loaders of other quantized formats (e.g. GPTQ, model/gptq.cc): a zeroed
+// weight of a validated description, and setters for one stored integer (packed column c) and one
+// group's scale and min (min ignored when symmetric; rounded to f16 unless scale_f32).
+QWeightHost qweight_allocate(const QWeightDesc& d);
+void qweight_set_q(QWeightHost& w, int64_t r, int64_t packed_col, int q);
+void qweight_set_scale(QWeightHost& w, int64_t r, int64_t group, float scale, float min);
+
+// Rows interleaved in blocks: a's rows [kb, kb + block), then b's, ... with each part's rows
+// padded to a multiple of block by zero rows (zero scales and mins: value 0), as fuse_views does
+// for fused gate/up weights. a and b must have one layout and shape.
+QWeightHost qweight_interleave_rows(const QWeightHost& a, const QWeightHost& b, int block);
+// Whether qweight_concat_rows accepts the two (same bits, group, symmetry, scales, cols, perm).
+bool qweight_same_layout(const QWeightHost& a, const QWeightHost& b);
+
+// A TensorView of dtype QPACKED for w (shape [rows, cols]; w must outlive the view), and the
+// weight behind such a view (throws unless v is a consistent QPACKED view).
+TensorView qweight_view(const std::string& name, const QWeightHost& w);
+const QWeightHost& qweight_of_view(const TensorView& v);
 
 // Row r of W in the original column order (perm undone), computed in float as documented above.
 void qweight_dequantize_row(const QWeightHost& w, int64_t r, float* out);

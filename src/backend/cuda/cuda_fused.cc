@@ -14,7 +14,7 @@ namespace gyre::cuda {
 namespace {
 
 // From this many rows a quantized weight is dequantized for a cuBLAS GEMM (as in cuda_ops.cc).
-constexpr int kDequantGemmMinRows = 64;
+constexpr int kDequantGemmMinRows = kQlinearBatchMaxRows + 1;
 
 void check_f16(const Tensor& t, const char* what) {
   GYRE_CHECK(t.dtype == DType::F16 && t.data != nullptr, "CUDA ", what,
@@ -27,9 +27,50 @@ int swiglu_rows(int64_t hidden) {
 
 }  // namespace
 
+namespace {
+
+// Packed parts (GPTQ) fuse in the packed layout when they share it (same perm: q/k/v and gate/up
+// of act-order checkpoints usually do, having one input); otherwise their float rows are fused
+// and the fused weight is stored as FP16. `floats` keeps those rows alive.
+TensorView fuse_packed(const std::vector<TensorView>& parts, int block, QWeightHost& fused,
+                       std::vector<std::vector<float>>& floats, std::vector<TensorView>& dense) {
+  std::vector<const QWeightHost*> hosts;
+  for (const TensorView& p : parts) hosts.push_back(&qweight_of_view(p));
+  bool same = true;
+  for (const QWeightHost* h : hosts) same = same && qweight_same_layout(*hosts[0], *h);
+  if (same && (block == 0 || hosts.size() == 2)) {
+    fused = block == 0 ? qweight_concat_rows(hosts)
+                       : qweight_interleave_rows(*hosts[0], *hosts[1], block);
+    return qweight_view(parts[0].name, fused);
+  }
+  floats.resize(parts.size());
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const QWeightDesc& d = hosts[i]->desc;
+    floats[i].resize(static_cast<size_t>(d.rows) * d.cols);
+    for (int r = 0; r < d.rows; ++r)
+      qweight_dequantize_row(*hosts[i], r, floats[i].data() + static_cast<size_t>(r) * d.cols);
+    TensorView v = parts[i];
+    v.dtype = DType::F32;
+    v.data = floats[i].data();
+    v.nbytes = floats[i].size() * sizeof(float);
+    dense.push_back(v);
+  }
+  return TensorView{};  // the caller fuses `dense`
+}
+
+}  // namespace
+
 Tensor CudaBackend::upload_fused(const std::vector<TensorView>& parts, FusedKind kind) {
   const int block = kind == FusedKind::GateUp ? kSwigluBlock : 0;
   std::vector<uint8_t> storage;
+  if (!parts.empty() && parts[0].dtype == DType::QPACKED) {
+    QWeightHost fused;
+    std::vector<std::vector<float>> floats;
+    std::vector<TensorView> dense;
+    const TensorView v = fuse_packed(parts, block, fused, floats, dense);
+    if (v.dtype == DType::QPACKED) return upload_weight(v);
+    return upload_weight(fuse_views(dense, block, storage));
+  }
   if (synthetic_) {
     // Contents are generated on the device: only the shape matters (no host copy of the parts).
     TensorView v;
@@ -136,12 +177,12 @@ void CudaBackend::matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_ga
              w_gate_up.cols, "] -> out [", out.rows, ", ", out.cols, "]");
   half* o = static_cast<half*>(out.data);
   const half* xd = static_cast<const half*>(x.data);
-  if (n <= kGemvMaxRows) {
-    if (is_quantized_tensor(w_gate_up)) {
-      if (qlinear_gemv_swiglu(qweight_of(w_gate_up), xd, o, n, hidden, stream_)) return;
-    } else if (gemv_swiglu(o, xd, dense_weight(w_gate_up), n, hidden, in, stream_)) {
-      return;
-    }
+  if (is_quantized_tensor(w_gate_up)) {
+    // Decode and serving batches: one pass over the weight with the SwiGLU epilogue.
+    if (qlinear_gemv_swiglu(qweight_of(w_gate_up), xd, o, n, hidden, stream_)) return;
+  } else if (n <= kGemvMaxRows &&
+             gemv_swiglu(o, xd, dense_weight(w_gate_up), n, hidden, in, stream_)) {
+    return;
   }
   // No fused epilogue for this path: the fused [n, rows] output, then one SwiGLU kernel.
   half* fused = fused_scratch(static_cast<size_t>(n) * rows);

@@ -25,7 +25,7 @@ void check_act(const Tensor& t, const char* what) {
 // Below this many queries the split kernel (attention.cu) keeps more blocks busy.
 constexpr int kFlashMinQueries = 16;
 // From this many rows a quantized weight is dequantized for a cuBLAS GEMM.
-constexpr int kDequantGemmMinRows = 64;
+constexpr int kDequantGemmMinRows = kQlinearBatchMaxRows + 1;
 
 void check_same(const Tensor& a, const Tensor& b, const char* what) {
   check_act(a, what);
@@ -81,9 +81,10 @@ void CudaBackend::matmul(Tensor& out, const Tensor& x, const Tensor& w, const Te
             in = static_cast<int>(w.cols);
   const void* w_f16 = w.data;
   if (is_quantized_tensor(w)) {
-    // qlinear's GEMV for decode and its GEMM for short prefills; long prefills dequantize the
-    // weight into a scratch buffer and use cuBLAS (measured on H100, Llama-3-8B shape: the
-    // qlinear GEMM path prefilled 2048 tokens at ~12k tok/s against ~30k for FP16 cuBLAS).
+    // qlinear's GEMV / batch kernel up to kQlinearBatchMaxRows rows (one pass over the weight);
+    // longer prefills dequantize the weight into a scratch buffer and use cuBLAS (measured on
+    // H100, Llama-3-8B shape: the qlinear WMMA GEMM prefilled 2048 tokens at ~12k tok/s against
+    // ~30k for FP16 cuBLAS).
     if (n < kDequantGemmMinRows) {
       qlinear_matmul(qweight_of(w), h(x), h(out), n, b, stream_);
       return;

@@ -1,8 +1,9 @@
 // Quantized linear weights of the CUDA backend, through qlinear (qlinear.h): GGUF blocks are
-// repacked exactly, F16/BF16/F32 weights are requantized when BackendOptions::weight_bits is 4 or
-// 8, and synthetic benchmark weights get random packed bytes and scales made on the GPU.
-// Such a Tensor has dtype Q4_0 (4-bit) or Q8_0 (8-bit) as a marker, data pointing at the
-// QWeightDevice that its owner keeps alive; matmul() dispatches on that dtype.
+// repacked exactly, QPACKED weights (GPTQ) are uploaded as they are, F16/BF16/F32 weights are
+// requantized when BackendOptions::weight_bits is 4 or 8, and synthetic benchmark weights get
+// random packed bytes and scales made on the GPU. Such a Tensor has dtype Q4_0 (4-bit) or Q8_0
+// (8-bit) as a marker, data pointing at the QWeightDevice that its owner keeps alive; matmul()
+// dispatches on that dtype.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -56,6 +57,12 @@ const QWeightDevice& qweight_of(const Tensor& t) {
 }
 
 bool CudaBackend::try_upload_quantized(const TensorView& w, Tensor& out) {
+  if (w.dtype == DType::QPACKED) {  // already in the kernels' layout (e.g. GPTQ)
+    const QWeightHost& host = qweight_of_view(w);
+    weight_bytes_ += qweight_device_bytes(host.desc);
+    out = upload_packed(host);
+    return true;
+  }
   if (!is_linear_weight(w)) return false;
   const int rows = static_cast<int>(w.rows()), cols = static_cast<int>(w.cols());
   if (synthetic_) {

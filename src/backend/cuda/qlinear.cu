@@ -23,6 +23,9 @@ void tile_int4_upload(const uint8_t* host_q, const uint8_t* host_scales, const u
                       const Params& p, uint8_t* dst_q, uint8_t* dst_scales, uint8_t* dst_mins);
 void launch_gemv4(const Params& p, cudaStream_t stream);
 void launch_dequant4(const Params& p, __half* out, cudaStream_t stream);
+void launch_batch(const Params& p, cudaStream_t stream);  // qlinear_batch.cu
+bool batch_prefers_gemm(const Params& p);                 // qlinear_batch.cu
+void prepare_batch4();                                    // qlinear_batch4.cu
 void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("CUDA error in ", what, ": ", cudaGetErrorString(e));
 }
@@ -33,6 +36,9 @@ namespace {
 using qlinear_detail::check_cuda;
 
 constexpr int kGemvWarps = 4;
+// 8-bit: the CUDA-core GEMV up to this many rows; the tensor-core batch kernel beyond (measured
+// on H100: n = 8 costs 2x n = 1 on CUDA cores, about 1.1x on the batch kernel).
+constexpr int kGemv8MaxRows = 4;
 int g_rows_per_block = 0;
 
 template <int BITS, int NT, int R>
@@ -282,6 +288,7 @@ QWeightDevice qweight_upload(const QWeightHost& w) {
   };
   try {
     if (d.bits == 4) {
+      qlinear_detail::prepare_batch4();
       const Params p = layout_params(out);
       qlinear_detail::tile_int4_upload(
           w.qweight.data(), w.scales.data(), d.asymmetric ? w.mins.data() : nullptr, p,
@@ -326,12 +333,14 @@ void qlinear_matmul_split(const QWeightDevice& w, const __half* x, const cuda::O
              "qlinear: split outputs do not cover the weight's ", w.desc.rows, " rows");
   Params p = make_params(w, x, outs.out[0], n, bias);
   p.split = outs;
-  if (n <= 8) {
+  if (n <= 8 && (w.desc.bits == 4 || n <= kGemv8MaxRows)) {
     if (w.desc.bits == 4) {
       qlinear_detail::launch_gemv4(p, stream);
     } else {
       dispatch_gemv<8>(p, g_rows_per_block == 0 ? 2 : g_rows_per_block, stream);
     }
+  } else if (n <= kQlinearBatchMaxRows && !qlinear_detail::batch_prefers_gemm(p)) {
+    qlinear_detail::launch_batch(p, stream);
   } else {
     qlinear_detail::launch_gemm(p, stream);
   }
@@ -340,14 +349,29 @@ void qlinear_matmul_split(const QWeightDevice& w, const __half* x, const cuda::O
 
 bool qlinear_gemv_swiglu(const QWeightDevice& w, const __half* x, __half* out, int n, int hidden,
                          cudaStream_t stream) {
-  if (w.desc.bits != 4 || n < 1 || n > 8) return false;
+  // 8-bit decode: the CUDA-core GEMV + SwiGLU kernel beats the batch kernel at n <= 4 (28672
+  // rows, n = 1: 47 + ~3 us against 72 us on H100).
+  if (n < 1 || n > kQlinearBatchMaxRows || (w.desc.bits == 8 && n <= kGemv8MaxRows)) return false;
   GYRE_CHECK(w.desc.rows == 2 * ((hidden + 7) / 8 * 8), "qlinear swiglu: weight of ", w.desc.rows,
              " rows for a hidden size of ", hidden);
   Params p = make_params(w, x, out, n, nullptr);
+  if (qlinear_detail::batch_prefers_gemm(p)) return false;  // the caller's GEMM + SwiGLU path
   p.swiglu_hidden = hidden;
-  qlinear_detail::launch_gemv4(p, stream);
+  if (w.desc.bits == 4 && n <= 8) {
+    qlinear_detail::launch_gemv4(p, stream);
+  } else {
+    qlinear_detail::launch_batch(p, stream);
+  }
   check_cuda(cudaGetLastError(), "qlinear swiglu launch");
   return true;
+}
+
+void qlinear_batch(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
+                   cudaStream_t stream) {
+  GYRE_CHECK(n >= 1 && n <= kQlinearBatchMaxRows, "qlinear_batch: n must be 1..",
+             kQlinearBatchMaxRows, ", got ", n);
+  qlinear_detail::launch_batch(make_params(w, x, y, n, bias), stream);
+  check_cuda(cudaGetLastError(), "qlinear_batch launch");
 }
 
 void qlinear_gemm(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
@@ -358,8 +382,11 @@ void qlinear_gemm(const QWeightDevice& w, const __half* x, __half* y, int n, con
 
 void qlinear_matmul(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
                     cudaStream_t stream) {
-  if (n <= 8) {
+  if (n <= 8 && (w.desc.bits == 4 || n <= kGemv8MaxRows)) {
     qlinear_gemv(w, x, y, n, bias, stream);
+  } else if (n <= kQlinearBatchMaxRows &&
+             !qlinear_detail::batch_prefers_gemm(make_params(w, x, y, n, bias))) {
+    qlinear_batch(w, x, y, n, bias, stream);
   } else {
     qlinear_gemm(w, x, y, n, bias, stream);
   }

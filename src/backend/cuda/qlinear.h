@@ -43,11 +43,18 @@ void qweight_free(QWeightDevice& w);  // frees and nulls; safe on an empty weigh
 // y[t, r] = sum_c x[t, c] * W[r, c] (+ bias[r]) for t < n.
 // qlinear_gemv: decode, n = 1..8, bandwidth-bound (one pass over the weight; 4-bit on tensor
 // cores with float accumulation, so n = 8 costs about what n = 1 does).
+// qlinear_batch: serving batches, n = 1..kQlinearBatchMaxRows (tensor cores, one pass over the
+// weight per 64 tokens: each weight fragment serves up to 8 n8 token tiles), 4- and 8-bit.
 // qlinear_gemm: any n >= 1 (tensor cores, 128x128 tiles); meant for prefill.
-// qlinear_matmul: picks one of the two by n.
+// qlinear_matmul: picks one by n and shape as measured on H100 (bench/qlinear_notes.md,
+// round 3): gemv for n <= 8 (8-bit: n <= 4), batch up to 128, gemm beyond and for n > 64 on
+// the largest weights.
 // x must be 16-byte aligned; bias may be null.
 void qlinear_gemv(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
                   cudaStream_t stream);
+constexpr int kQlinearBatchMaxRows = 128;
+void qlinear_batch(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
+                   cudaStream_t stream);
 void qlinear_gemm(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
                   cudaStream_t stream);
 void qlinear_matmul(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
@@ -57,7 +64,8 @@ void qlinear_matmul(const QWeightDevice& w, const __half* x, __half* y, int n, c
 void qlinear_matmul_split(const QWeightDevice& w, const __half* x, const cuda::OutSplit& outs,
                           int n, const __half* bias, cudaStream_t stream);
 // out [n, hidden] = silu(x . gate) * (x . up) for a gate/up weight interleaved by 8 rows
-// (cuda/out_split.h), in one GEMV pass. 4-bit and n <= 8 only: false (nothing launched) otherwise.
+// (cuda/out_split.h), in one pass over the weight: 4-bit n <= 8 (GEMV) or 4/8-bit
+// n <= kQlinearBatchMaxRows (batch kernel); false (nothing launched) otherwise.
 bool qlinear_gemv_swiglu(const QWeightDevice& w, const __half* x, __half* out, int n, int hidden,
                          cudaStream_t stream);
 
@@ -72,6 +80,15 @@ void set_gemv_rows_per_block(int rows);  // 8-bit
 // and 16-byte loads in flight per lane (2 or 4; 0 = 2).
 void set_gemv_ksplit(int ksplit);
 void set_gemv_unroll(int unroll);
+// Batch kernel: warps splitting the columns (1, 2, 4, 8; 0 = auto) and 16-row tiles per warp
+// (1 or 2; 0 = auto).
+void set_batch_ksplit(int ksplit);
+void set_batch_tiles_per_warp(int tiles);
+// Batch kernel choice for 4-bit: 0 = auto (qlinear_batch4.cu), 1 = register-fed
+// (qlinear_batch.cu, the 8-bit one); batch4's own split-K (1..8, 0 = auto) and tiles per warp.
+void set_batch_kernel(int kernel);
+void set_batch4_ksplit(int ksplit);
+void set_batch4_tiles_per_warp(int tiles);
 }  // namespace qlinear_detail
 
 }  // namespace gyre

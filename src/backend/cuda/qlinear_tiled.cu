@@ -212,6 +212,8 @@ __global__ void __launch_bounds__(512) gemv4_kernel(Params p) {
 }
 
 // One thread per 16-byte lane piece: rows g, g+8 x 16 columns, in float, original column order.
+// Words 2h and 2h+1 hold columns 64b + 32h + 8t .. +7 of both rows: one 16-byte store per row
+// and half block (the four t lanes of a row write 64 contiguous bytes).
 __global__ void dequant4_kernel(Params p, __half* out) {
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i >= int64_t{p.tiles} * p.kblocks * 32) return;
@@ -220,28 +222,34 @@ __global__ void dequant4_kernel(Params p, __half* out) {
   const uint4 q = load_stream(p.qweight + i * 16);
   const uint32_t words[4] = {q.x, q.y, q.z, q.w};
   const float off = p.asym ? 0.f : 8.f;
-  for (int j = 0; j < 4; ++j) {
-    const int c0 = 64 * b + 32 * (j / 2) + 8 * t + 4 * (j % 2);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int c0 = 64 * b + 32 * h + 8 * t;
     if (c0 >= p.cols) continue;
     const int64_t sidx = (int64_t{tile} * p.groups_p + (c0 >> p.group_log2)) * 16 + 2 * g;
     const float2 s = load_tile_pair(p.scales, p.scale_f32, sidx);
     const float2 m = p.asym ? load_tile_pair(p.mins, p.scale_f32, sidx) : make_float2(0.f, 0.f);
+#pragma unroll
     for (int hi_row = 0; hi_row < 2; ++hi_row) {
       const int row = 16 * tile + g + 8 * hi_row;
       if (row >= p.rows) continue;
-      __half v[4];
-      for (int d = 0; d < 4; ++d) {  // column c0 + d: register 2 (d / 2) + hi_row, half d % 2
-        const int shift = 4 * (2 * (d / 2) + hi_row) + 16 * (d % 2);
-        const float qv = static_cast<float>((words[j] >> shift) & 0xF) - off;
-        v[d] = __float2half_rn(hi_row ? qv * s.y + m.y : qv * s.x + m.x);
+      const float sc = hi_row ? s.y : s.x, mn = hi_row ? m.y : m.x;
+      __half v[8];
+#pragma unroll
+      for (int d = 0; d < 8; ++d) {
+        // Column c0 + d: word 2h + d / 4, register 2 ((d % 4) / 2) + hi_row, half d % 2.
+        const int shift = 4 * (2 * ((d % 4) / 2) + hi_row) + 16 * (d % 2);
+        const float qv = static_cast<float>((words[2 * h + d / 4] >> shift) & 0xF) - off;
+        v[d] = __float2half_rn(qv * sc + mn);
       }
       __half* dst = out + int64_t{row} * p.cols;
       if (p.perm == nullptr) {
-        uint2 packed;
-        memcpy(&packed, v, 8);
-        *reinterpret_cast<uint2*>(dst + c0) = packed;  // c0 % 4 == 0: 8-byte aligned
+        uint4 packed;
+        memcpy(&packed, v, 16);
+        *reinterpret_cast<uint4*>(dst + c0) = packed;  // c0 % 8 == 0: 16-byte aligned
       } else {
-        for (int d = 0; d < 4; ++d) dst[p.perm[c0 + d]] = v[d];
+#pragma unroll
+        for (int d = 0; d < 8; ++d) dst[p.perm[c0 + d]] = v[d];
       }
     }
   }

@@ -1,0 +1,35 @@
+// gyre convert: Gyre's own quantizer (src/quant/convert.h).
+#include <memory>
+
+#include "cli/commands.h"
+#include "quant/convert.h"
+
+namespace gyre {
+
+void add_convert_command(CLI::App& app) {
+  auto o = std::make_shared<quant::ConvertOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "convert", "Quantize a Hugging Face model folder (GPTQ, bit widths chosen per layer)");
+  cmd->add_option("-m,--model", o->model, "input model folder (config.json + safetensors)")
+      ->required();
+  cmd->add_option("-o,--out", o->out, "output folder")->required();
+  cmd->add_option("--bpw", o->bpw, "target bits per weight of the decoder's linear layers")
+      ->capture_default_str();
+  cmd->add_option("--head-bits", o->head_bits, "LM head bits: 2-6 or 8, 0 keeps it unquantized")
+      ->capture_default_str();
+  cmd->add_option("--calibration", o->calibration, "calibration text file (default: built in)");
+  cmd->add_option("--rows", o->rows, "calibration rows")->capture_default_str();
+  cmd->add_option("--length", o->length, "tokens per calibration row")->capture_default_str();
+  cmd->add_option("--damp", o->damp, "GPTQ damping, fraction of the mean Hessian diagonal")
+      ->capture_default_str();
+  cmd->add_option("--measurement", o->measurement, "reuse this measurement.json");
+  cmd->add_option("--uniform", o->uniform,
+                  "baseline: every layer at BITS:GROUP[:asym], no measurement");
+  cmd->add_flag("--rtn", o->rtn, "baseline: round to nearest instead of GPTQ");
+  cmd->add_flag("!--no-act-order", o->act_order, "visit columns in their stored order");
+  cmd->add_option("-t,--threads", o->threads, "CPU threads (default: all cores)");
+  cmd->add_flag("!--no-progress", o->progress, "no progress bar on stderr");
+  cmd->callback([o] { quant::convert_model(*o); });
+}
+
+}  // namespace gyre

@@ -1,0 +1,156 @@
+#include "model/gyre_quant_loader.h"
+
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "model/gyre_qformat.h"
+
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+namespace gyre {
+
+namespace {
+
+const TensorView& part(const WeightSet& raw, const std::string& name, DType dtype,
+                       const std::vector<int64_t>& shape, const std::string& where) {
+  GYRE_CHECK(raw.has(name), where, ": quantized layer tensor '", name, "' is missing");
+  const TensorView& t = raw.get(name);
+  GYRE_CHECK(t.dtype == dtype, where, ": '", name, "' is ", dtype_name(t.dtype), ", expected ",
+             dtype_name(dtype));
+  GYRE_CHECK(t.shape == shape, where, ": '", name, "' has shape ", shape_str(t.shape),
+             ", expected ", shape_str(shape));
+  GYRE_CHECK(t.data != nullptr &&
+                 t.nbytes == static_cast<size_t>(t.numel()) * dtype_info(dtype).block_bytes,
+             where, ": '", name, "' has the wrong byte size");
+  return t;
+}
+
+uint16_t half_at(const TensorView& t, int64_t i) {
+  uint16_t h;
+  std::memcpy(&h, static_cast<const uint8_t*>(t.data) + i * 2, 2);
+  return h;
+}
+
+struct Layer {
+  std::string name;
+  QuantSetting st;
+  int64_t rows = 0, cols = 0;
+};
+
+Layer parse_layer(const std::string& name, const nlohmann::json& j, const std::string& where) {
+  GYRE_CHECK(j.is_object() && j.contains("bits") && j["bits"].is_number_integer() &&
+                 j.contains("group_size") && j["group_size"].is_number_integer() &&
+                 j.contains("sym") && j["sym"].is_boolean() && j.contains("shape") &&
+                 j["shape"].is_array() && j["shape"].size() == 2 &&
+                 j["shape"][0].is_number_integer() && j["shape"][1].is_number_integer(),
+             where, ": quantization_config layer '", name,
+             "' needs integer bits, group_size, boolean sym and a [rows, cols] shape");
+  Layer l;
+  l.name = name;
+  const int64_t bits = j["bits"].get<int64_t>(), group = j["group_size"].get<int64_t>();
+  GYRE_CHECK(bits > 0 && bits <= 8 && group > 0 && group <= 128, where, ": layer '", name,
+             "' has unsupported bits ", bits, " / group size ", group);
+  l.st.bits = static_cast<int>(bits);
+  l.st.group_size = static_cast<int>(group);
+  l.st.sym = j["sym"].get<bool>();
+  l.rows = j["shape"][0].get<int64_t>();
+  l.cols = j["shape"][1].get<int64_t>();
+  GYRE_CHECK(l.rows > 0 && l.rows <= (int64_t{1} << 24) && l.cols <= (int64_t{1} << 24), where,
+             ": layer '", name, "' has an unsupported shape");
+  quant_setting_validate(l.st, l.cols, where + ": layer '" + name + "'");
+  return l;
+}
+
+// The layer as GGUF blocks (Q4_0, Q4_1, Q8_0) or F32, in a buffer `out` keeps alive.
+void materialize(const Layer& l, const WeightSet& raw, WeightSet& out, const std::string& where) {
+  const int64_t groups = l.cols / l.st.group_size, words = l.cols * l.st.bits / 32;
+  const TensorView& qw = part(raw, l.name + ".qweight", DType::I32, {l.rows, words}, where);
+  const TensorView& sc = part(raw, l.name + ".scales", DType::F16, {l.rows, groups}, where);
+  const TensorView* mn =
+      l.st.sym ? nullptr : &part(raw, l.name + ".mins", DType::F16, {l.rows, groups}, where);
+  if (l.st.sym)
+    GYRE_CHECK(!raw.has(l.name + ".mins"), where, ": symmetric layer '", l.name, "' has mins");
+  DType dt = DType::F32;
+  if (l.st.bits == 4) dt = l.st.sym ? DType::Q4_0 : DType::Q4_1;
+  if (l.st.bits == 8 && l.st.sym) dt = DType::Q8_0;
+  const size_t row_bytes = dtype_row_bytes(dt, l.cols);
+  auto buf = std::make_shared<std::vector<uint8_t>>(row_bytes * static_cast<size_t>(l.rows));
+  std::vector<uint32_t> row_words(static_cast<size_t>(words));
+  std::vector<int> q(static_cast<size_t>(l.cols));
+  for (int64_t r = 0; r < l.rows; ++r) {
+    std::memcpy(row_words.data(), static_cast<const uint8_t*>(qw.data) + r * words * 4,
+                static_cast<size_t>(words) * 4);
+    for (int64_t c = 0; c < l.cols; ++c) q[c] = quant_unpack(row_words.data(), c, l.st.bits);
+    uint8_t* dst = buf->data() + static_cast<size_t>(r) * row_bytes;
+    for (int64_t b = 0; b < l.cols / 32; ++b) {
+      const int64_t g = r * groups + b * 32 / l.st.group_size;
+      const uint16_t s = half_at(sc, g), m = mn ? half_at(*mn, g) : 0;
+      const int* qb = q.data() + b * 32;
+      if (dt == DType::Q4_0 || dt == DType::Q4_1) {
+        uint8_t* blk = dst + b * dtype_info(dt).block_bytes;
+        std::memcpy(blk, &s, 2);
+        if (dt == DType::Q4_1) std::memcpy(blk + 2, &m, 2);
+        uint8_t* qs = blk + (dt == DType::Q4_0 ? 2 : 4);
+        for (int i = 0; i < 16; ++i) qs[i] = static_cast<uint8_t>(qb[i] | (qb[i + 16] << 4));
+      } else if (dt == DType::Q8_0) {
+        uint8_t* blk = dst + b * 34;
+        std::memcpy(blk, &s, 2);
+        for (int i = 0; i < 32; ++i) blk[2 + i] = static_cast<uint8_t>(qb[i] - 128);
+      } else {
+        for (int i = 0; i < 32; ++i) {
+          const float v = quant_dequant_value(l.st, qb[i], f16_to_f32(s), f16_to_f32(m));
+          std::memcpy(dst + (b * 32 + i) * 4, &v, 4);
+        }
+      }
+    }
+  }
+  TensorView t;
+  t.name = l.name + ".weight";
+  t.dtype = dt;
+  t.shape = {l.rows, l.cols};
+  t.data = buf->data();
+  t.nbytes = buf->size();
+  out.add(t);
+  out.keep(buf);
+}
+
+}  // namespace
+
+bool is_gyre_quantized(const nlohmann::json& config) {
+  if (!config.is_object() || !config.contains("quantization_config")) return false;
+  const auto& q = config["quantization_config"];
+  return q.is_object() && q.contains("quant_method") && q["quant_method"] == "gyre";
+}
+
+void gyre_quant_load(const nlohmann::json& config, const WeightSet& raw, WeightSet& out,
+                     const std::string& where) {
+  const auto& qc = config["quantization_config"];
+  GYRE_CHECK(qc.contains("version") && qc["version"] == 1, where,
+             ": unsupported gyre quantization version (this build reads version 1)");
+  GYRE_CHECK(qc.contains("layers") && qc["layers"].is_object() && !qc["layers"].empty(), where,
+             ": quantization_config has no layers object");
+  std::set<std::string> parts;
+  for (const auto& [name, j] : qc["layers"].items()) {
+    const Layer l = parse_layer(name, j, where);
+    GYRE_CHECK(!raw.has(name + ".weight"), where, ": layer '", name,
+               "' is both quantized and stored as a plain weight");
+    materialize(l, raw, out, where);
+    for (const char* s : {".qweight", ".scales", ".mins"}) parts.insert(name + s);
+  }
+  for (const auto& [name, t] : raw.all()) {
+    if (parts.count(name) != 0) continue;
+    GYRE_CHECK(t.dtype != DType::I32, where, ": tensor '", name,
+               "' is packed but no quantization_config layer names it");
+    out.add(t);
+  }
+}
+
+}  // namespace gyre

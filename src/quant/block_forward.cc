@@ -1,0 +1,165 @@
+#include "quant/block_forward.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace gyre::quant {
+
+const char* unit_name(Unit u) {
+  switch (u) {
+    case Unit::QKV:
+      return "q|k|v";
+    case Unit::O:
+      return "o";
+    case Unit::GateUp:
+      return "gate|up";
+    case Unit::Down:
+      return "down";
+  }
+  return "?";
+}
+
+std::vector<std::string> unit_linears(Unit u) {
+  switch (u) {
+    case Unit::QKV:
+      return {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"};
+    case Unit::O:
+      return {"self_attn.o_proj"};
+    case Unit::GateUp:
+      return {"mlp.gate_proj", "mlp.up_proj"};
+    case Unit::Down:
+      return {"mlp.down_proj"};
+  }
+  return {};
+}
+
+std::vector<float> tensor_to_f32(const TensorView& t) {
+  const int64_t rows = t.rows(), cols = t.cols();
+  const size_t row_bytes = dtype_row_bytes(t.dtype, cols);
+  GYRE_CHECK(t.data != nullptr && t.nbytes >= row_bytes * static_cast<size_t>(rows), "tensor ",
+             t.name, " has too few bytes for its shape");
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  std::vector<uint8_t> aligned(row_bytes);
+  for (int64_t r = 0; r < rows; ++r) {
+    // A copy keeps every read aligned, whatever the file offset.
+    std::memcpy(aligned.data(), static_cast<const uint8_t*>(t.data) + r * row_bytes, row_bytes);
+    dequantize_row(t.dtype, aligned.data(), out.data() + r * cols, cols);
+  }
+  return out;
+}
+
+BlockWeights block_weights_from(const WeightSet& w, const ModelConfig& c, int layer) {
+  BlockWeights b;
+  auto get = [&](const std::string& suffix) {
+    b.t[suffix] = tensor_to_f32(w.get(layer_tensor(layer, (suffix + ".weight").c_str())));
+  };
+  for (int u = 0; u < kUnits; ++u)
+    for (const std::string& s : unit_linears(static_cast<Unit>(u))) get(s);
+  get("input_layernorm");
+  get("post_attention_layernorm");
+  if (c.qkv_bias)
+    for (const char* p :
+         {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"})
+      b.t[p] = tensor_to_f32(w.get(layer_tensor(layer, p)));
+  return b;
+}
+
+BlockRunner::BlockRunner(Backend& backend, const ModelConfig& c, int rows, int length)
+    : be_(backend), c_(c), rows_(rows), length_(length) {
+  rope_.rot_dim = c.rope.rot_dim > 0 ? c.rope.rot_dim : c.head_dim;
+  rope_.interleaved = c.rope.interleaved;
+  rope_.inv_freq = rope_inv_freq(c.rope, c.max_seq_len, 0);
+  rope_.attn_factor = rope_attention_factor(c.rope, c.max_seq_len);
+  cache_ = be_.new_kv_cache(1, c.n_kv_heads, c.head_dim, length);
+  positions_.resize(static_cast<size_t>(rows) * length);
+  for (size_t i = 0; i < positions_.size(); ++i) positions_[i] = static_cast<int32_t>(i % length);
+}
+
+Tensor BlockRunner::weight(const std::vector<float>& w, int64_t rows, int64_t cols) {
+  GYRE_CHECK(w.size() == static_cast<size_t>(rows * cols), "internal: weight size mismatch");
+  TensorView v;
+  v.name = "quantizer weight";
+  v.dtype = DType::F32;
+  v.shape = rows == 1 ? std::vector<int64_t>{cols} : std::vector<int64_t>{rows, cols};
+  v.data = w.data();
+  v.nbytes = w.size() * sizeof(float);
+  return be_.upload_weight(v);
+}
+
+// The backend has no host-to-activation copy; embedding rows 0..n-1 of a table made from the
+// host rows is one (the CPU backend reads the table in place).
+Tensor BlockRunner::to_device(const std::vector<float>& host, int64_t rows, int64_t cols) {
+  Tensor table = weight(host, rows, cols);
+  std::vector<int32_t> ids(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) ids[i] = static_cast<int32_t>(i);
+  Tensor out = be_.alloc(rows, cols);
+  be_.embed(out, table, ids.data(), static_cast<int>(rows));
+  return out;
+}
+
+std::vector<float> BlockRunner::to_host(const Tensor& t) {
+  std::vector<float> out(static_cast<size_t>(t.rows * t.cols));
+  be_.to_host(t, out.data());
+  return out;
+}
+
+void BlockRunner::run(std::vector<float>& hidden, BlockWeights& w, const UnitHook& hook) {
+  const int64_t n = int64_t{rows_} * length_;
+  const int dim = c_.dim, qd = c_.q_dim(), kvd = c_.kv_dim(), ff = c_.hidden_dim;
+  GYRE_CHECK(hidden.size() == static_cast<size_t>(n * dim), "internal: hidden size mismatch");
+  auto& t = w.t;
+  Tensor x = to_device(hidden, n, dim), xn = be_.alloc(n, dim);
+  be_.rmsnorm(xn, x, weight(t["input_layernorm"], 1, dim), c_.norm_eps);
+  if (hook) hook(Unit::QKV, to_host(xn), n, w);
+  Tensor q = be_.alloc(n, qd), k = be_.alloc(n, kvd), v = be_.alloc(n, kvd);
+  auto proj = [&](Tensor& out, const char* name, int64_t rows) {
+    const std::string bias = std::string(name) + ".bias";
+    Tensor b;
+    if (c_.qkv_bias && t.count(bias)) b = weight(t[bias], 1, rows);
+    be_.matmul(out, xn, weight(t[name], rows, dim), c_.qkv_bias && t.count(bias) ? &b : nullptr);
+  };
+  proj(q, "self_attn.q_proj", qd);
+  proj(k, "self_attn.k_proj", kvd);
+  proj(v, "self_attn.v_proj", kvd);
+  be_.rope(q, c_.n_heads, c_.head_dim, positions_.data(), rope_);
+  be_.rope(k, c_.n_kv_heads, c_.head_dim, positions_.data(), rope_);
+  AttentionParams ap;
+  ap.n_heads = c_.n_heads;
+  ap.n_kv_heads = c_.n_kv_heads;
+  ap.head_dim = c_.head_dim;
+  ap.scale = 1.0f / std::sqrt(static_cast<float>(c_.head_dim));
+  ap.sliding_window = c_.sliding_window;
+  Tensor att = be_.alloc(n, qd);
+  for (int r = 0; r < rows_; ++r) {
+    const int64_t r0 = int64_t{r} * length_;
+    Tensor o = att.slice_rows(r0, length_);
+    be_.attention(o, q.slice_rows(r0, length_), k.slice_rows(r0, length_),
+                  v.slice_rows(r0, length_), *cache_, 0, 0, ap);
+  }
+  if (hook) hook(Unit::O, to_host(att), n, w);
+  Tensor delta = be_.alloc(n, dim);
+  be_.matmul(delta, att, weight(t["self_attn.o_proj"], dim, qd), nullptr);
+  be_.add(x, delta);
+  be_.rmsnorm(xn, x, weight(t["post_attention_layernorm"], 1, dim), c_.norm_eps);
+  if (hook) hook(Unit::GateUp, to_host(xn), n, w);
+  Tensor gate = be_.alloc(n, ff), up = be_.alloc(n, ff);
+  be_.matmul(gate, xn, weight(t["mlp.gate_proj"], ff, dim), nullptr);
+  be_.matmul(up, xn, weight(t["mlp.up_proj"], ff, dim), nullptr);
+  be_.silu_mul(gate, gate, up);
+  if (hook) hook(Unit::Down, to_host(gate), n, w);
+  be_.matmul(delta, gate, weight(t["mlp.down_proj"], dim, ff), nullptr);
+  be_.add(x, delta);
+  hidden = to_host(x);
+}
+
+std::vector<float> BlockRunner::final_norm(const std::vector<float>& hidden,
+                                           const std::vector<float>& norm) {
+  const int64_t n = int64_t{rows_} * length_;
+  Tensor x = to_device(hidden, n, c_.dim), xn = be_.alloc(n, c_.dim);
+  be_.rmsnorm(xn, x, weight(norm, 1, c_.dim), c_.norm_eps);
+  return to_host(xn);
+}
+
+}  // namespace gyre::quant

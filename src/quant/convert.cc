@@ -1,0 +1,218 @@
+#include "quant/convert.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "core/mapped_file.h"
+#include "model/gyre_quant_loader.h"
+#include "model/safetensors.h"
+#include "quant/calibration.h"
+#include "quant/convert_pass.h"
+#include "quant/gptq.h"
+#include "quant/measure.h"
+#include "quant/optimizer.h"
+#include "quant/progress.h"
+#include "quant/st_writer.h"
+
+namespace gyre::quant {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+nlohmann::json read_json_file(const std::string& path) {
+  const std::string text = read_text_file(path);
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail("malformed JSON in '", path, "': ", e.what());
+  }
+}
+
+QuantSetting parse_uniform(const std::string& s) {
+  QuantSetting st;
+  char kind[8] = "sym";
+  const int n = std::sscanf(s.c_str(), "%d:%d:%7s", &st.bits, &st.group_size, kind);
+  GYRE_CHECK(n >= 2 && (std::string(kind) == "sym" || std::string(kind) == "asym"),
+             "--uniform must look like BITS:GROUP or BITS:GROUP:asym, got '", s, "'");
+  st.sym = std::string(kind) == "sym";
+  quant_setting_validate(st, st.group_size, "--uniform");
+  return st;
+}
+
+// The setting with its group narrowed to the widest of 128/64/32 (at most the asked one) that
+// divides cols; false when none does (the layer stays unquantized).
+bool fit_setting(QuantSetting& s, int64_t cols) {
+  for (int g : {128, 64, 32})
+    if (g <= s.group_size && cols % g == 0) {
+      s.group_size = g;
+      return true;
+    }
+  return false;
+}
+
+Plan uniform_plan(const LoadedModel& m, const QuantSetting& st) {
+  Plan plan;
+  for (int b = 0; b < m.config.n_layers; ++b)
+    for (int u = 0; u < kUnits; ++u)
+      for (const std::string& s : unit_linears(static_cast<Unit>(u))) {
+        const std::string name = layer_tensor(b, s.c_str());
+        QuantSetting fit = st;
+        if (fit_setting(fit, m.weights.get(name + ".weight").cols())) plan[name] = fit;
+      }
+  return plan;
+}
+
+// One choice per unit (linears sharing an input get one setting, so they stay fusable).
+Plan optimized_plan(const LoadedModel& m, const Measurement& meas, double bpw) {
+  std::vector<std::vector<std::string>> units;
+  std::vector<std::vector<Choice>> choices;
+  std::vector<std::vector<QuantSetting>> settings;
+  double numel_total = 0;
+  for (int b = 0; b < m.config.n_layers; ++b)
+    for (int u = 0; u < kUnits; ++u) {
+      std::vector<const LayerErrors*> members;
+      for (const std::string& s : unit_linears(static_cast<Unit>(u))) {
+        const std::string name = layer_tensor(b, s.c_str());
+        const LayerErrors* le = meas.find(name);
+        if (le == nullptr) continue;
+        const TensorView& t = m.weights.get(name + ".weight");
+        GYRE_CHECK(t.rows() == le->rows && t.cols() == le->cols, "the measurement's layer ", name,
+                   " has another shape than the model's");
+        members.push_back(le);
+      }
+      if (members.empty()) continue;
+      std::vector<Choice> cs;
+      std::vector<QuantSetting> ss;
+      for (const auto& [st, err0] : members[0]->errors) {
+        Choice c;
+        bool everywhere = true;
+        for (const LayerErrors* le : members) {
+          bool found = false;
+          for (const auto& [st2, e] : le->errors)
+            if (st2 == st) {
+              c.error += e;
+              found = true;
+            }
+          everywhere = everywhere && found;
+          c.cost_bits += static_cast<double>(le->rows * le->cols) * st.bits_per_weight();
+        }
+        if (!everywhere) continue;
+        cs.push_back(c);
+        ss.push_back(st);
+      }
+      GYRE_CHECK(!cs.empty(), "the measurement has no common setting for unit of ",
+                 members[0]->name);
+      std::vector<std::string> names;
+      for (const LayerErrors* le : members) {
+        names.push_back(le->name);
+        numel_total += static_cast<double>(le->rows * le->cols);
+      }
+      units.push_back(names);
+      choices.push_back(cs);
+      settings.push_back(ss);
+    }
+  GYRE_CHECK(!units.empty(), "the model has no layer that can be quantized");
+  const std::vector<int> pick = choose_settings(choices, bpw * numel_total);
+  Plan plan;
+  for (size_t u = 0; u < units.size(); ++u)
+    for (const std::string& n : units[u]) plan[n] = settings[u][pick[u]];
+  return plan;
+}
+
+}  // namespace
+
+void convert_model(const ConvertOptions& o) {
+  GYRE_CHECK(o.bpw >= 2.0 && o.bpw <= 16.0, "--bpw must be between 2 and 16, got ", o.bpw);
+  GYRE_CHECK(o.head_bits == 0 || o.head_bits == 2 || o.head_bits == 3 || o.head_bits == 4 ||
+                 o.head_bits == 5 || o.head_bits == 6 || o.head_bits == 8,
+             "--head-bits must be 0 (unquantized), 2, 3, 4, 5, 6 or 8, got ", o.head_bits);
+  GYRE_CHECK(o.damp >= 0.0 && o.damp <= 1.0, "--damp must be in [0, 1], got ", o.damp);
+  GYRE_CHECK(!o.out.empty(), "convert needs an output folder (-o)");
+  GYRE_CHECK(fs::is_directory(o.model) && file_exists(o.model + "/config.json"), "'", o.model,
+             "' is not a Hugging Face model folder (convert reads config.json + safetensors)");
+  const nlohmann::json in_config = read_json_file(o.model + "/config.json");
+  GYRE_CHECK(in_config.is_object() && !in_config.contains("quantization_config"), "'", o.model,
+             "' is already quantized; convert needs an unquantized model");
+  const std::string job = o.out + "/.gyre-job";
+  GYRE_CHECK(!fs::exists(o.out + "/config.json") || fs::exists(job), "'", o.out,
+             "' already holds a model; choose a new output folder");
+  // Everything that can be checked is checked before a job folder is created.
+  QuantSetting uniform;
+  if (!o.uniform.empty()) uniform = parse_uniform(o.uniform);
+  Measurement meas;
+  if (o.uniform.empty() && !o.measurement.empty())
+    meas = Measurement::from_json(read_json_file(o.measurement), o.measurement);
+  const std::string text =
+      o.calibration.empty() ? default_calibration_text() : read_text_file(o.calibration);
+  auto model = load_model(o.model);
+  if (o.uniform.empty() && !o.measurement.empty())
+    GYRE_CHECK(meas.blocks_done == model->config.n_layers, "'", o.measurement,
+               "' is an unfinished measurement (", meas.blocks_done, " of ", model->config.n_layers,
+               " blocks)");
+  GYRE_CHECK(o.length <= model->config.max_seq_len || model->config.max_seq_len <= 0, "--length ",
+             o.length, " exceeds the model's context of ", model->config.max_seq_len);
+  QuantContext ctx;
+  ctx.model = model.get();
+  ctx.rows = calibration_rows(*model->tokenizer, text, o.rows, o.length, model->config.bos_id);
+  ctx.damp = o.damp;
+  ctx.act_order = o.act_order;
+  ctx.rtn = o.rtn;
+  ctx.threads = o.threads > 0 ? o.threads
+                              : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ctx.progress = o.progress;
+
+  std::error_code ec;
+  fs::create_directories(job, ec);
+  GYRE_CHECK(!ec, "cannot create '", job, "': ", ec.message());
+  nlohmann::json sig = {{"model", fs::absolute(o.model).lexically_normal().string()},
+                        {"bpw", o.bpw},
+                        {"head_bits", o.head_bits},
+                        {"rows", o.rows},
+                        {"length", o.length},
+                        {"damp", o.damp},
+                        {"act_order", o.act_order},
+                        {"uniform", o.uniform},
+                        {"rtn", o.rtn},
+                        {"measurement", o.measurement},
+                        {"calibration_hash", std::to_string(std::hash<std::string>{}(text))}};
+  if (file_exists(job + "/job.json")) {
+    GYRE_CHECK(read_json_file(job + "/job.json") == sig, "'", job,
+               "' belongs to a conversion with other options; delete it or pick another output");
+    std::fprintf(stderr, "convert: resuming the job in %s\n", job.c_str());
+  } else {
+    write_file_atomic(job + "/job.json", sig.dump(2));
+  }
+  auto backend = backend_create("cpu", ctx.threads);
+  ctx.backend = backend.get();
+
+  Plan plan;
+  const bool measured = o.uniform.empty();
+  if (!measured) {
+    plan = uniform_plan(*model, uniform);
+  } else {
+    if (!o.measurement.empty()) {
+      // Checked before the job folder was made (above).
+    } else {
+      const std::string mpath = job + "/measurement.json";
+      if (file_exists(mpath)) meas = Measurement::from_json(read_json_file(mpath), mpath);
+      meas.meta = {{"model", sig["model"]},    {"rows", o.rows},
+                   {"length", o.length},       {"damp", o.damp},
+                   {"act_order", o.act_order}, {"method", o.rtn ? "rtn" : "gptq"}};
+      measure(ctx, meas,
+              [&](const Measurement& m) { write_file_atomic(mpath, m.to_json().dump(1)); });
+    }
+    plan = optimized_plan(*model, meas, o.bpw);
+  }
+  quantize_pass(ctx, plan, job, o.head_bits);
+  write_output(ctx, o, plan, job, in_config, measured ? &meas : nullptr);
+  fs::remove_all(job, ec);
+}
+
+}  // namespace gyre::quant

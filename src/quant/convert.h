@@ -1,0 +1,33 @@
+// `gyre convert`: a Hugging Face model folder in, a Gyre-quantized folder out (config.json with
+// a quantization_config block, model.safetensors in the model/gyre_qformat.h layout, the
+// tokenizer files, measurement.json). Steps: calibration rows; measurement of every layer at
+// every candidate setting (measure.h); the per-layer choice under the bits-per-weight target
+// (optimizer.h); the quantization pass, block by block, each block fed the outputs of the
+// already-quantized blocks before it. Job state lives in OUT/.gyre-job, so an interrupted
+// conversion started again with the same options resumes where it stopped.
+#pragma once
+#include <string>
+
+namespace gyre::quant {
+
+struct ConvertOptions {
+  std::string model, out;
+  std::string calibration;  // text file; empty: the built-in text
+  std::string measurement;  // reuse this measurement JSON instead of measuring
+  double bpw = 4.0;         // target average bits per weight of the decoder's linear layers
+  int head_bits = 6;        // LM head bits (group 128, symmetric); 0 keeps it unquantized
+  int rows = 32, length = 256;
+  double damp = 0.01;
+  bool act_order = true;
+  // Baselines: every layer at one setting "BITS:GROUP[:asym]" (no measurement), and round to
+  // nearest instead of GPTQ.
+  std::string uniform;
+  bool rtn = false;
+  int threads = 0;  // <= 0: all cores
+  bool progress = true;
+};
+
+// Runs the whole conversion; prints progress and per-layer errors on stderr. Throws gyre::Error.
+void convert_model(const ConvertOptions& o);
+
+}  // namespace gyre::quant

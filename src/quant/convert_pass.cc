@@ -1,0 +1,242 @@
+#include "quant/convert_pass.h"
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/mapped_file.h"
+#include "model/gyre_quant_loader.h"
+#include "model/loader.h"
+#include "model/safetensors.h"
+#include "quant/progress.h"
+
+namespace gyre::quant {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kHead = "lm_head";
+
+// The tensor the LM head multiplies by: lm_head.weight, or the embedding table when tied.
+const TensorView& head_weight(const LoadedModel& m) {
+  if (!m.config.tie_embeddings && m.weights.has("lm_head.weight"))
+    return m.weights.get("lm_head.weight");
+  return m.weights.get("model.embed_tokens.weight");
+}
+
+const TensorView& plan_weight(const LoadedModel& m, const std::string& name) {
+  return name == kHead ? head_weight(m) : m.weights.get(name + ".weight");
+}
+
+template <typename T>
+StTensor st_from(const std::string& name, const char* dtype, std::vector<int64_t> shape,
+                 const std::vector<T>& v) {
+  StTensor t{name, dtype, std::move(shape), {}};
+  t.bytes.resize(v.size() * sizeof(T));
+  std::memcpy(t.bytes.data(), v.data(), t.bytes.size());
+  return t;
+}
+
+// The dequantized floats of the plan's layers stored in a job file (what the loader will make).
+std::map<std::string, std::vector<float>> load_job_file(const std::string& path, const Plan& plan,
+                                                        const LoadedModel& m) {
+  WeightSet raw, out;
+  safetensors_load(path, raw);
+  Plan part;
+  for (const auto& [name, st] : plan)
+    if (raw.has(name + ".qweight")) part[name] = st;
+  nlohmann::json cfg;
+  cfg["quantization_config"] = {
+      {"quant_method", "gyre"}, {"version", 1}, {"layers", plan_layers_json(part, m.weights)}};
+  gyre_quant_load(cfg, raw, out, path);
+  std::map<std::string, std::vector<float>> floats;
+  for (const auto& [name, st] : part) floats[name] = tensor_to_f32(out.get(name + ".weight"));
+  return floats;
+}
+
+void log_layer(Progress& bar, const std::string& name, const QuantSetting& st, double err) {
+  char buf[200];
+  std::snprintf(buf, sizeof(buf), "  %-40s %-12s rel. error %.6f", name.c_str(), st.str().c_str(),
+                err);
+  bar.note(buf);
+}
+
+}  // namespace
+
+std::vector<StTensor> pack_tensors(const QuantizedWeight& q, const std::string& name) {
+  const QuantSetting& st = q.setting;
+  const int64_t words = int64_t{q.cols} * st.bits / 32, groups = q.cols / st.group_size;
+  std::vector<uint32_t> packed(static_cast<size_t>(q.rows * words));
+  for (int64_t r = 0; r < q.rows; ++r)
+    quant_pack_row(q.q.data() + r * q.cols, q.cols, st.bits, packed.data() + r * words);
+  std::vector<StTensor> out;
+  out.push_back(st_from(name + ".qweight", "I32", {q.rows, words}, packed));
+  out.push_back(st_from(name + ".scales", "F16", {q.rows, groups}, q.scales));
+  if (!st.sym) out.push_back(st_from(name + ".mins", "F16", {q.rows, groups}, q.mins));
+  return out;
+}
+
+nlohmann::json plan_layers_json(const Plan& plan, const WeightSet& w) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [name, st] : plan) {
+    const TensorView& t = name == kHead
+                              ? (w.has("lm_head.weight") ? w.get("lm_head.weight")
+                                                         : w.get("model.embed_tokens.weight"))
+                              : w.get(name + ".weight");
+    j[name] = {{"bits", st.bits},
+               {"group_size", st.group_size},
+               {"sym", st.sym},
+               {"shape", {t.rows(), t.cols()}}};
+  }
+  return j;
+}
+
+void quantize_pass(const QuantContext& ctx, Plan& plan, const std::string& job, int head_bits) {
+  const LoadedModel& m = *ctx.model;
+  const ModelConfig& c = m.config;
+  const int rows = static_cast<int>(ctx.rows.size()), length = static_cast<int>(ctx.rows[0].size());
+  if (head_bits > 0) {
+    QuantSetting st{head_bits, 128, true};
+    for (int g : {128, 64, 32})
+      if (head_weight(m).cols() % g == 0) {
+        st.group_size = g;
+        plan[kHead] = st;
+        break;
+      }
+  }
+  Progress bar("quantizing", static_cast<int64_t>(plan.size()), ctx.progress);
+  BlockRunner runner(*ctx.backend, c, rows, length);
+  std::vector<float> hidden = embed_rows(ctx);
+  auto quantize = [&](const std::string& name, const std::vector<float>& w,
+                      const std::vector<double>& h, const GptqPrep* prep) {
+    const QuantSetting& st = plan.at(name);
+    const int in = static_cast<int>(plan_weight(m, name).cols());
+    const int out_rows = static_cast<int>(static_cast<int64_t>(w.size()) / in);
+    QuantizedWeight q = ctx.rtn ? rtn_quantize(w.data(), out_rows, in, st)
+                                : gptq_quantize(w.data(), out_rows, in, *prep, st, ctx.threads);
+    log_layer(bar, name, st, relative_error(w.data(), q, h, ctx.threads));
+    bar.step();
+    return q;
+  };
+  for (int b = 0; b < c.n_layers; ++b) {
+    BlockWeights w = block_weights_from(m.weights, c, b);
+    const std::string path = job + "/block_" + std::to_string(b) + ".safetensors";
+    if (file_exists(path)) {  // done before an interruption: its quantized weights, then move on
+      for (auto& [name, f] : load_job_file(path, plan, m)) {
+        w.t[name.substr(layer_tensor(b, "").size())] = std::move(f);
+        bar.step();
+      }
+      runner.run(hidden, w, nullptr);
+      continue;
+    }
+    std::vector<StTensor> tensors;
+    runner.run(
+        hidden, w, [&](Unit unit, const std::vector<float>& x, int64_t tokens, BlockWeights& bw) {
+          std::vector<std::string> names;
+          for (const std::string& s : unit_linears(unit))
+            if (plan.count(layer_tensor(b, s.c_str()))) names.push_back(s);
+          if (names.empty()) return;
+          const int in = static_cast<int>(static_cast<int64_t>(x.size()) / tokens);
+          const std::vector<double> h = hessian_of(x, tokens, in, ctx.threads);
+          GptqPrep prep;
+          if (!ctx.rtn) prep = gptq_prepare(h, in, ctx.damp, ctx.act_order);
+          for (const std::string& s : names) {
+            const std::string name = layer_tensor(b, s.c_str());
+            QuantizedWeight q = quantize(name, bw.t[s], h, &prep);
+            for (StTensor& t : pack_tensors(q, name)) tensors.push_back(std::move(t));
+            bw.t[s] = std::move(q.dequant);  // later units and blocks see the quantized layer
+          }
+        });
+    write_safetensors(path, tensors);
+  }
+  const std::string head_path = job + "/head.safetensors";
+  if (plan.count(kHead) && !file_exists(head_path)) {
+    const std::vector<float> x =
+        runner.final_norm(hidden, tensor_to_f32(m.weights.get("model.norm.weight")));
+    const int64_t tokens = int64_t{rows} * length;
+    const std::vector<double> h = hessian_of(x, tokens, c.dim, ctx.threads);
+    GptqPrep prep;
+    if (!ctx.rtn) prep = gptq_prepare(h, c.dim, ctx.damp, ctx.act_order);
+    const QuantizedWeight q = quantize(kHead, tensor_to_f32(head_weight(m)), h, &prep);
+    write_safetensors(head_path, pack_tensors(q, kHead));
+  } else if (plan.count(kHead)) {
+    bar.step();
+  }
+  bar.finish();
+}
+
+void write_output(const QuantContext& ctx, const ConvertOptions& o, const Plan& plan,
+                  const std::string& job, const nlohmann::json& in_config,
+                  const Measurement* measurement) {
+  const LoadedModel& m = *ctx.model;
+  const bool head_q = plan.count(kHead) != 0;
+  std::vector<StTensor> tensors;
+  // Unquantized tensors keep their dtype and bytes (the embedding, norms, biases, and layers
+  // whose width fits no group size).
+  for (const auto& [name, t] : m.weights.all()) {
+    const std::string base = name.size() > 7 ? name.substr(0, name.size() - 7) : name;
+    if (plan.count(base) && name.ends_with(".weight")) continue;
+    if (name == "lm_head.weight" && (head_q || m.config.tie_embeddings)) continue;
+    StTensor s{name, dtype_name(t.dtype), t.shape, {}};
+    s.bytes.assign(static_cast<const uint8_t*>(t.data),
+                   static_cast<const uint8_t*>(t.data) + t.nbytes);
+    tensors.push_back(std::move(s));
+  }
+  std::vector<std::string> files;
+  for (int b = 0; b < m.config.n_layers; ++b)
+    files.push_back(job + "/block_" + std::to_string(b) + ".safetensors");
+  if (head_q) files.push_back(job + "/head.safetensors");
+  double qbits = 0, qnumel = 0;
+  for (const std::string& f : files) {
+    WeightSet raw;
+    safetensors_load(f, raw);
+    for (const auto& [name, t] : raw.all()) {
+      StTensor s{name, dtype_name(t.dtype), t.shape, {}};
+      s.bytes.assign(static_cast<const uint8_t*>(t.data),
+                     static_cast<const uint8_t*>(t.data) + t.nbytes);
+      tensors.push_back(std::move(s));
+    }
+  }
+  for (const auto& [name, st] : plan) {
+    if (name == kHead) continue;
+    const double n = static_cast<double>(m.weights.get(name + ".weight").numel());
+    qbits += n * st.bits_per_weight();
+    qnumel += n;
+  }
+  std::error_code ec;
+  fs::create_directories(o.out, ec);
+  write_safetensors(o.out + "/model.safetensors", tensors);
+  nlohmann::json cfg = in_config;
+  if (head_q) cfg["tie_word_embeddings"] = false;
+  nlohmann::json qc = {{"quant_method", "gyre"},
+                       {"version", 1},
+                       {"bits_per_weight", qnumel > 0 ? qbits / qnumel : 16.0},
+                       {"target_bits_per_weight", o.uniform.empty() ? o.bpw : 0.0},
+                       {"uniform", o.uniform},
+                       {"head_bits", o.head_bits},
+                       {"method", ctx.rtn ? "rtn" : "gptq"},
+                       {"act_order", ctx.act_order},
+                       {"damp", ctx.damp},
+                       {"calibration_rows", ctx.rows.size()},
+                       {"calibration_length", ctx.rows[0].size()},
+                       {"layers", plan_layers_json(plan, m.weights)}};
+  cfg["quantization_config"] = qc;
+  write_file_atomic(o.out + "/config.json", cfg.dump(2));
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                        "special_tokens_map.json", "generation_config.json", "added_tokens.json"})
+    if (file_exists(o.model + "/" + f)) {
+      fs::copy_file(o.model + "/" + f, o.out + "/" + f, fs::copy_options::overwrite_existing, ec);
+      GYRE_CHECK(!ec, "cannot copy ", f, " into '", o.out, "': ", ec.message());
+    }
+  if (measurement != nullptr)
+    write_file_atomic(o.out + "/measurement.json", measurement->to_json().dump(1));
+  load_model(o.out);  // the folder must load: throws here rather than at first use
+  std::fprintf(stderr,
+               "convert: wrote %s (%.3f bits per weight over %zu quantized layers, %.2f MB)\n",
+               o.out.c_str(), qnumel > 0 ? qbits / qnumel : 16.0, plan.size() - (head_q ? 1 : 0),
+               static_cast<double>(fs::file_size(o.out + "/model.safetensors")) / 1e6);
+}
+
+}  // namespace gyre::quant

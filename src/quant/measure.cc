@@ -1,0 +1,160 @@
+#include "quant/measure.h"
+
+#include <cstdio>
+#include <cstring>
+
+#include "core/error.h"
+#include "quant/gptq.h"
+#include "quant/linalg.h"
+#include "quant/progress.h"
+
+namespace gyre::quant {
+
+std::vector<QuantSetting> candidate_settings() {
+  std::vector<QuantSetting> out;
+  for (int bits : {2, 3, 4, 5, 6, 8})
+    for (int g : {32, 64, 128}) {
+      out.push_back({bits, g, true});
+      if (bits <= 4) out.push_back({bits, g, false});
+    }
+  return out;
+}
+
+std::vector<QuantSetting> settings_for(const std::vector<QuantSetting>& all, int64_t cols) {
+  std::vector<QuantSetting> out;
+  for (const QuantSetting& s : all)
+    if (cols % s.group_size == 0) out.push_back(s);
+  return out;
+}
+
+const LayerErrors* Measurement::find(const std::string& name) const {
+  for (const LayerErrors& l : layers)
+    if (l.name == name) return &l;
+  return nullptr;
+}
+
+nlohmann::json Measurement::to_json() const {
+  nlohmann::json j;
+  j["format"] = "gyre-measurement";
+  j["version"] = 1;
+  j["meta"] = meta;
+  j["blocks_done"] = blocks_done;
+  j["layers"] = nlohmann::json::array();
+  for (const LayerErrors& l : layers) {
+    nlohmann::json e = nlohmann::json::array();
+    for (const auto& [s, err] : l.errors)
+      e.push_back({{"bits", s.bits}, {"group_size", s.group_size}, {"sym", s.sym}, {"error", err}});
+    j["layers"].push_back({{"name", l.name}, {"shape", {l.rows, l.cols}}, {"errors", e}});
+  }
+  return j;
+}
+
+Measurement Measurement::from_json(const nlohmann::json& j, const std::string& where) {
+  try {
+    GYRE_CHECK(
+        j.is_object() && j.value("format", "") == "gyre-measurement" && j.value("version", 0) == 1,
+        where, " is not a gyre measurement (version 1)");
+    Measurement m;
+    m.meta = j.at("meta");
+    m.blocks_done = j.at("blocks_done").get<int>();
+    for (const auto& l : j.at("layers")) {
+      LayerErrors le;
+      le.name = l.at("name").get<std::string>();
+      le.rows = l.at("shape").at(0).get<int64_t>();
+      le.cols = l.at("shape").at(1).get<int64_t>();
+      for (const auto& e : l.at("errors")) {
+        QuantSetting s{e.at("bits").get<int>(), e.at("group_size").get<int>(),
+                       e.at("sym").get<bool>()};
+        quant_setting_validate(s, le.cols, where + ": layer " + le.name);
+        const double err = e.at("error").get<double>();
+        GYRE_CHECK(err >= 0.0, where, ": negative error for ", le.name);
+        le.errors.emplace_back(s, err);
+      }
+      m.layers.push_back(std::move(le));
+    }
+    return m;
+  } catch (const nlohmann::json::exception& e) {
+    fail(where, ": malformed measurement: ", e.what());
+  }
+}
+
+std::vector<float> embed_rows(const QuantContext& ctx) {
+  const ModelConfig& c = ctx.model->config;
+  const TensorView& table = ctx.model->weights.get("model.embed_tokens.weight");
+  const size_t row_bytes = dtype_row_bytes(table.dtype, c.dim);
+  std::vector<float> out;
+  std::vector<uint8_t> aligned(row_bytes);
+  for (const auto& row : ctx.rows)
+    for (int id : row) {
+      GYRE_CHECK(id >= 0 && id < table.shape[0], "calibration token ", id,
+                 " is outside the embedding table");
+      std::memcpy(aligned.data(), static_cast<const uint8_t*>(table.data) + id * row_bytes,
+                  row_bytes);
+      out.resize(out.size() + c.dim);
+      dequantize_row(table.dtype, aligned.data(), out.data() + out.size() - c.dim, c.dim);
+    }
+  return out;
+}
+
+std::vector<double> hessian_of(const std::vector<float>& x, int64_t tokens, int n, int threads) {
+  std::vector<double> h(static_cast<size_t>(n) * n, 0.0);
+  hessian_add(h, x.data(), tokens, n, threads);
+  symmetrize_upper(h, n);
+  for (double& v : h) v *= 2.0 / static_cast<double>(tokens);
+  return h;
+}
+
+void measure(const QuantContext& ctx, Measurement& m,
+             const std::function<void(const Measurement&)>& save) {
+  const ModelConfig& c = ctx.model->config;
+  const int rows = static_cast<int>(ctx.rows.size());
+  const int length = static_cast<int>(ctx.rows[0].size());
+  const std::vector<QuantSetting> all = candidate_settings();
+  int64_t steps = 0;
+  for (int u = 0; u < kUnits; ++u)
+    for (const std::string& s : unit_linears(static_cast<Unit>(u)))
+      steps += static_cast<int64_t>(
+          settings_for(all, ctx.model->weights.get(layer_tensor(0, (s + ".weight").c_str())).cols())
+              .size());
+  Progress bar("measuring", steps * (c.n_layers - m.blocks_done), ctx.progress);
+  BlockRunner runner(*ctx.backend, c, rows, length);
+  std::vector<float> hidden = embed_rows(ctx);
+  for (int b = 0; b < c.n_layers; ++b) {
+    BlockWeights w = block_weights_from(ctx.model->weights, c, b);
+    if (b < m.blocks_done) {  // measured before an interruption: only move the states along
+      runner.run(hidden, w, nullptr);
+      continue;
+    }
+    // Measured on the unquantized model: each block sees the float outputs of those before it.
+    runner.run(hidden, w,
+               [&](Unit unit, const std::vector<float>& x, int64_t tokens, BlockWeights& bw) {
+                 const std::vector<std::string> names = unit_linears(unit);
+                 const int in = static_cast<int>(static_cast<int64_t>(x.size()) / tokens);
+                 const std::vector<double> h = hessian_of(x, tokens, in, ctx.threads);
+                 const std::vector<QuantSetting> cands = settings_for(all, in);
+                 if (cands.empty()) return;
+                 const GptqPrep prep = gptq_prepare(h, in, ctx.damp, ctx.act_order);
+                 for (const std::string& s : names) {
+                   const std::vector<float>& wt = bw.t[s];
+                   LayerErrors le;
+                   le.name = layer_tensor(b, s.c_str());
+                   le.cols = in;
+                   le.rows = static_cast<int64_t>(wt.size()) / in;
+                   const int r = static_cast<int>(le.rows);
+                   for (const QuantSetting& st : cands) {
+                     const QuantizedWeight q =
+                         ctx.rtn ? rtn_quantize(wt.data(), r, in, st)
+                                 : gptq_quantize(wt.data(), r, in, prep, st, ctx.threads);
+                     le.errors.emplace_back(st, relative_error(wt.data(), q, h, ctx.threads));
+                     bar.step();
+                   }
+                   m.layers.push_back(std::move(le));
+                 }
+               });
+    m.blocks_done = b + 1;
+    save(m);
+  }
+  bar.finish();
+}
+
+}  // namespace gyre::quant

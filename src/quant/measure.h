@@ -1,0 +1,61 @@
+// The measurement pass: for every linear layer of every decoder block and every candidate
+// setting, the relative output error tr(E H E^T) / tr(W H W^T) of quantizing it (E = W - Q, H
+// the Hessian of its input on the calibration rows). Saved as JSON after each block, so an
+// interrupted measurement resumes, and reusable by a later conversion (--measurement).
+#pragma once
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "model/gyre_qformat.h"
+#include "model/loader.h"
+#include "quant/block_forward.h"
+
+namespace gyre::quant {
+
+// Every setting the optimizer may choose from: 2, 3, 4 bits (sym and asym) and 5, 6, 8 bits
+// (sym), each at group sizes 32, 64 and 128.
+std::vector<QuantSetting> candidate_settings();
+// Those that fit a weight of `cols` columns (cols a multiple of the group size).
+std::vector<QuantSetting> settings_for(const std::vector<QuantSetting>& all, int64_t cols);
+
+struct LayerErrors {
+  std::string name;  // "model.layers.0.self_attn.q_proj"
+  int64_t rows = 0, cols = 0;
+  std::vector<std::pair<QuantSetting, double>> errors;
+};
+
+struct Measurement {
+  nlohmann::json meta;  // model, rows, length, damp, act_order, method
+  int blocks_done = 0;
+  std::vector<LayerErrors> layers;
+
+  const LayerErrors* find(const std::string& name) const;
+  nlohmann::json to_json() const;
+  static Measurement from_json(const nlohmann::json& j, const std::string& where);
+};
+
+struct QuantContext {
+  const LoadedModel* model = nullptr;
+  Backend* backend = nullptr;
+  std::vector<std::vector<int>> rows;  // calibration rows, equal lengths
+  double damp = 0.01;
+  bool act_order = true;
+  bool rtn = false;  // round to nearest instead of GPTQ (a baseline)
+  int threads = 1;
+  bool progress = true;
+};
+
+// The embedding rows of the calibration tokens: the first block's input [rows * length, dim].
+std::vector<float> embed_rows(const QuantContext& ctx);
+
+// The upper-triangle-accumulated Hessian 2/N X^T X of x [tokens, n].
+std::vector<double> hessian_of(const std::vector<float>& x, int64_t tokens, int n, int threads);
+
+// Runs (or resumes: `m` holds the blocks already done) the measurement; after each block calls
+// save(m). Layers whose width fits no candidate are left out.
+void measure(const QuantContext& ctx, Measurement& m,
+             const std::function<void(const Measurement&)>& save);
+
+}  // namespace gyre::quant

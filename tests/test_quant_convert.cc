@@ -1,0 +1,210 @@
+// `gyre convert` end to end on stories260K: the budget, the output folder loading through the
+// normal loader, quality against the unquantized model (the oracle), resuming an interrupted job,
+// and one-line errors for hostile inputs.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/mapped_file.h"
+#include "model/loader.h"
+#include "quant/convert.h"
+#include "quant_perplexity.h"
+
+namespace gyre::quant {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kModel = std::string(GYRE_FIXTURES) + "/stories260K";
+
+ConvertOptions small_options(const std::string& out) {
+  ConvertOptions o;
+  o.model = kModel;
+  o.out = out;
+  o.rows = 8;
+  o.length = 64;
+  o.threads = 2;
+  o.head_bits = 8;
+  o.progress = false;
+  return o;
+}
+
+std::string fresh_dir(const std::string& name) {
+  const std::string d = ::testing::TempDir() + "/gyre_quant_" + name;
+  fs::remove_all(d);
+  return d;
+}
+
+nlohmann::json config_of(const std::string& dir) {
+  return nlohmann::json::parse(read_text_file(dir + "/config.json"));
+}
+
+std::string story_text() {
+  const std::string t = read_text_file(std::string(GYRE_FIXTURES) + "/text/tinystories-sample.txt");
+  return t.substr(0, 6000);
+}
+
+void expect_one_line_error(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error, expected one mentioning " << needle;
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+}
+
+TEST(QuantConvert, Stories260KAtFourBitsLoadsAndStaysClose) {
+  const std::string out = fresh_dir("s4");
+  ConvertOptions o = small_options(out);
+  o.bpw = 4.0;
+  convert_model(o);
+  const nlohmann::json cfg = config_of(out);
+  const auto& qc = cfg["quantization_config"];
+  EXPECT_EQ(qc["quant_method"], "gyre");
+  EXPECT_LE(qc["bits_per_weight"].get<double>(), 4.0 + 1e-9);
+  EXPECT_GT(qc["bits_per_weight"].get<double>(), 3.0);
+  // Every quantizable linear (down_proj is 172 wide: no group size fits) plus the head.
+  EXPECT_EQ(qc["layers"].size(), 5u * 6u + 1u);
+  EXPECT_FALSE(cfg["tie_word_embeddings"].get<bool>());
+  EXPECT_TRUE(fs::exists(out + "/measurement.json"));
+  EXPECT_TRUE(fs::exists(out + "/tokenizer.json"));
+  EXPECT_FALSE(fs::exists(out + "/.gyre-job"));
+
+  auto q = load_model(out);
+  auto f = load_model(kModel);
+  const auto pq = test::quant_perplexity(*q, story_text(), 128, 1500, 2);
+  const auto pf = test::quant_perplexity(*f, story_text(), 128, 1500, 2);
+  ASSERT_GT(pf.tokens, 1000);
+  EXPECT_GT(pq.ppl, pf.ppl * 0.98);
+  EXPECT_LT(pq.ppl, pf.ppl * 1.25) << "float " << pf.ppl << " quantized " << pq.ppl;
+}
+
+TEST(QuantConvert, InterruptedJobResumesToTheSameModel) {
+  const std::string a = fresh_dir("uni_a"), b = fresh_dir("uni_b");
+  ConvertOptions o = small_options(a);
+  o.uniform = "4:64";
+  convert_model(o);
+  // Make the final write fail once (a folder where model.safetensors goes), so the job's
+  // measurement and block files stay behind; the second run must reuse them.
+  o.out = b;
+  fs::create_directories(b + "/model.safetensors/x");
+  EXPECT_THROW(convert_model(o), Error);
+  EXPECT_TRUE(fs::exists(b + "/.gyre-job/block_4.safetensors"));
+  fs::remove_all(b + "/model.safetensors");
+  convert_model(o);
+  EXPECT_EQ(read_text_file(a + "/model.safetensors"), read_text_file(b + "/model.safetensors"));
+  // A job started with other options is refused, not mixed in.
+  const std::string c = fresh_dir("uni_c");
+  fs::create_directories(c + "/model.safetensors/x");
+  o.out = c;
+  EXPECT_THROW(convert_model(o), Error);
+  o.uniform = "3:64";
+  expect_one_line_error([&] { convert_model(o); }, "other options");
+}
+
+TEST(QuantConvert, MeasurementIsReusable) {
+  const std::string a = fresh_dir("m_a"), b = fresh_dir("m_b");
+  ConvertOptions o = small_options(a);
+  o.bpw = 5.0;
+  convert_model(o);
+  o.out = b;
+  o.measurement = a + "/measurement.json";
+  convert_model(o);
+  EXPECT_EQ(config_of(a)["quantization_config"]["layers"],
+            config_of(b)["quantization_config"]["layers"]);
+}
+
+TEST(QuantConvert, HostileInputsGiveOneLineErrors) {
+  ConvertOptions o = small_options(fresh_dir("bad"));
+  auto run = [&](ConvertOptions x) { return [x] { convert_model(x); }; };
+  ConvertOptions x = o;
+  x.model = "/nonexistent";
+  expect_one_line_error(run(x), "not a Hugging Face model folder");
+  x = o;
+  x.bpw = 1.0;
+  expect_one_line_error(run(x), "--bpw");
+  x = o;
+  x.uniform = "7:32";
+  expect_one_line_error(run(x), "bits must be");
+  x = o;
+  x.uniform = "four";
+  expect_one_line_error(run(x), "--uniform");
+  x = o;
+  x.head_bits = 7;
+  expect_one_line_error(run(x), "--head-bits");
+  x = o;
+  x.rows = 0;
+  expect_one_line_error(run(x), "--rows");
+  x = o;
+  x.length = 100000;
+  expect_one_line_error(run(x), "--length");
+  x = o;
+  x.measurement = kModel + "/config.json";
+  expect_one_line_error(run(x), "not a gyre measurement");
+}
+
+TEST(QuantConvert, TamperedOutputIsRefusedInOneLine) {
+  const std::string good = fresh_dir("tamper_src");
+  ConvertOptions o = small_options(good);
+  o.uniform = "3:32:asym";
+  o.head_bits = 0;
+  convert_model(o);
+  auto variant = [&](const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
+    const std::string d = fresh_dir(name);
+    fs::copy(good, d, fs::copy_options::recursive);
+    nlohmann::json cfg = config_of(d);
+    edit(cfg);
+    std::ofstream(d + "/config.json") << cfg.dump();
+    return d;
+  };
+  const std::string l0 = "model.layers.0.self_attn.q_proj";
+  expect_one_line_error(
+      [&] {
+        load_model(
+            variant("t1", [&](auto& c) { c["quantization_config"]["layers"][l0]["bits"] = 7; }));
+      },
+      "bits must be");
+  expect_one_line_error(
+      [&] {
+        load_model(variant("t2", [&](auto& c) {
+          c["quantization_config"]["layers"][l0]["shape"] = {64, 128};
+        }));
+      },
+      "expected");
+  expect_one_line_error(
+      [&] {
+        load_model(
+            variant("t3", [&](auto& c) { c["quantization_config"]["layers"][l0]["sym"] = true; }));
+      },
+      "mins");
+  expect_one_line_error(
+      [&] {
+        load_model(variant("t4", [&](auto& c) { c["quantization_config"]["layers"].erase(l0); }));
+      },
+      "no quantization_config layer");
+  expect_one_line_error(
+      [&] { load_model(variant("t5", [&](auto& c) { c["quantization_config"]["version"] = 9; })); },
+      "version");
+  expect_one_line_error(
+      [&] {
+        load_model(variant("t6", [&](auto& c) {
+          c["quantization_config"]["layers"]["x.y"] = {
+              {"bits", 4}, {"group_size", 32}, {"sym", true}, {"shape", {1, 32}}};
+        }));
+      },
+      "missing");
+  ConvertOptions again = small_options(good);
+  expect_one_line_error([&] { convert_model(again); }, "already holds a model");
+  again.model = good;
+  again.out = fresh_dir("requant");
+  expect_one_line_error([&] { convert_model(again); }, "already quantized");
+}
+
+}  // namespace
+}  // namespace gyre::quant
