@@ -204,6 +204,10 @@ TEST(CliInfo, Stories260KShapes) {
   EXPECT_EQ(j["parameters"], params);
   EXPECT_EQ(j["layers"], l);
   EXPECT_EQ(j["kv_cache"]["bytes_per_token_f32"], 2 * l * kv * 4);
+  // docs/kv_cache.md: q8 one byte per value + an FP16 scale per 32; q4 half a byte + scale, min.
+  const int64_t blocks = (hd + 31) / 32, kv_heads = cfg["num_key_value_heads"];
+  EXPECT_EQ(j["kv_cache"]["bytes_per_token_q8"], 2 * l * kv_heads * (hd + 2 * blocks));
+  EXPECT_EQ(j["kv_cache"]["bytes_per_token_q4"], 2 * l * kv_heads * ((hd + 1) / 2 + 4 * blocks));
   EXPECT_EQ(j["dtypes"]["F32"]["params"], params);
   EXPECT_EQ(j["tokenizer"]["vocab_size"], v);
   EXPECT_EQ(j["architecture"], "llama");
@@ -242,6 +246,21 @@ Output run_on(const fs::path& model, const std::string& prompt,
                                    "4",   "--device", "cpu",          "--threads", "1"};
   args.insert(args.end(), extra.begin(), extra.end());
   return run_gyre(args);
+}
+
+// --cache q8 on the CPU: the greedy continuation stays the f16 one on this short run (a quality
+// check: quantized keys and values may flip a near-tie in general), and the load line names it.
+TEST(CliRun, QuantizedKvCacheOption) {
+  REQUIRE_GYRE_BIN();
+  const auto c = stories_golden()["cases"][1];
+  const Output o = run_gyre({"run", "-m", fixture("stories260K"), "--temp", "0", "-n", "20", "-p",
+                             c["prompt"], "--device", "cpu", "--threads", "1", "--cache", "q8"});
+  ASSERT_EQ(o.rc, 0) << o.err;
+  const std::string full = c["generated_text"];
+  EXPECT_EQ(full.compare(0, o.out.size() - 1, o.out, 0, o.out.size() - 1), 0) << o.out;
+  EXPECT_NE(o.err.find("(q8)"), std::string::npos) << o.err;
+  const Output bad = run_gyre({"run", "-m", fixture("stories260K"), "-p", "hi", "--cache", "q5"});
+  EXPECT_NE(bad.rc, 0);
 }
 
 TEST(CliErrors, OneLineAndExitCodeOne) {

@@ -2,8 +2,9 @@
 // reference, itself checked against float64 attention in test_cpu_paged_attention.cc), on random
 // FP16-exact inputs: ragged steps mixing prefill chunks (tile kernel) and decode rows (split
 // kernel), page sizes 16 and others, GQA ratios, head dims 8/64/80/96/128, sliding windows and
-// contexts of several thousand positions; copy_kv_page; and the Engine on the CUDA backend with
-// stories260K against the single-sequence generators. Skipped when no GPU is present.
+// contexts of several thousand positions; the same with q8/q4 caches against the CPU's q8/q4
+// paged caches; copy_kv_page; and the Engine on the CUDA backend with stories260K against the
+// single-sequence generators. Skipped when no GPU is present.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "core/half.h"
+#include "core/kv_quant.h"
 #include "engine/engine.h"
 #include "engine/generator.h"
 #include "engine/transformer.h"
@@ -34,14 +36,16 @@ namespace {
 bool have_gpu() {
   return cuda_device_count() > 0;
 }
-std::unique_ptr<Backend> cuda_backend() {
-  return make_cuda_backend(0, BackendOptions{});
+std::unique_ptr<Backend> cuda_backend(const std::string& kv_cache = "f16") {
+  BackendOptions o;
+  o.kv_cache = kv_cache;
+  return make_cuda_backend(0, o);
 }
 #else
 bool have_gpu() {
   return false;
 }
-std::unique_ptr<Backend> cuda_backend() {
+std::unique_ptr<Backend> cuda_backend(const std::string& = "f16") {
   return nullptr;
 }
 #endif
@@ -180,21 +184,29 @@ int assign_pages(std::vector<Seq>& seqs, int page_size, std::mt19937& rng) {
 
 // Fills every history (window 1 keeps the CPU reference cheap: the stores are what matter),
 // then runs the ragged step at layers 1 and 0 with the shape's window.
-void run_case(const Shape& s, std::vector<Seq> seqs, uint32_t seed) {
+// kv: the cache type of both backends; q8/q4 caches must have the same size on both (one row
+// format), and the GPU rounds dequantized rows to FP16 for its tensor cores (kept in tolerance).
+void run_case(const Shape& s, std::vector<Seq> seqs, uint32_t seed, const char* kv = "f16") {
+  SCOPED_TRACE(std::string("cache ") + kv);
   std::mt19937 rng(seed);
-  auto cpu = make_cpu_backend(2);
-  auto gpu = cuda_backend();
+  auto cpu = make_cpu_backend(2, parse_kv_type(kv));
+  auto gpu = cuda_backend(kv);
   const int num_pages = assign_pages(seqs, s.page_size, rng);
   PagedPair pair(*cpu, *gpu, s, 2, num_pages);
+  const bool quantized = parse_kv_type(kv) != KvType::F16;
+  if (quantized) {
+    EXPECT_EQ(pair.gpu_cache().bytes(), pair.cpu_cache().bytes());
+  }
+  const double tol = quantized ? 5e-3 : 3e-3;
   std::vector<int> zeros(seqs.size(), 0), hist, rows;
   for (const Seq& q : seqs) hist.push_back(q.history), rows.push_back(q.rows);
   for (int layer = 0; layer < 2; ++layer)
-    EXPECT_LT(pair.step(seqs, zeros, hist, layer, 1, 10 + uint64_t(layer), rng), 3e-3)
+    EXPECT_LT(pair.step(seqs, zeros, hist, layer, 1, 10 + uint64_t(layer), rng), tol)
         << "history fill, layer " << layer;
   const double e1 = pair.step(seqs, hist, rows, 1, s.window, 20, rng);
   const double e0 = pair.step(seqs, hist, rows, 0, s.window, 20, rng);  // same generation
-  EXPECT_LT(e1, 3e-3) << "head_dim " << s.head_dim << " window " << s.window;
-  EXPECT_LT(e0, 3e-3) << "head_dim " << s.head_dim << " window " << s.window;
+  EXPECT_LT(e1, tol) << "head_dim " << s.head_dim << " window " << s.window;
+  EXPECT_LT(e0, tol) << "head_dim " << s.head_dim << " window " << s.window;
 }
 
 TEST(CudaPagedAttention, Llama8bShapeLongDecodesAndChunks) {
@@ -228,17 +240,39 @@ TEST(CudaPagedAttention, GenericHeadDims) {
   run_case({6, 2, 13, 5, 9}, {{100, 1, {}}, {40, 30, {}}}, 7);
 }
 
-TEST(CudaPagedAttention, CopyKvPageThenAttend) {
+// q8/q4 paged caches: the store kernel quantizes, the tile and split kernels dequantize.
+TEST(CudaPagedAttention, QuantizedLlama8bShape) {
   SKIP_WITHOUT_GPU();
+  for (const char* kv : {"q8", "q4"})
+    run_case({32, 8, 128, 16, 0}, {{2500, 1, {}}, {50, 1, {}}, {300, 77, {}}, {0, 16, {}}}, 11, kv);
+}
+
+TEST(CudaPagedAttention, QuantizedAwkwardShapes) {
+  SKIP_WITHOUT_GPU();
+  for (const char* kv : {"q8", "q4"}) {
+    // Head dim 80 (a half block at the end of each row) with a window and odd pages; 40 with
+    // wide GQA; 8 (one short block, split kernel only); 13 (odd: the scalar paths).
+    run_case({10, 2, 80, 7, 300}, {{1200, 1, {}}, {3, 1, {}}, {400, 70, {}}, {0, 20, {}}}, 12, kv);
+    run_case({16, 2, 40, 16, 0}, {{700, 1, {}}, {30, 33, {}}}, 13, kv);
+    run_case({8, 4, 8, 16, 0}, {{300, 1, {}}, {10, 50, {}}, {0, 3, {}}}, 14, kv);
+    run_case({6, 2, 13, 5, 9}, {{100, 1, {}}, {40, 30, {}}}, 15, kv);
+  }
+}
+
+// Pages copied on both backends; a decode through the copies must match (codes and params
+// copied).
+void copy_then_attend(const char* kv) {
+  SCOPED_TRACE(std::string("cache ") + kv);
   std::mt19937 rng(8);
-  auto cpu = make_cpu_backend(2);
-  auto gpu = cuda_backend();
+  auto cpu = make_cpu_backend(2, parse_kv_type(kv));
+  auto gpu = cuda_backend(kv);
   const Shape s{8, 2, 64, 16, 0};
+  const double tol = parse_kv_type(kv) == KvType::F16 ? 3e-3 : 5e-3;
   PagedPair pair(*cpu, *gpu, s, 2, 12);
   // 20 positions in pages 3 and 7; then pages 3 -> 9 (16 tokens) and 7 -> 10 (4 tokens).
   std::vector<Seq> seqs{{0, 20, {3, 7}}};
   for (int layer = 0; layer < 2; ++layer)
-    EXPECT_LT(pair.step(seqs, {0}, {20}, layer, 0, 1 + uint64_t(layer), rng), 3e-3);
+    EXPECT_LT(pair.step(seqs, {0}, {20}, layer, 0, 1 + uint64_t(layer), rng), tol);
   for (Backend* b : {cpu.get(), gpu.get()}) {
     PagedKvCache& c = b == cpu.get() ? pair.cpu_cache() : pair.gpu_cache();
     b->copy_kv_page(c, 3, 9, 16);
@@ -247,10 +281,21 @@ TEST(CudaPagedAttention, CopyKvPageThenAttend) {
   // The copies must hold the original keys: a decode through them matches the CPU.
   std::vector<Seq> copied{{20, 1, {9, 10}}};
   for (int layer = 0; layer < 2; ++layer)
-    EXPECT_LT(pair.step(copied, {20}, {1}, layer, 0, 5, rng), 3e-3) << "layer " << layer;
+    EXPECT_LT(pair.step(copied, {20}, {1}, layer, 0, 5, rng), tol) << "layer " << layer;
   EXPECT_THROW(gpu->copy_kv_page(pair.gpu_cache(), 3, 3, 4), Error);
   EXPECT_THROW(gpu->copy_kv_page(pair.gpu_cache(), 3, 12, 4), Error);
   EXPECT_THROW(gpu->copy_kv_page(pair.gpu_cache(), 3, 4, 17), Error);
+}
+
+TEST(CudaPagedAttention, CopyKvPageThenAttend) {
+  SKIP_WITHOUT_GPU();
+  copy_then_attend("f16");
+}
+
+TEST(CudaPagedAttention, QuantizedCopyKvPageThenAttend) {
+  SKIP_WITHOUT_GPU();
+  copy_then_attend("q8");
+  copy_then_attend("q4");
 }
 
 TEST(CudaPagedAttention, RejectsBadPlans) {

@@ -205,13 +205,14 @@ class Backend {
   virtual void stage_paged_step(const PagedBatch& /*batch*/, PagedKvCache& /*cache*/) {}
 };
 
-// How a backend stores what it is given. The CPU backend honours n_threads only.
+// How a backend stores what it is given. The CPU backend honours n_threads and kv_cache.
 struct BackendOptions {
   int n_threads = 0;     // <= 0: all cores
   int weight_bits = 0;   // 0: the file's precision (F16/BF16 -> FP16; GGUF blocks repacked);
                          // 4 or 8: requantize F16/BF16/F32 linear weights at load
   int group_size = 128;  // for weight_bits 4/8
-  std::string kv_cache = "f16";  // "f16", "q8", "q4"
+  // "f16", "q8", "q4" (core/kv_quant.h); the CPU keeps "f16" caches in f32, its exact reference.
+  std::string kv_cache = "f16";
 };
 
 // "cpu" or "cuda" / "cuda:N"; "auto" picks CUDA when a GPU is present. Throws on an unknown or

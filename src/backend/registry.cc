@@ -25,10 +25,11 @@ std::unique_ptr<Backend> backend_create(const std::string& device, int n_threads
 }
 
 std::unique_ptr<Backend> backend_create(const std::string& device, const BackendOptions& options) {
-  if (device == "cpu") return make_cpu_backend(options.n_threads);
+  const KvType kv_type = parse_kv_type(options.kv_cache);
+  if (device == "cpu") return make_cpu_backend(options.n_threads, kv_type);
   if (device == "auto")
     return cuda_available() ? backend_create("cuda:0", options)
-                            : make_cpu_backend(options.n_threads);
+                            : make_cpu_backend(options.n_threads, kv_type);
   if (device == "cuda" || device.rfind("cuda:", 0) == 0) {
 #ifdef GYRE_HAVE_CUDA
     int index = 0;

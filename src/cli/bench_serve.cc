@@ -17,6 +17,7 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "core/kv_quant.h"
 #include "engine/engine.h"
 #include "engine/transformer.h"
 #include "model/loader.h"
@@ -207,6 +208,7 @@ void run_serve_bench(const ServeBenchOptions& o) {
   BackendOptions bo;
   bo.n_threads = o.threads;
   bo.weight_bits = o.bits == 16 ? 0 : o.bits;
+  bo.kv_cache = o.kv_cache;
   std::unique_ptr<Backend> backend = backend_create(o.device, bo);
   const bool cuda = backend->name().rfind("cuda", 0) == 0;
 
@@ -240,7 +242,9 @@ void run_serve_bench(const ServeBenchOptions& o) {
   int64_t pages = 2 * std::max(pages_thr, pages_ttft) + 64;  // room for cached prefixes
 #ifdef GYRE_HAVE_CUDA
   if (cuda) {
-    const double page_bytes = 4.0 * c.n_layers * c.kv_dim() * kPageSize;  // K and V, FP16
+    const KvType kv_type = parse_kv_type(o.kv_cache);
+    const double page_bytes = 2.0 * c.n_layers * c.n_kv_heads * kPageSize *  // K and V rows
+                              static_cast<double>(kv_row_bytes(kv_type, c.head_dim));
     // Everything must fit next to the weights and the step's activations and logits.
     const double free_now = static_cast<double>(cuda_memory_report(*backend).free);
     const double act = static_cast<double>(ec.max_step_tokens) *
@@ -263,6 +267,7 @@ void run_serve_bench(const ServeBenchOptions& o) {
   j["decode_tokens"] = o.decode;
   j["kv_pages"] = ec.num_pages;
   j["page_size"] = kPageSize;
+  j["kv_cache_type"] = o.kv_cache;
 
   // 1. The forward pass of one decode step per batch size, alone (its own model copy).
   std::vector<std::pair<double, double>> forward_s;
@@ -342,9 +347,9 @@ void run_serve_bench(const ServeBenchOptions& o) {
     std::cout << j.dump(2) << "\n";
     return;
   }
-  std::printf("device     %s\nmodel      %s, %d-bit weights, %d KV pages of %d\n",
+  std::printf("device     %s\nmodel      %s, %d-bit weights, %d KV pages of %d (%s)\n",
               j["device"].get<std::string>().c_str(), j["model"].get<std::string>().c_str(), o.bits,
-              ec.num_pages, kPageSize);
+              ec.num_pages, kPageSize, o.kv_cache.c_str());
   std::printf("%-8s %12s %10s %14s %14s %16s\n", "requests", "gen tok/s", "wall s",
               "engine ms/step", "fwd ms/step", "fwd no-logits ms");
   for (const auto& r : runs)

@@ -10,7 +10,7 @@
 namespace gyre {
 
 struct ServeBenchOptions {
-  std::string model, synthetic, device = "auto";
+  std::string model, synthetic, device = "auto", kv_cache = "f16";
   int bits = 16, threads = 0;
   std::vector<int> concurrency;  // concurrent requests per run
   int decode = 128;              // generated tokens per request (EOS ignored)

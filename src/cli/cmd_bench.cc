@@ -14,7 +14,9 @@
 
 #include "backend/backend.h"
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "core/error.h"
+#include "core/kv_quant.h"
 #include "engine/transformer.h"
 #include "model/loader.h"
 #ifdef GYRE_HAVE_CUDA
@@ -27,7 +29,7 @@ namespace gyre {
 namespace {
 
 struct BenchOptions {
-  std::string model, synthetic, device = "auto";
+  std::string model, synthetic, device = "auto", kv_cache = "f16";
   int bits = 16, prompt = 2048, decode = 128, long_ctx = 8192, threads = 0;
   bool json = false;
   std::string concurrency;  // non-empty: the serving benchmark (bench_serve.cc)
@@ -157,6 +159,7 @@ void run_bench(const BenchOptions& o) {
   BackendOptions bo;
   bo.n_threads = o.threads;
   bo.weight_bits = o.bits == 16 ? 0 : o.bits;
+  bo.kv_cache = o.kv_cache;
   std::unique_ptr<Backend> backend = backend_create(o.device, bo);
   const bool cuda = backend->name().rfind("cuda", 0) == 0;
 
@@ -234,7 +237,9 @@ void run_bench(const BenchOptions& o) {
   }
   auto step_bytes = [&](int ctx) {
     const int span = config.sliding_window > 0 ? std::min(ctx, config.sliding_window) : ctx;
-    return weights_read + 2.0 * config.n_layers * config.kv_dim() * 2.0 * span;
+    const double kv_row =
+        static_cast<double>(kv_row_bytes(parse_kv_type(o.kv_cache), config.head_dim));
+    return weights_read + 2.0 * config.n_layers * config.n_kv_heads * kv_row * span;
   };
   const double bytes_short = step_bytes(short_ctx), bytes_long = step_bytes(long_ctx);
   auto roofline = [&](double bytes, double s) { return s > 0 ? bytes / bandwidth / s : 0.0; };
@@ -263,6 +268,7 @@ void run_bench(const BenchOptions& o) {
   j["bandwidth_gb_s"] = bandwidth / 1e9;
   j["weight_bytes"] = t.weight_bytes();
   j["kv_cache_bytes"] = t.cache_bytes();
+  j["kv_cache_type"] = o.kv_cache;
 #ifdef GYRE_HAVE_CUDA
   if (cuda) {
     const CudaMemoryReport m = cuda_memory_report(*backend);
@@ -276,8 +282,9 @@ void run_bench(const BenchOptions& o) {
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
-  std::printf("model      %s on %s, %d-bit weights\n", j["model"].get<std::string>().c_str(),
-              backend->name().c_str(), o.bits);
+  std::printf("model      %s on %s, %d-bit weights, %s KV cache (%.0f MiB)\n",
+              j["model"].get<std::string>().c_str(), backend->name().c_str(), o.bits,
+              o.kv_cache.c_str(), static_cast<double>(t.cache_bytes()) / 1048576.0);
   std::printf("bandwidth  %.0f GB/s measured\n", bandwidth / 1e9);
   std::printf("prefill    %d tokens: %.0f tok/s\n", o.prompt, o.prompt / prefill_s);
   std::printf("decode     ctx %5d: %8.1f tok/s  %.2f GB/token  %.0f%% of roofline\n", short_ctx,
@@ -311,6 +318,7 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--device", o->device, "cpu, cuda, cuda:N or auto")->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "CPU threads (0: all)");
+  add_cache_option(*cmd, o->kv_cache);
   cmd->add_flag("--json", o->json, "print JSON");
   cmd->add_option("--concurrency", o->concurrency,
                   "serving benchmark through the Engine: concurrent request counts, e.g. "
@@ -326,6 +334,7 @@ void add_bench_command(CLI::App& app) {
     s.model = o->model;
     s.synthetic = o->synthetic;
     s.device = o->device;
+    s.kv_cache = o->kv_cache;
     s.bits = o->bits;
     s.threads = o->threads;
     s.decode = o->decode;

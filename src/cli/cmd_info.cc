@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/error.h"
+#include "core/kv_quant.h"
 
 namespace gyre {
 
@@ -69,6 +70,9 @@ nlohmann::json describe(const LoadedModel& m) {
     weight_bytes += bytes;
   }
   const int64_t kv_elems_per_token = 2LL * c.n_layers * c.kv_dim();
+  auto kv_bytes_per_token = [&](KvType t) {
+    return 2LL * c.n_layers * c.n_kv_heads * static_cast<int64_t>(kv_row_bytes(t, c.head_dim));
+  };
   const nlohmann::json rope = {{"theta", shortest(c.rope.theta)},
                                {"rot_dim", c.rope.rot_dim > 0 ? c.rope.rot_dim : c.head_dim},
                                {"interleaved", c.rope.interleaved},
@@ -99,6 +103,8 @@ nlohmann::json describe(const LoadedModel& m) {
           {"kv_cache",
            {{"bytes_per_token_f16", kv_elems_per_token * 2},
             {"bytes_per_token_f32", kv_elems_per_token * 4},
+            {"bytes_per_token_q8", kv_bytes_per_token(KvType::Q8)},
+            {"bytes_per_token_q4", kv_bytes_per_token(KvType::Q4)},
             {"bytes_at_max_context_f16", kv_elems_per_token * 2 * c.max_seq_len},
             {"bytes_at_max_context_f32", kv_elems_per_token * 4 * c.max_seq_len}}},
           {"bos_id", c.bos_id},
@@ -137,6 +143,8 @@ void print_text(const nlohmann::json& j) {
                        str(kv["bytes_per_token_f32"]) + " at f32); at " + str(j["max_seq_len"]) +
                        " tokens " + megabytes(kv["bytes_at_max_context_f16"].get<size_t>()) +
                        " at f16");
+  line("kv cache q8/q4", str(kv["bytes_per_token_q8"]) + " / " + str(kv["bytes_per_token_q4"]) +
+                             " bytes/token (--cache q8 / q4)");
   line("special ids", "bos " + str(j["bos_id"]) + ", eos " + str(j["eos_ids"]));
   const auto& t = j["tokenizer"];
   line("tokenizer", str(t["kind"]) + ", vocab " + str(t["vocab_size"]));

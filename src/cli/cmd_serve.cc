@@ -33,6 +33,7 @@ void add_serve_command(CLI::App& app) {
     c->model_path = model->model;
     c->device = model->device;
     c->threads = model->threads;
+    c->kv_cache = model->kv_cache;
     c->max_seq_len = model->max_seq_len;
     c->default_max_seq_len = kDefaultMaxSeq;
     run_serve(*c);

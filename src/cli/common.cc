@@ -53,6 +53,14 @@ void add_runtime_options(CLI::App& cmd, ModelOptions& o) {
   cmd.add_option("--max-seq-len", o.max_seq_len,
                  "Context length to allocate the KV cache for (default: the model's, at most " +
                      std::to_string(kDefaultMaxSeq) + ")");
+  add_cache_option(cmd, o.kv_cache);
+}
+
+void add_cache_option(CLI::App& cmd, std::string& kv_cache) {
+  cmd.add_option("--cache", kv_cache,
+                 "KV cache type: f16, q8 (8-bit) or q4 (4-bit), see docs/kv_cache.md")
+      ->check(CLI::IsMember({"f16", "q8", "q4"}))
+      ->capture_default_str();
 }
 
 void add_sampling_options(CLI::App& cmd, SamplerSettings& s, bool& seed_given) {
@@ -141,16 +149,19 @@ OpenedModel open_model(std::unique_ptr<LoadedModel> model, const ModelOptions& o
   GYRE_CHECK(o.threads >= 0, "--threads must be >= 0, got ", o.threads);
   OpenedModel e;
   e.model = std::move(model);
-  e.backend = backend_create(o.device, o.threads);
+  BackendOptions bo;
+  bo.n_threads = o.threads;
+  bo.kv_cache = o.kv_cache;
+  e.backend = backend_create(o.device, bo);
   e.transformer =
       std::make_unique<Transformer>(e.model->config, e.model->weights, *e.backend, max_seq);
   std::fprintf(stderr,
-               "gyre: loaded %s (%s, %s), %s params, device %s, weights %s, KV cache %s for %d "
-               "tokens\n",
+               "gyre: loaded %s (%s, %s), %s params, device %s, weights %s, KV cache %s (%s) for "
+               "%d tokens\n",
                e.model->path.c_str(), e.model->format.c_str(), e.model->config.arch.c_str(),
                human_count(parameter_count(*e.model)).c_str(), e.backend->name().c_str(),
                megabytes(e.transformer->weight_bytes()).c_str(),
-               megabytes(e.transformer->cache_bytes()).c_str(), max_seq);
+               megabytes(e.transformer->cache_bytes()).c_str(), o.kv_cache.c_str(), max_seq);
   return e;
 }
 

@@ -18,15 +18,19 @@ namespace gyre {
 struct ModelOptions {
   std::string model;
   std::string device = "auto";
-  int threads = 0;      // 0: all cores
-  int max_seq_len = 0;  // 0: the model's context, capped at kDefaultMaxSeq
+  int threads = 0;               // 0: all cores
+  int max_seq_len = 0;           // 0: the model's context, capped at kDefaultMaxSeq
+  std::string kv_cache = "f16";  // --cache: f16, q8 or q4
 };
 
 // The KV cache is sized for this many tokens unless --max-seq-len asks for more.
 constexpr int kDefaultMaxSeq = 4096;
 
-void add_model_option(CLI::App& cmd, ModelOptions& o);     // -m/--model only
-void add_runtime_options(CLI::App& cmd, ModelOptions& o);  // --device, --threads, --max-seq-len
+void add_model_option(CLI::App& cmd, ModelOptions& o);  // -m/--model only
+// --device, --threads, --max-seq-len, --cache
+void add_runtime_options(CLI::App& cmd, ModelOptions& o);
+// --cache f16|q8|q4 (also used by gyre bench).
+void add_cache_option(CLI::App& cmd, std::string& kv_cache);
 // --temp, --top-k, --top-p, --min-p, --typical-p, --repeat-penalty, --repeat-last-n,
 // --frequency-penalty, --presence-penalty, --seed (seed_given tells whether --seed was passed).
 void add_sampling_options(CLI::App& cmd, SamplerSettings& s, bool& seed_given);

@@ -63,7 +63,10 @@ void run_serve(const ServeConfig& c) {
   ctx.end_of_turn_ids = end_of_turn_ids(tok);
   ctx.max_seq_len = max_seq;
 
-  auto backend = backend_create(c.device, c.threads);
+  BackendOptions bo;
+  bo.n_threads = c.threads;
+  bo.kv_cache = c.kv_cache;
+  auto backend = backend_create(c.device, bo);
   EngineConfig ec;
   ec.max_batch = c.max_batch;
   ec.max_queue = c.max_queue;

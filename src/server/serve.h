@@ -10,7 +10,8 @@ struct ServeConfig {
   std::string model_path;
   std::string device = "auto";
   int threads = 0;
-  int max_seq_len = 0;  // context per request (prompt + generated); 0: the model's, capped
+  std::string kv_cache = "f16";  // f16, q8 or q4
+  int max_seq_len = 0;           // context per request (prompt + generated); 0: the model's, capped
   int default_max_seq_len = 4096;  // that cap
   int max_batch = 32, max_queue = 256;
   std::string host = "127.0.0.1";

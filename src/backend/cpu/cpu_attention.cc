@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/cpu_kv_rows.h"
 #include "core/error.h"
 
 namespace gyre {
@@ -17,40 +17,42 @@ constexpr int64_t kMinWorkPerChunk = 16 * 1024;
 
 class CpuKvCache : public KvCache {
  public:
-  CpuKvCache(int n_layers, int n_kv_heads, int head_dim, int max_seq)
-      : n_layers(n_layers), n_kv_heads(n_kv_heads), head_dim(head_dim), max_seq_(max_seq) {
-    GYRE_CHECK(n_layers > 0 && n_kv_heads > 0 && head_dim > 0 && max_seq > 0,
-               "KV cache sizes must be positive, got ", n_layers, " layers, ", n_kv_heads,
-               " heads of ", head_dim, ", ", max_seq, " positions");
-    head_stride_ = static_cast<size_t>(max_seq) * static_cast<size_t>(head_dim);
-    const double floats = 2.0 * n_layers * n_kv_heads * static_cast<double>(head_stride_);
-    GYRE_CHECK(floats * sizeof(float) < 1e15, "KV cache of ", floats * 4, " bytes is too large");
-    layer_stride_ = 2 * static_cast<size_t>(n_kv_heads) * head_stride_;
-    bytes_ = layer_stride_ * static_cast<size_t>(n_layers) * sizeof(float);
-    // Left uninitialized (pages are touched as positions are written); filled guards reads.
-    data_ = alloc_aligned(bytes_);
+  CpuKvCache(int n_layers, int n_kv_heads, int head_dim, int max_seq, KvType type)
+      : n_layers(n_layers),
+        n_kv_heads(n_kv_heads),
+        head_dim(head_dim),
+        max_seq_(max_seq),
+        rows(type, head_dim, checked_rows(n_layers, n_kv_heads, head_dim, max_seq)) {
     filled.assign(static_cast<size_t>(n_layers), 0);
   }
   int max_seq() const override { return max_seq_; }
-  size_t bytes() const override { return bytes_; }
+  size_t bytes() const override { return rows.bytes(); }
 
-  // Layout: [layer][k, v][kv head][position][head_dim], so one head's keys are contiguous.
-  float* key(int layer, int head, int pos) { return at(layer, 0, head, pos); }
-  float* value(int layer, int head, int pos) { return at(layer, 1, head, pos); }
+  // Layout: [layer][k, v][kv head][position] rows, so one head's keys are consecutive rows.
+  size_t key(int layer, int head, int pos) const { return at(layer, 0, head, pos); }
+  size_t value(int layer, int head, int pos) const { return at(layer, 1, head, pos); }
 
   const int n_layers, n_kv_heads, head_dim;
-  std::vector<int> filled;  // positions 0..filled-1 of each layer hold keys and values
 
  private:
-  float* at(int layer, int kv, int head, int pos) {
-    const size_t plane =
-        static_cast<size_t>(kv) * static_cast<size_t>(n_kv_heads) + static_cast<size_t>(head);
-    return static_cast<float*>(data_.get()) + static_cast<size_t>(layer) * layer_stride_ +
-           plane * head_stride_ + static_cast<size_t>(pos) * static_cast<size_t>(head_dim);
+  static size_t checked_rows(int n_layers, int n_kv_heads, int head_dim, int max_seq) {
+    GYRE_CHECK(n_layers > 0 && n_kv_heads > 0 && head_dim > 0 && max_seq > 0,
+               "KV cache sizes must be positive, got ", n_layers, " layers, ", n_kv_heads,
+               " heads of ", head_dim, ", ", max_seq, " positions");
+    return 2 * static_cast<size_t>(n_layers) * static_cast<size_t>(n_kv_heads) *
+           static_cast<size_t>(max_seq);
+  }
+  size_t at(int layer, int kv, int head, int pos) const {
+    const size_t plane = (static_cast<size_t>(layer) * 2 + static_cast<size_t>(kv)) *
+                             static_cast<size_t>(n_kv_heads) +
+                         static_cast<size_t>(head);
+    return plane * static_cast<size_t>(max_seq_) + static_cast<size_t>(pos);
   }
   int max_seq_;
-  size_t head_stride_ = 0, layer_stride_ = 0, bytes_ = 0;
-  std::shared_ptr<void> data_;
+
+ public:
+  CpuKvRows rows;
+  std::vector<int> filled;  // positions 0..filled-1 of each layer hold keys and values
 };
 
 float* f32(const Tensor& t) {
@@ -63,9 +65,10 @@ void attend_one(float* out, const float* q, CpuKvCache& c, int layer, int kv_hea
   const int hd = c.head_dim;
   const int span = last - first + 1;
   float* scores = thread_buffer(static_cast<size_t>(span)).data();
+  float* row = kv_row_scratch(hd);
   float max_score = -INFINITY;
   for (int j = 0; j < span; ++j) {
-    scores[j] = dot_f32(q, c.key(layer, kv_head, first + j), hd) * scale;
+    scores[j] = dot_f32(q, c.rows.load(c.key(layer, kv_head, first + j), row), hd) * scale;
     max_score = std::max(max_score, scores[j]);
   }
   double denom = 0;  // a long sum of positive terms: double keeps it exact enough at any length
@@ -75,7 +78,7 @@ void attend_one(float* out, const float* q, CpuKvCache& c, int layer, int kv_hea
   }
   for (int d = 0; d < hd; ++d) out[d] = 0.0f;
   for (int j = 0; j < span; ++j) {
-    const float* v = c.value(layer, kv_head, first + j);
+    const float* v = c.rows.load(c.value(layer, kv_head, first + j), row);
     const float pj = scores[j];
     for (int d = 0; d < hd; ++d) out[d] += pj * v[d];
   }
@@ -85,8 +88,9 @@ void attend_one(float* out, const float* q, CpuKvCache& c, int layer, int kv_hea
 
 }  // namespace
 
-std::unique_ptr<KvCache> cpu_new_kv_cache(int n_layers, int n_kv_heads, int head_dim, int max_seq) {
-  return std::make_unique<CpuKvCache>(n_layers, n_kv_heads, head_dim, max_seq);
+std::unique_ptr<KvCache> cpu_new_kv_cache(int n_layers, int n_kv_heads, int head_dim, int max_seq,
+                                          KvType type) {
+  return std::make_unique<CpuKvCache>(n_layers, n_kv_heads, head_dim, max_seq, type);
 }
 
 void cpu_rope(ThreadPool& pool, Tensor& x, int n_heads, int head_dim, const int32_t* positions,
@@ -155,8 +159,8 @@ void cpu_attention(ThreadPool& pool, Tensor& out, const Tensor& q, const Tensor&
   for (int64_t i = 0; i < n; ++i)
     for (int h = 0; h < p.n_kv_heads; ++h) {
       const int pos = pos0 + static_cast<int>(i);
-      std::memcpy(c->key(layer, h, pos), f32(k) + i * kv_cols + h * hd, hd * sizeof(float));
-      std::memcpy(c->value(layer, h, pos), f32(v) + i * kv_cols + h * hd, hd * sizeof(float));
+      c->rows.store(c->key(layer, h, pos), f32(k) + i * kv_cols + h * hd);
+      c->rows.store(c->value(layer, h, pos), f32(v) + i * kv_cols + h * hd);
     }
   filled = pos0 + static_cast<int>(n);  // later positions, if any, are stale now
 

@@ -60,7 +60,7 @@ void rmsnorm_row(float* out, const float* x, const float* w, int64_t n, float ep
 
 class CpuBackend : public Backend {
  public:
-  explicit CpuBackend(int n_threads) : pool_(n_threads) {}
+  CpuBackend(int n_threads, KvType kv_type) : pool_(n_threads), kv_type_(kv_type) {}
   std::string name() const override { return "cpu (" + std::to_string(pool_.size()) + " threads)"; }
 
   Tensor alloc(int64_t rows, int64_t cols) override {
@@ -85,7 +85,7 @@ class CpuBackend : public Backend {
 
   std::unique_ptr<KvCache> new_kv_cache(int n_layers, int n_kv_heads, int head_dim,
                                         int max_seq) override {
-    return cpu_new_kv_cache(n_layers, n_kv_heads, head_dim, max_seq);
+    return cpu_new_kv_cache(n_layers, n_kv_heads, head_dim, max_seq, kv_type_);
   }
 
   void embed(Tensor& out, const Tensor& table, const int32_t* tokens, int n) override {
@@ -140,7 +140,7 @@ class CpuBackend : public Backend {
 
   std::unique_ptr<PagedKvCache> new_paged_kv_cache(int n_layers, int n_kv_heads, int head_dim,
                                                    int num_pages, int page_size) override {
-    return cpu_new_paged_kv_cache(n_layers, n_kv_heads, head_dim, num_pages, page_size);
+    return cpu_new_paged_kv_cache(n_layers, n_kv_heads, head_dim, num_pages, page_size, kv_type_);
   }
   void copy_kv_page(PagedKvCache& cache, int src, int dst, int num_tokens) override {
     cpu_copy_kv_page(cache, src, dst, num_tokens);
@@ -191,6 +191,7 @@ class CpuBackend : public Backend {
   }
 
   ThreadPool pool_;
+  KvType kv_type_;
 };
 
 Tensor CpuBackend::upload_weight(const TensorView& w) {
@@ -265,8 +266,8 @@ void CpuBackend::matmul(Tensor& out, const Tensor& x, const Tensor& w, const Ten
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int n_threads) {
-  return std::make_unique<CpuBackend>(n_threads);
+std::unique_ptr<Backend> make_cpu_backend(int n_threads, KvType kv_type) {
+  return std::make_unique<CpuBackend>(n_threads, kv_type);
 }
 
 }  // namespace gyre

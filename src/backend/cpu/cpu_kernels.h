@@ -22,6 +22,14 @@ inline std::vector<float>& thread_buffer(size_t n) {
   return buf;
 }
 
+// A second per-thread scratch of at least n floats (one dequantized KV cache row), independent of
+// thread_buffer so both can be held at once.
+inline float* kv_row_scratch(size_t n) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < n) buf.resize(n);
+  return buf.data();
+}
+
 // Uninitialized memory aligned for vector loads, freed with the last owner.
 std::shared_ptr<void> alloc_aligned(size_t bytes);
 

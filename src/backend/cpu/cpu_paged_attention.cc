@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/cpu_kv_rows.h"
 #include "core/error.h"
 
 namespace gyre {
@@ -16,47 +16,51 @@ constexpr int64_t kMinWorkPerChunk = 16 * 1024;
 
 class CpuPagedKvCache : public PagedKvCache {
  public:
-  CpuPagedKvCache(int n_layers, int n_kv_heads, int head_dim, int num_pages, int page_size)
+  CpuPagedKvCache(int n_layers, int n_kv_heads, int head_dim, int num_pages, int page_size,
+                  KvType type)
       : n_layers(n_layers),
         n_kv_heads(n_kv_heads),
         head_dim(head_dim),
         num_pages_(num_pages),
-        page_size_(page_size) {
-    GYRE_CHECK(n_layers > 0 && n_kv_heads > 0 && head_dim > 0 && num_pages > 0 && page_size > 0,
-               "paged KV cache sizes must be positive, got ", n_layers, " layers, ", n_kv_heads,
-               " heads of ", head_dim, ", ", num_pages, " pages of ", page_size);
-    head_stride_ = static_cast<size_t>(page_size) * static_cast<size_t>(head_dim);
-    page_stride_ = head_stride_ * static_cast<size_t>(n_kv_heads);
-    plane_stride_ = page_stride_ * static_cast<size_t>(num_pages);
-    const double floats = 2.0 * n_layers * static_cast<double>(plane_stride_);
-    GYRE_CHECK(floats * sizeof(float) < 1e15, "paged KV cache of ", floats * 4,
-               " bytes is too large");
-    bytes_ = 2 * plane_stride_ * static_cast<size_t>(n_layers) * sizeof(float);
-    data_ = alloc_aligned(bytes_);
-  }
+        page_size_(page_size),
+        rows(type, head_dim, checked_rows(n_layers, n_kv_heads, head_dim, num_pages, page_size)) {}
   int num_pages() const override { return num_pages_; }
   int page_size() const override { return page_size_; }
-  size_t bytes() const override { return bytes_; }
+  size_t bytes() const override { return rows.bytes(); }
 
-  // Layout: [layer][k, v][page][kv head][slot][head_dim]: one head's keys in a page are
-  // contiguous, and a page of one layer is one block per k/v (cheap copy-on-write).
-  float* key(int layer, int page, int head, int slot) { return at(layer, 0, page, head, slot); }
-  float* value(int layer, int page, int head, int slot) { return at(layer, 1, page, head, slot); }
-  float* page_block(int layer, int kv, int page) { return at(layer, kv, page, 0, 0); }
-  size_t page_floats() const { return page_stride_; }
+  // Layout: [layer][k, v][page][kv head][slot] rows: one head's keys in a page are consecutive
+  // rows, and a page of one layer is one run of rows per k/v (cheap copy-on-write).
+  size_t key(int layer, int page, int head, int slot) const {
+    return at(layer, 0, page, head, slot);
+  }
+  size_t value(int layer, int page, int head, int slot) const {
+    return at(layer, 1, page, head, slot);
+  }
 
   const int n_layers, n_kv_heads, head_dim;
 
  private:
-  float* at(int layer, int kv, int page, int head, int slot) {
+  static size_t checked_rows(int n_layers, int n_kv_heads, int head_dim, int num_pages,
+                             int page_size) {
+    GYRE_CHECK(n_layers > 0 && n_kv_heads > 0 && head_dim > 0 && num_pages > 0 && page_size > 0,
+               "paged KV cache sizes must be positive, got ", n_layers, " layers, ", n_kv_heads,
+               " heads of ", head_dim, ", ", num_pages, " pages of ", page_size);
+    const double rows = 2.0 * n_layers * n_kv_heads * static_cast<double>(num_pages) * page_size;
+    GYRE_CHECK(rows * head_dim * 4 < 1e15, "paged KV cache of ", rows * head_dim * 4,
+               " bytes is too large");
+    return static_cast<size_t>(rows);
+  }
+  size_t at(int layer, int kv, int page, int head, int slot) const {
     const size_t plane = static_cast<size_t>(layer) * 2 + static_cast<size_t>(kv);
-    return static_cast<float*>(data_.get()) + plane * plane_stride_ +
-           static_cast<size_t>(page) * page_stride_ + static_cast<size_t>(head) * head_stride_ +
-           static_cast<size_t>(slot) * static_cast<size_t>(head_dim);
+    const size_t heads = (plane * static_cast<size_t>(num_pages_) + static_cast<size_t>(page)) *
+                             static_cast<size_t>(n_kv_heads) +
+                         static_cast<size_t>(head);
+    return heads * static_cast<size_t>(page_size_) + static_cast<size_t>(slot);
   }
   int num_pages_, page_size_;
-  size_t head_stride_ = 0, page_stride_ = 0, plane_stride_ = 0, bytes_ = 0;
-  std::shared_ptr<void> data_;
+
+ public:
+  CpuKvRows rows;
 };
 
 CpuPagedKvCache& cpu_cache(PagedKvCache& cache) {
@@ -77,10 +81,12 @@ void attend_paged(float* out, const float* q, CpuPagedKvCache& c, int layer, int
   const int hd = c.head_dim, ps = c.page_size();
   const int span = last - first + 1;
   float* scores = thread_buffer(static_cast<size_t>(span)).data();
+  float* row = kv_row_scratch(static_cast<size_t>(hd));
   float max_score = -INFINITY;
   for (int j = 0; j < span; ++j) {
     const int pos = first + j;
-    scores[j] = dot_f32(q, c.key(layer, table[pos / ps], kv_head, pos % ps), hd) * scale;
+    scores[j] =
+        dot_f32(q, c.rows.load(c.key(layer, table[pos / ps], kv_head, pos % ps), row), hd) * scale;
     max_score = std::max(max_score, scores[j]);
   }
   double denom = 0;
@@ -91,7 +97,7 @@ void attend_paged(float* out, const float* q, CpuPagedKvCache& c, int layer, int
   for (int d = 0; d < hd; ++d) out[d] = 0.0f;
   for (int j = 0; j < span; ++j) {
     const int pos = first + j;
-    const float* v = c.value(layer, table[pos / ps], kv_head, pos % ps);
+    const float* v = c.rows.load(c.value(layer, table[pos / ps], kv_head, pos % ps), row);
     const float pj = scores[j];
     for (int d = 0; d < hd; ++d) out[d] += pj * v[d];
   }
@@ -137,8 +143,9 @@ std::vector<int> check_batch(const CpuPagedKvCache& c, const PagedBatch& b) {
 }  // namespace
 
 std::unique_ptr<PagedKvCache> cpu_new_paged_kv_cache(int n_layers, int n_kv_heads, int head_dim,
-                                                     int num_pages, int page_size) {
-  return std::make_unique<CpuPagedKvCache>(n_layers, n_kv_heads, head_dim, num_pages, page_size);
+                                                     int num_pages, int page_size, KvType type) {
+  return std::make_unique<CpuPagedKvCache>(n_layers, n_kv_heads, head_dim, num_pages, page_size,
+                                           type);
 }
 
 void cpu_copy_kv_page(PagedKvCache& cache, int src, int dst, int num_tokens) {
@@ -147,13 +154,12 @@ void cpu_copy_kv_page(PagedKvCache& cache, int src, int dst, int num_tokens) {
              "copy_kv_page: pages ", src, " -> ", dst, " are not two pages of ", c.num_pages());
   GYRE_CHECK(num_tokens >= 0 && num_tokens <= c.page_size(), "copy_kv_page: ", num_tokens,
              " tokens do not fit a page of ", c.page_size());
-  const size_t n = static_cast<size_t>(num_tokens) * static_cast<size_t>(c.head_dim);
   for (int layer = 0; layer < c.n_layers; ++layer)
     for (int kv = 0; kv < 2; ++kv)
       for (int h = 0; h < c.n_kv_heads; ++h) {
-        float* from = kv ? c.value(layer, src, h, 0) : c.key(layer, src, h, 0);
-        float* to = kv ? c.value(layer, dst, h, 0) : c.key(layer, dst, h, 0);
-        std::memcpy(to, from, n * sizeof(float));
+        const size_t from = kv ? c.value(layer, src, h, 0) : c.key(layer, src, h, 0);
+        const size_t to = kv ? c.value(layer, dst, h, 0) : c.key(layer, dst, h, 0);
+        c.rows.copy(from, to, static_cast<size_t>(num_tokens));
       }
 }
 
@@ -184,8 +190,8 @@ void cpu_attention_paged(ThreadPool& pool, Tensor& out, const Tensor& q, const T
   for (int64_t r = 0; r < n; ++r) {
     const int page = static_cast<int>(b.slots[r] / ps), slot = static_cast<int>(b.slots[r] % ps);
     for (int h = 0; h < p.n_kv_heads; ++h) {
-      std::memcpy(c.key(layer, page, h, slot), f32(k) + r * kv_cols + h * hd, hd * sizeof(float));
-      std::memcpy(c.value(layer, page, h, slot), f32(v) + r * kv_cols + h * hd, hd * sizeof(float));
+      c.rows.store(c.key(layer, page, h, slot), f32(k) + r * kv_cols + h * hd);
+      c.rows.store(c.value(layer, page, h, slot), f32(v) + r * kv_cols + h * hd);
     }
   }
 

@@ -4,11 +4,13 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/thread_pool.h"
+#include "core/kv_quant.h"
 
 namespace gyre {
 
 std::unique_ptr<PagedKvCache> cpu_new_paged_kv_cache(int n_layers, int n_kv_heads, int head_dim,
-                                                     int num_pages, int page_size);
+                                                     int num_pages, int page_size,
+                                                     KvType type = KvType::F16);
 
 // cache must come from cpu_new_paged_kv_cache.
 void cpu_copy_kv_page(PagedKvCache& cache, int src, int dst, int num_tokens);

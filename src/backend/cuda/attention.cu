@@ -1,4 +1,5 @@
-// Attention over the FP16 KV cache, one kernel for prefill and decode (flash-decoding style):
+// Attention over the KV cache (FP16, q8 or q4: kv_quant.cuh), one kernel for prefill and decode
+// (flash-decoding style):
 //   grid (split, kv head [x sub-group of <= 8 query heads], query). A block takes its query
 //   heads that share one KV head (GQA: each key and value is read once for the whole group),
 //   walks its share of the causal (optionally sliding-window) range in chunks of 128 keys with an
@@ -8,7 +9,8 @@
 // the split count is fixed per launch while the chunk length follows the device-side position,
 // which lets a captured CUDA graph replay at any position.
 // The block's work is split_attend (attention_split.cuh, shared with the paged cache).
-// Layout: cache [kv_head][max_seq][head_dim] per layer, so one head's keys are contiguous.
+// Layout: cache rows [kv_head][max_seq] per layer (codes and, for q8/q4, params planes), so one
+// head's keys are contiguous.
 // Alternatives: a tensor-core (mma) tile kernel for prefill is the known faster path for
 // head dims 64..128; this scalar kernel is the generic one (any head_dim <= 256).
 #include "backend/cuda/attention_split.cuh"
@@ -19,31 +21,17 @@ namespace {
 
 using namespace split_attn;
 
-// Rows of one KV head's keys (or values) in the contiguous cache [kv_head][max_seq][D].
-struct ContiguousKv {
-  static constexpr bool kContiguous = true;
-  const half *k, *v;
-  int64_t base;  // kv_head * max_seq * D
-  int D;
-  __device__ int64_t row(int j) const { return base + static_cast<int64_t>(j) * D; }
-};
-
-__global__ void kv_store_kernel(half* k_cache, half* v_cache, const half* k, const half* v,
-                                const int32_t* pos0, int n, int n_kv, int dim, int max_seq) {
+// key/value rows of position t of kv head h: h * max_seq + *pos0 + t.
+template <int T>
+__global__ void kv_store_kernel(KvStoreArgs a, const half* k, const half* v, const int32_t* pos0) {
   pdl_begin();
-  const int64_t total = static_cast<int64_t>(n) * n_kv * dim;
-  const int base = *pos0;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int d = static_cast<int>(i % dim);
-    const int h = static_cast<int>((i / dim) % n_kv);
-    const int t = static_cast<int>(i / (static_cast<int64_t>(dim) * n_kv));
-    const int64_t dst = (static_cast<int64_t>(h) * max_seq + base + t) * dim + d;
-    k_cache[dst] = k[i];
-    v_cache[dst] = v[i];
-  }
+  const int64_t base = *pos0;
+  const KvPlanes planes{a.k_codes, a.v_codes, a.k_params, a.v_params};
+  kv_store_rows<T>(planes, k, v, a.n, a.n_kv_heads, a.head_dim,
+                   [&](int t, int h) { return static_cast<int64_t>(h) * a.max_seq + base + t; });
 }
 
+template <int T>
 __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, int n_sub) {
   pdl_begin();
   const int D = a.head_dim;
@@ -56,10 +44,9 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, in
   const int pos = *a.pos0 + qi;
   const int lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
   const int64_t first = static_cast<int64_t>(qi) * a.n_heads + head0;
-  const ContiguousKv kv{a.k_cache, a.v_cache, static_cast<int64_t>(kvh) * a.max_seq * D, D};
-  split_attend(kv, a.q + first * D, a.out + first * D,
-               a.splits > 1 ? a.partial + first * a.splits * (D + 2) : nullptr, D, gn, lo, pos + 1,
-               blockIdx.x, a.splits, a.scale);
+  split_attend<T>(contiguous_kv(a, kvh), a.q + first * D, a.out + first * D,
+                  a.splits > 1 ? a.partial + first * a.splits * (D + 2) : nullptr, D, gn, lo,
+                  pos + 1, blockIdx.x, a.splits, a.scale);
 }
 
 }  // namespace
@@ -68,12 +55,14 @@ size_t attention_workspace_floats(int n_q, int n_heads, int head_dim, int splits
   return splits <= 1 ? 0 : static_cast<size_t>(n_q) * n_heads * splits * (head_dim + 2);
 }
 
-void kv_store(half* k_cache, half* v_cache, const half* k, const half* v, const int32_t* pos0,
-              int n, int n_kv_heads, int head_dim, int max_seq, cudaStream_t s) {
-  const int64_t total = static_cast<int64_t>(n) * n_kv_heads * head_dim;
-  const int64_t blocks = (total + 255) / 256;
-  launch(kv_store_kernel, static_cast<unsigned>(blocks < 65536 ? blocks : 65536), 256, 0, s,
-         k_cache, v_cache, k, v, pos0, n, n_kv_heads, head_dim, max_seq);
+void kv_store(const KvStoreArgs& a, const half* k, const half* v, const int32_t* pos0,
+              cudaStream_t s) {
+  const int64_t blocks = (kv_store_threads(a.n, a.n_kv_heads, a.head_dim) + 255) / 256;
+  if (blocks == 0) return;
+  const unsigned grid = static_cast<unsigned>(blocks < 65536 ? blocks : 65536);
+  with_kv_kind(a.kv_type, [&](auto kind) {
+    launch(kv_store_kernel<decltype(kind)::value>, grid, 256, 0, s, a, k, v, pos0);
+  });
   GYRE_CUDA_LAUNCHED();
 }
 
@@ -84,10 +73,12 @@ void attention(const AttentionArgs& a, cudaStream_t s) {
              a.n_kv_heads);
   const int group = a.n_heads / a.n_kv_heads;
   const int n_sub = (group + kMaxGroup - 1) / kMaxGroup;
-  const size_t smem = smem_bytes(a.head_dim);
+  const size_t smem = smem_bytes(a.head_dim, a.kv_type);
   const dim3 grid(static_cast<unsigned>(a.splits), static_cast<unsigned>(a.n_kv_heads * n_sub),
                   static_cast<unsigned>(a.n_q));
-  launch(attention_kernel, grid, kThreads, smem, s, a, n_sub);
+  with_kv_kind(a.kv_type, [&](auto kind) {
+    launch(attention_kernel<decltype(kind)::value>, grid, kThreads, smem, s, a, n_sub);
+  });
   GYRE_CUDA_LAUNCHED();
   if (a.splits > 1)
     split_combine(a.out, a.partial, a.n_q, a.n_heads, a.head_dim, a.splits, nullptr, s);

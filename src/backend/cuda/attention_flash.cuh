@@ -8,13 +8,16 @@
 // Softmax rows are walked by the whole warp (lanes across keys) and shared-memory rows are
 // padded: the first version (lane pairs per row, unpadded rows) hit 16-way bank conflicts and
 // ran at ~8 TFLOP/s (4.4 ms per Llama-3-8B layer at 2048 tokens, ncu).
-// Where key rows live is the Kv policy's business: int64_t Kv::row(int j) is the element offset
-// of key j's row from kv.k (and of its value from kv.v), for the tile's KV head.
+// Where key rows live is the Kv policy's business: int64_t Kv::row(int j) is the row index of
+// key j in the planes kv.k/kv.kp (and of its value in kv.v/kv.vp), for the tile's KV head.
+// The cache type T (kv_quant.cuh) is a template parameter: q8/q4 rows are dequantized into the
+// FP16 K/V tiles as they are staged, so the tensor-core part is the same for every type.
 #pragma once
 #include <mma.h>
 
 #include <cfloat>
 
+#include "backend/cuda/kv_quant.cuh"
 #include "backend/cuda/launch.h"
 
 namespace gyre::cuda::flash_attn {
@@ -41,7 +44,7 @@ struct Smem {
 
 // Query rows [0, tile_rows) at q + r * row_stride (this head's columns; out likewise) have
 // positions tile_pos0 + r.
-template <int D, class Kv>
+template <int D, int T, class Kv>
 __device__ __forceinline__ void flash_tile(const Kv& kv, const half* q, half* out,
                                            int64_t row_stride, int tile_rows, int tile_pos0,
                                            int window, float scale) {
@@ -83,9 +86,9 @@ __device__ __forceinline__ void flash_tile(const Kv& kv, const half* q, half* ou
       const int r = i / (D / 8), c = (i % (D / 8)) * 8;
       uint4 kr = make_uint4(0, 0, 0, 0), vr = make_uint4(0, 0, 0, 0);
       if (k0 + r <= last_pos) {
-        const int64_t off = kv.row(k0 + r) + c;
-        kr = *reinterpret_cast<const uint4*>(kv.k + off);
-        vr = *reinterpret_cast<const uint4*>(kv.v + off);
+        const int64_t row = kv.row(k0 + r);
+        kr = kv_load8_half<T>(kv_row<T>(kv.k, kv.kp, row, D), c);
+        vr = kv_load8_half<T>(kv_row<T>(kv.v, kv.vp, row, D), c);
       }
       *reinterpret_cast<uint4*>(k_s + r * L::qs + c) = kr;
       *reinterpret_cast<uint4*>(v_s + r * L::qs + c) = vr;

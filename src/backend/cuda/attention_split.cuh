@@ -4,15 +4,18 @@
 // keys, in chunks of kThreads keys with an online softmax (running max m, sum l, f32
 // accumulators in shared memory). It writes the normalised output (one split) or its partial
 // (acc, m, l) per head for split_combine_kernel.
-// Keys: one thread per key, its row's 16-byte loads all issued before the math, the scaled query
+// Keys: one thread per key, its row's loads all issued before the math, the scaled query
 // broadcast from shared memory. Values: each thread owns (head, dim pair) outputs, coalesced
-// across the row. Where the key rows live is the Kv policy's business:
-//   Kv::kContiguous          rows of consecutive keys are consecutive (row(j + 1) = row(j) + D)
-//   int64_t Kv::row(int j)   element offset of key j's row from kv.k (and of its value from kv.v)
-// A paged Kv stores each chunk's row offsets in shared memory for the value pass.
+// across the row. The cache type T (kv_quant.cuh) is a template parameter: q8/q4 rows are read
+// as codes and dequantized in registers (keys 8 dims at a time, values a dim pair at a time);
+// the FP16 instantiation is the plain kernel. Where the rows live is the Kv policy's business:
+//   Kv::kContiguous          rows of consecutive keys are consecutive (row(j + 1) = row(j) + 1)
+//   int64_t Kv::row(int j)   row index of key j in the planes kv.k/kv.kp (its value: kv.v/kv.vp)
+// A paged Kv stores each chunk's row indices in shared memory for the value pass.
 #pragma once
 #include <cfloat>
 
+#include "backend/cuda/kv_quant.cuh"
 #include "backend/cuda/launch.h"
 
 namespace gyre::cuda::split_attn {
@@ -26,28 +29,37 @@ constexpr int kMaxGroup = 8;
 constexpr int kMinChunk = 32;
 constexpr int kMaxHeadDim = 256;
 
-inline size_t smem_bytes(int head_dim) {
+// Shared memory of split_attend; q8/q4 add the chunk's value-row params (kThreads rows).
+inline size_t smem_bytes(int head_dim, int kv_kind) {
+  const size_t params = kv_kind == kKvQ8   ? kv_param_halves_of<kKvQ8>(head_dim)
+                        : kv_kind == kKvQ4 ? kv_param_halves_of<kKvQ4>(head_dim)
+                                           : 0;
   return sizeof(long long) * kThreads +
-         sizeof(float) *
-             (2 * kMaxGroup * head_dim + kMaxGroup * kThreads + kWarps * kMaxGroup + 3 * kMaxGroup);
+         sizeof(float) * (2 * kMaxGroup * head_dim + kMaxGroup * kThreads + kWarps * kMaxGroup +
+                          3 * kMaxGroup) +
+         sizeof(half) * kThreads * params;
 }
 
 // Attends rows' query heads [head0, head0 + gn) (already at qrow / orow) over keys [lo, hi)
 // cut into `splits` shares; this block takes share `split`. part: the partials of head0,
 // (D + 2) floats per (head, split), heads `splits` shares apart.
-template <class Kv>
+template <int T, class Kv>
 __device__ __forceinline__ void split_attend(const Kv& kv, const half* qrow, half* orow,
                                              float* part, int D, int gn, int lo, int hi, int split,
                                              int splits, float scale) {
   extern __shared__ float smem[];
-  long long* off_s = reinterpret_cast<long long*>(smem);  // [kThreads] row offsets (paged)
-  float* q_s = smem + 2 * kThreads;                       // [kMaxGroup][D], pre-scaled
-  float* acc_s = q_s + kMaxGroup * D;                     // [kMaxGroup][D]
-  float* p_s = acc_s + kMaxGroup * D;                     // [kMaxGroup][kThreads]
-  float* red_s = p_s + kMaxGroup * kThreads;              // [kWarps][kMaxGroup]
-  float* m_s = red_s + kWarps * kMaxGroup;                // [kMaxGroup]
+  long long* voff_s = reinterpret_cast<long long*>(smem);  // [kThreads] value row bytes (paged)
+  float* q_s = smem + 2 * kThreads;                        // [kMaxGroup][D], pre-scaled
+  float* acc_s = q_s + kMaxGroup * D;                      // [kMaxGroup][D]
+  float* p_s = acc_s + kMaxGroup * D;                      // [kMaxGroup][kThreads]
+  float* red_s = p_s + kMaxGroup * kThreads;               // [kWarps][kMaxGroup]
+  float* m_s = red_s + kWarps * kMaxGroup;                 // [kMaxGroup]
   float* l_s = m_s + kMaxGroup;
   float* alpha_s = l_s + kMaxGroup;
+  // q8/q4: the chunk's value-row params, [kThreads][P] halves: the value loop then makes one
+  // global load per key (its codes), not two.
+  half* vpar_s = reinterpret_cast<half*>(alpha_s + kMaxGroup);
+  const int P = kv_param_halves_of<T>(D);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   int chunk = (hi - lo + splits - 1) / splits;
@@ -72,33 +84,38 @@ __device__ __forceinline__ void split_attend(const Kv& kv, const half* qrow, hal
 #pragma unroll
     for (int g = 0; g < kMaxGroup; ++g) s[g] = 0.0f;
     if (valid) {
-      const int64_t off = kv.row(j);
-      if constexpr (!Kv::kContiguous) off_s[tid] = off;
-      const half* krow = kv.k + off;
+      const int64_t row = kv.row(j);
+      if constexpr (!Kv::kContiguous) voff_s[tid] = row * kv_code_bytes_of<T>(D);
+      if constexpr (T != kKvF16) {
+        const half* vp = kv.vp + row * P;
+        for (int i = 0; i < P; ++i) vpar_s[tid * P + i] = vp[i];
+      }
+      const KvRow krow = kv_row<T>(kv.k, kv.kp, row, D);
       if ((D & 7) == 0) {
         // All loads of up to 128 dims first, then the math: one memory round trip, not 16.
         for (int base = 0; base < D; base += 128) {
-          uint4 raw[16];
+          typename KvRaw8<T>::type raw[16];
 #pragma unroll
           for (int u = 0; u < 16; ++u)
-            if (base + u * 8 < D) raw[u] = *reinterpret_cast<const uint4*>(krow + base + u * 8);
+            if (base + u * 8 < D) raw[u] = kv_raw8<T>(krow, base + u * 8);
 #pragma unroll
           for (int u = 0; u < 16; ++u) {
-            if (base + u * 8 >= D) break;
-            const half2* h2 = reinterpret_cast<const half2*>(&raw[u]);
+            const int d0 = base + u * 8;
+            if (d0 >= D) break;
+            float kf[8];
+            kv_decode8<T>(raw[u], krow, d0, kf);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const float2 kf = __half22float2(h2[e]);
-              const int d = base + u * 8 + 2 * e;
+            for (int e = 0; e < 8; e += 2) {
+              const int d = d0 + e;
 #pragma unroll
               for (int g = 0; g < kMaxGroup; ++g)
-                if (g < gn) s[g] += q_s[g * D + d] * kf.x + q_s[g * D + d + 1] * kf.y;
+                if (g < gn) s[g] += q_s[g * D + d] * kf[e] + q_s[g * D + d + 1] * kf[e + 1];
             }
           }
         }
       } else {
         for (int d = 0; d < D; ++d) {
-          const float kf = __half2float(krow[d]);
+          const float kf = kv_load1<T>(krow, d);
 #pragma unroll
           for (int g = 0; g < kMaxGroup; ++g)
             if (g < gn) s[g] += q_s[g * D + d] * kf;
@@ -136,13 +153,16 @@ __device__ __forceinline__ void split_attend(const Kv& kv, const half* qrow, hal
       l_s[tid] = l_s[tid] * alpha_s[tid] + sum;
     }
     const int cnt = min(kThreads, my_hi - c0);
-    // Row jj of the chunk's values: consecutive for a contiguous cache, else its stored offset.
-    const half* vchunk = kv.v + (Kv::kContiguous ? kv.row(c0) : 0);
-    auto vrow = [&](int jj) {
+    // Codes of the chunk's value row jj: consecutive rows for a contiguous cache, else at the
+    // offset stored in the key pass. Its params (q8/q4) are at vpar_s + jj * P.
+    const int64_t row_bytes = kv_code_bytes_of<T>(D);
+    const uint8_t* vcodes = static_cast<const uint8_t*>(kv.v);
+    const int64_t vrow0 = Kv::kContiguous ? kv.row(c0) : 0;
+    auto vrow = [&](int jj) -> const uint8_t* {
       if constexpr (Kv::kContiguous)
-        return vchunk + static_cast<int64_t>(jj) * D;
+        return vcodes + (vrow0 + jj) * row_bytes;
       else
-        return kv.v + off_s[jj];
+        return vcodes + voff_s[jj];
     };
     if ((D & 1) == 0) {
       const int pairs = D / 2;
@@ -150,9 +170,25 @@ __device__ __forceinline__ void split_attend(const Kv& kv, const half* qrow, hal
         const int g = i / pairs, d = 2 * (i % pairs);
         float ax = acc_s[g * D + d] * alpha_s[g], ay = acc_s[g * D + d + 1] * alpha_s[g];
         const float* pg = p_s + g * kThreads;
+        // Byte of dims (d, d + 1) within a row, and their block's params within a row's params.
+        const int code_at = T == kKvF16 ? 2 * d : T == kKvQ8 ? d : d / 2;
+        const half* par = vpar_s + (T == kKvQ8 ? (d >> 5) : 2 * (d >> 5));
 #pragma unroll 16
         for (int jj = 0; jj < cnt; ++jj) {
-          const float2 vf = __half22float2(*reinterpret_cast<const half2*>(vrow(jj) + d));
+          const uint8_t* code = vrow(jj) + code_at;
+          float2 vf;
+          if constexpr (T == kKvF16) {
+            vf = __half22float2(*reinterpret_cast<const half2*>(code));
+          } else if constexpr (T == kKvQ8) {
+            const float sc = __half2float(par[jj * P]);
+            const char2 c = *reinterpret_cast<const char2*>(code);
+            vf = make_float2(sc * static_cast<float>(c.x), sc * static_cast<float>(c.y));
+          } else {
+            const float2 sm = __half22float2(*reinterpret_cast<const half2*>(par + jj * P));
+            const unsigned b = *code;
+            vf = make_float2(sm.y + sm.x * static_cast<float>(b & 15u),
+                             sm.y + sm.x * static_cast<float>(b >> 4));
+          }
           ax += pg[jj] * vf.x;
           ay += pg[jj] * vf.y;
         }
@@ -164,7 +200,8 @@ __device__ __forceinline__ void split_attend(const Kv& kv, const half* qrow, hal
         const int g = i / D, d = i % D;
         float acc = acc_s[i] * alpha_s[g];
         const float* pg = p_s + g * kThreads;
-        for (int jj = 0; jj < cnt; ++jj) acc += pg[jj] * __half2float(vrow(jj)[d]);
+        for (int jj = 0; jj < cnt; ++jj)
+          acc += pg[jj] * kv_load1<T>(KvRow{vrow(jj), vpar_s + jj * P}, d);
         acc_s[i] = acc;
       }
     }

@@ -57,17 +57,33 @@ void check_cublas(cublasStatus_t s, const char* what) {
 }
 }  // namespace
 
-CudaKvCache::CudaKvCache(int n_layers, int n_kv_heads, int head_dim, int max_seq)
-    : n_layers(n_layers), n_kv_heads(n_kv_heads), head_dim(head_dim), max_seq_(max_seq) {
+CudaKvCache::CudaKvCache(int n_layers, int n_kv_heads, int head_dim, int max_seq, KvType type)
+    : n_layers(n_layers),
+      n_kv_heads(n_kv_heads),
+      head_dim(head_dim),
+      type(type),
+      max_seq_(max_seq) {
   GYRE_CHECK(n_layers > 0 && n_kv_heads > 0 && head_dim > 0 && max_seq > 0,
              "KV cache sizes must be positive");
-  bytes_ = 2ull * n_layers * n_kv_heads * static_cast<size_t>(max_seq) * head_dim * sizeof(half);
-  data_ = device_alloc(bytes_, "the KV cache (" + std::to_string(max_seq) + " positions)");
+  const size_t rows = static_cast<size_t>(n_kv_heads) * static_cast<size_t>(max_seq);
+  code_plane_ = rows * kv_code_bytes(type, head_dim);
+  param_plane_ = rows * kv_param_halves(type, head_dim) * sizeof(half);
+  const size_t planes = 2ull * static_cast<size_t>(n_layers);
+  bytes_ = planes * (code_plane_ + param_plane_);
+  const std::string what =
+      "the KV cache (" + std::to_string(max_seq) + " positions, " + kv_type_name(type) + ")";
+  codes_ = device_alloc(planes * code_plane_, what);
+  if (param_plane_ > 0) params_ = device_alloc(planes * param_plane_, what);
 }
 
-half* CudaKvCache::base(int layer, int kv) const {
-  const size_t plane = static_cast<size_t>(n_kv_heads) * max_seq_ * head_dim;
-  return static_cast<half*>(data_.get()) + (2 * static_cast<size_t>(layer) + kv) * plane;
+void* CudaKvCache::codes(int layer, int kv) const {
+  return static_cast<uint8_t*>(codes_.get()) + (2 * static_cast<size_t>(layer) + kv) * code_plane_;
+}
+
+half* CudaKvCache::params(int layer, int kv) const {
+  if (!params_) return nullptr;
+  return reinterpret_cast<half*>(static_cast<uint8_t*>(params_.get()) +
+                                 (2 * static_cast<size_t>(layer) + kv) * param_plane_);
 }
 
 CudaBackend::CudaBackend(int device, const BackendOptions& options)
@@ -75,8 +91,7 @@ CudaBackend::CudaBackend(int device, const BackendOptions& options)
   GYRE_CHECK(options.weight_bits == 0 || options.weight_bits == 4 || options.weight_bits == 8,
              "weight bits must be 4 or 8 (or 0 for the file's precision), got ",
              options.weight_bits);
-  GYRE_CHECK(options.kv_cache == "f16", "KV cache type '", options.kv_cache,
-             "' is not supported on CUDA yet (only f16)");
+  kv_type_ = parse_kv_type(options.kv_cache);
   GYRE_CUDA_CHECK(cudaSetDevice(device));
   if (const char* g = std::getenv("GYRE_CUDA_GRAPH"))
     graphs_enabled_ = buckets_enabled_ = std::string(g) != "0";
@@ -213,14 +228,14 @@ void CudaBackend::to_host(const Tensor& t, float* dst) {
 std::unique_ptr<KvCache> CudaBackend::new_kv_cache(int n_layers, int n_kv_heads, int head_dim,
                                                    int max_seq) {
   drop_graph();
-  auto cache = std::make_unique<CudaKvCache>(n_layers, n_kv_heads, head_dim, max_seq);
+  auto cache = std::make_unique<CudaKvCache>(n_layers, n_kv_heads, head_dim, max_seq, kv_type_);
   kv_bytes_ += cache->bytes();
   const CudaMemoryReport m = memory_report();
   std::fprintf(stderr,
-               "gyre: %s: weights %.1f MiB, KV cache %.1f MiB (%d positions, f16), "
+               "gyre: %s: weights %.1f MiB, KV cache %.1f MiB (%d positions, %s), "
                "%.1f MiB free of %.1f MiB\n",
-               name_.c_str(), mib(m.weights), mib(cache->bytes()), max_seq, mib(m.free),
-               mib(m.total));
+               name_.c_str(), mib(m.weights), mib(cache->bytes()), max_seq, kv_type_name(kv_type_),
+               mib(m.free), mib(m.total));
   return cache;
 }
 

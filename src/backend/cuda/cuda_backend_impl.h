@@ -13,6 +13,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.h"
+#include "core/kv_quant.h"
 
 namespace gyre {
 struct QWeightDevice;
@@ -33,20 +34,22 @@ const QWeightDevice& qweight_of(const Tensor& t);
 
 class CudaKvCache final : public KvCache {
  public:
-  CudaKvCache(int n_layers, int n_kv_heads, int head_dim, int max_seq);
+  CudaKvCache(int n_layers, int n_kv_heads, int head_dim, int max_seq, KvType type);
   int max_seq() const override { return max_seq_; }
   size_t bytes() const override { return bytes_; }
-  // Layer `layer`'s keys (or values): [n_kv_heads][max_seq][head_dim] FP16.
-  half* keys(int layer) const { return base(layer, 0); }
-  half* values(int layer) const { return base(layer, 1); }
+  // Layer `layer`'s keys (kv 0) or values (kv 1): codes [n_kv_heads][max_seq][row codes] (FP16
+  // caches: the halves) and params [n_kv_heads][max_seq][row params] (null for FP16); the row
+  // format is core/kv_quant.h's.
+  void* codes(int layer, int kv) const;
+  half* params(int layer, int kv) const;
 
   const int n_layers, n_kv_heads, head_dim;
+  const KvType type;
 
  private:
-  half* base(int layer, int kv) const;
   int max_seq_;
-  size_t bytes_ = 0;
-  std::shared_ptr<void> data_;
+  size_t bytes_ = 0, code_plane_ = 0, param_plane_ = 0;  // plane sizes in bytes
+  std::shared_ptr<void> codes_, params_;
 };
 
 // Host values copied to the device through pinned memory; the copy is skipped when the values
@@ -145,6 +148,7 @@ class CudaBackend final : public Backend {
   std::string name_;
   int sm_count_ = 0;
   BackendOptions options_;
+  KvType kv_type_ = KvType::F16;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::shared_ptr<void> cublas_workspace_;

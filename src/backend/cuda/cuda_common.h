@@ -56,9 +56,14 @@ void rope(half* x, const int32_t* positions, const float* inv_freq, const RopeAr
 
 // ---- attention.cu ----
 struct AttentionArgs {
-  const half* q = nullptr;        // [n_q, n_heads * head_dim]
-  const half* k_cache = nullptr;  // this layer's keys: [n_kv_heads][max_seq][head_dim]
-  const half* v_cache = nullptr;
+  const half* q = nullptr;  // [n_q, n_heads * head_dim]
+  // This layer's keys and values: codes [n_kv_heads][max_seq][row codes] (FP16: the halves) and,
+  // for q8/q4, params [n_kv_heads][max_seq][row params] (kv_quant.cuh).
+  const void* k_cache = nullptr;
+  const void* v_cache = nullptr;
+  const half* k_params = nullptr;
+  const half* v_params = nullptr;
+  int kv_type = 0;                // KvKind (kv_quant.cuh): 0 f16, 1 q8, 2 q4
   half* out = nullptr;            // [n_q, n_heads * head_dim]
   float* partial = nullptr;       // split workspace: attention_workspace_floats() floats
   const int32_t* pos0 = nullptr;  // device: position of query 0
@@ -68,9 +73,19 @@ struct AttentionArgs {
   float scale = 0.0f;
 };
 size_t attention_workspace_floats(int n_q, int n_heads, int head_dim, int splits);
-// Writes k, v [n, n_kv_heads * head_dim] at positions *pos0.. of one layer's cache.
-void kv_store(half* k_cache, half* v_cache, const half* k, const half* v, const int32_t* pos0,
-              int n, int n_kv_heads, int head_dim, int max_seq, cudaStream_t s);
+// Where kv_store writes: one layer's planes, laid out as in AttentionArgs.
+struct KvStoreArgs {
+  void* k_codes = nullptr;
+  void* v_codes = nullptr;
+  half* k_params = nullptr;
+  half* v_params = nullptr;
+  int kv_type = 0;
+  int n = 0, n_kv_heads = 0, head_dim = 0, max_seq = 0;
+};
+// Writes (quantizing for q8/q4) k, v [n, n_kv_heads * head_dim] at positions *pos0.. of one
+// layer's cache.
+void kv_store(const KvStoreArgs& a, const half* k, const half* v, const int32_t* pos0,
+              cudaStream_t s);
 void attention(const AttentionArgs& a, cudaStream_t s);
 
 // ---- attention_prefill.cu ---- (tensor cores; same arguments, splits ignored)

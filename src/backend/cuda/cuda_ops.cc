@@ -173,13 +173,25 @@ void CudaBackend::attention(Tensor& out, const Tensor& q, const Tensor& k, const
   GYRE_CHECK(pos0 >= 0 && pos0 + n <= c->max_seq(), "attention at positions ", pos0, "..", pos0 + n,
              " exceeds the KV cache of ", c->max_seq());
   const int32_t* dev_pos0 = stage(pos0_, &pos0, 1);
-  kv_store(c->keys(layer), c->values(layer), h(k), h(v), dev_pos0, n, p.n_kv_heads, p.head_dim,
-           c->max_seq(), stream_);
+  KvStoreArgs st;
+  st.k_codes = c->codes(layer, 0);
+  st.v_codes = c->codes(layer, 1);
+  st.k_params = c->params(layer, 0);
+  st.v_params = c->params(layer, 1);
+  st.kv_type = static_cast<int>(c->type);
+  st.n = n;
+  st.n_kv_heads = p.n_kv_heads;
+  st.head_dim = p.head_dim;
+  st.max_seq = c->max_seq();
+  kv_store(st, h(k), h(v), dev_pos0, stream_);
 
   AttentionArgs a;
   a.q = h(q);
-  a.k_cache = c->keys(layer);
-  a.v_cache = c->values(layer);
+  a.k_cache = st.k_codes;
+  a.v_cache = st.v_codes;
+  a.k_params = st.k_params;
+  a.v_params = st.v_params;
+  a.kv_type = st.kv_type;
   a.out = h(out);
   a.pos0 = dev_pos0;
   a.n_q = n;

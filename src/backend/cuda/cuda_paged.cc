@@ -23,40 +23,57 @@ constexpr int kTileMinRows = 16;
 
 class CudaPagedKvCache final : public PagedKvCache {
  public:
-  CudaPagedKvCache(int n_layers, int n_kv_heads, int head_dim, int num_pages, int page_size)
+  CudaPagedKvCache(int n_layers, int n_kv_heads, int head_dim, int num_pages, int page_size,
+                   KvType type)
       : n_layers(n_layers),
         n_kv_heads(n_kv_heads),
         head_dim(head_dim),
+        type(type),
         num_pages_(num_pages),
         page_size_(page_size) {
     GYRE_CHECK(n_layers > 0 && n_kv_heads > 0 && head_dim > 0 && num_pages > 0 && page_size > 0,
                "paged KV cache sizes must be positive, got ", n_layers, " layers, ", n_kv_heads,
                " heads of ", head_dim, ", ", num_pages, " pages of ", page_size);
-    page_halves_ = static_cast<size_t>(n_kv_heads) * page_size * head_dim;
-    const double bytes = 4.0 * n_layers * static_cast<double>(page_halves_) * num_pages;
-    GYRE_CHECK(bytes < 1e15, "paged KV cache of ", bytes, " bytes is too large");
+    const double rows = 2.0 * n_layers * n_kv_heads * static_cast<double>(page_size) * num_pages;
+    GYRE_CHECK(rows * static_cast<double>(kv_row_bytes(type, head_dim)) < 1e15,
+               "paged KV cache of ", rows, " rows is too large");
+    page_rows_ = static_cast<size_t>(n_kv_heads) * static_cast<size_t>(page_size);
     // One page more than asked for: the scratch page of bucketed steps' padding rows.
-    bytes_ = 2 * sizeof(half) * static_cast<size_t>(n_layers) * page_halves_ * (num_pages + 1);
-    data_ = device_alloc(bytes_, "the paged KV cache (" + std::to_string(num_pages) + " pages of " +
-                                     std::to_string(page_size) + " tokens)");
+    const size_t plane_rows = page_rows_ * (static_cast<size_t>(num_pages) + 1);
+    code_plane_ = plane_rows * kv_code_bytes(type, head_dim);
+    param_plane_ = plane_rows * kv_param_halves(type, head_dim) * sizeof(half);
+    const size_t planes = 2 * static_cast<size_t>(n_layers);
+    bytes_ = planes * (code_plane_ + param_plane_);
+    const std::string what = "the paged KV cache (" + std::to_string(num_pages) + " pages of " +
+                             std::to_string(page_size) + " tokens, " + kv_type_name(type) + ")";
+    codes_ = device_alloc(planes * code_plane_, what);
+    if (param_plane_ > 0) params_ = device_alloc(planes * param_plane_, what);
   }
   int num_pages() const override { return num_pages_; }
   int page_size() const override { return page_size_; }
   size_t bytes() const override { return bytes_; }
-  // Layer `layer`'s keys (kv 0) or values (kv 1): [page][kv_head][slot][head_dim].
-  half* plane(int layer, int kv) const {
-    return static_cast<half*>(data_.get()) +
-           (2 * static_cast<size_t>(layer) + kv) * page_halves_ * (num_pages_ + 1);
+  // Layer `layer`'s keys (kv 0) or values (kv 1): codes rows [page][kv_head][slot] (FP16: the
+  // halves) and params rows likewise (null for FP16); row format core/kv_quant.h.
+  void* codes(int layer, int kv) const {
+    return static_cast<uint8_t*>(codes_.get()) +
+           (2 * static_cast<size_t>(layer) + kv) * code_plane_;
   }
+  half* params(int layer, int kv) const {
+    if (!params_) return nullptr;
+    return reinterpret_cast<half*>(static_cast<uint8_t*>(params_.get()) +
+                                   (2 * static_cast<size_t>(layer) + kv) * param_plane_);
+  }
+  size_t page_rows() const { return page_rows_; }  // rows of one page of one plane
   int scratch_page() const { return num_pages_; }  // never in a caller's page table
-  size_t page_halves() const { return page_halves_; }
 
   const int n_layers, n_kv_heads, head_dim;
+  const KvType type;
 
  private:
   int num_pages_, page_size_;
-  size_t page_halves_ = 0, bytes_ = 0;
-  std::shared_ptr<void> data_;
+  size_t page_rows_ = 0, bytes_ = 0;
+  size_t code_plane_ = 0, param_plane_ = 0;  // bytes of one layer's keys (or values)
+  std::shared_ptr<void> codes_, params_;
 };
 
 CudaPagedKvCache& cuda_cache(PagedKvCache& cache) {
@@ -246,15 +263,15 @@ std::unique_ptr<PagedKvCache> CudaBackend::new_paged_kv_cache(int n_layers, int 
                                                               int head_dim, int num_pages,
                                                               int page_size) {
   drop_graph();
-  auto cache =
-      std::make_unique<CudaPagedKvCache>(n_layers, n_kv_heads, head_dim, num_pages, page_size);
+  auto cache = std::make_unique<CudaPagedKvCache>(n_layers, n_kv_heads, head_dim, num_pages,
+                                                  page_size, kv_type_);
   kv_bytes_ += cache->bytes();
   const CudaMemoryReport m = memory_report();
   std::fprintf(stderr,
-               "gyre: %s: weights %.1f MiB, paged KV cache %.1f MiB (%d pages of %d tokens, f16), "
+               "gyre: %s: weights %.1f MiB, paged KV cache %.1f MiB (%d pages of %d tokens, %s), "
                "%.1f MiB free of %.1f MiB\n",
                name_.c_str(), mib(m.weights), mib(cache->bytes()), num_pages, page_size,
-               mib(m.free), mib(m.total));
+               kv_type_name(kv_type_), mib(m.free), mib(m.total));
   return cache;
 }
 
@@ -265,17 +282,25 @@ void CudaBackend::copy_kv_page(PagedKvCache& cache, int src, int dst, int num_to
   GYRE_CHECK(num_tokens >= 0 && num_tokens <= c.page_size(), "copy_kv_page: ", num_tokens,
              " tokens do not fit a page of ", c.page_size());
   if (num_tokens == 0) return;
-  // Per head, the first num_tokens slots: rows of one 2-D copy per layer and kind.
-  const size_t pitch = static_cast<size_t>(c.page_size()) * c.head_dim * sizeof(half);
-  const size_t width = static_cast<size_t>(num_tokens) * c.head_dim * sizeof(half);
+  // Per head, the first num_tokens rows of the page: one 2-D copy per layer, kind and plane
+  // (codes, then the q8/q4 params).
+  const size_t row_sizes[2] = {kv_code_bytes(c.type, c.head_dim),
+                               kv_param_halves(c.type, c.head_dim) * sizeof(half)};
+  const size_t page_size = static_cast<size_t>(c.page_size());
   for (int layer = 0; layer < c.n_layers; ++layer)
-    for (int kv = 0; kv < 2; ++kv) {
-      half* plane = c.plane(layer, kv);
-      GYRE_CUDA_CHECK(cudaMemcpy2DAsync(plane + static_cast<size_t>(dst) * c.page_halves(), pitch,
-                                        plane + static_cast<size_t>(src) * c.page_halves(), pitch,
-                                        width, static_cast<size_t>(c.n_kv_heads),
-                                        cudaMemcpyDeviceToDevice, stream_));
-    }
+    for (int kv = 0; kv < 2; ++kv)
+      for (int part = 0; part < 2; ++part) {
+        const size_t row = row_sizes[part];
+        if (row == 0) continue;
+        auto* plane = static_cast<uint8_t*>(part == 0 ? c.codes(layer, kv)
+                                                      : static_cast<void*>(c.params(layer, kv)));
+        const size_t page_bytes = c.page_rows() * row;
+        GYRE_CUDA_CHECK(cudaMemcpy2DAsync(
+            plane + static_cast<size_t>(dst) * page_bytes, page_size * row,
+            plane + static_cast<size_t>(src) * page_bytes, page_size * row,
+            static_cast<size_t>(num_tokens) * row, static_cast<size_t>(c.n_kv_heads),
+            cudaMemcpyDeviceToDevice, stream_));
+      }
 }
 
 void CudaBackend::attention_paged(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -309,15 +334,26 @@ void CudaBackend::attention_paged(Tensor& out, const Tensor& q, const Tensor& k,
   }
   if (n == 0) return;
 
-  paged_kv_store(c.plane(layer, 0), c.plane(layer, 1), static_cast<const half*>(k.data),
-                 static_cast<const half*>(v.data), st.slots, static_cast<int>(n), p.n_kv_heads,
-                 p.head_dim, c.page_size(), stream_);
+  KvStoreArgs store;
+  store.k_codes = c.codes(layer, 0);
+  store.v_codes = c.codes(layer, 1);
+  store.k_params = c.params(layer, 0);
+  store.v_params = c.params(layer, 1);
+  store.kv_type = static_cast<int>(c.type);
+  store.n = static_cast<int>(n);
+  store.n_kv_heads = p.n_kv_heads;
+  store.head_dim = p.head_dim;
+  paged_kv_store(store, st.slots, c.page_size(), static_cast<const half*>(k.data),
+                 static_cast<const half*>(v.data), stream_);
 
   PagedAttentionArgs a;
   a.q = static_cast<const half*>(q.data);
   a.out = static_cast<half*>(out.data);
-  a.k_cache = c.plane(layer, 0);
-  a.v_cache = c.plane(layer, 1);
+  a.k_cache = store.k_codes;
+  a.v_cache = store.v_codes;
+  a.k_params = store.k_params;
+  a.v_params = store.v_params;
+  a.kv_type = store.kv_type;
   a.positions = st.positions;
   a.row_seq = st.row_seq;
   a.page_tables = st.page_tables;

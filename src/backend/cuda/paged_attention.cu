@@ -1,4 +1,5 @@
-// Attention over the paged FP16 KV cache (serving steps of ragged sequences):
+// Attention over the paged KV cache (serving steps of ragged sequences; FP16 or q8/q4, the
+// kernels instantiated per cache type like the contiguous ones):
 //   - decode rows (and any row without a tile kernel): the split (flash-decoding) block of
 //     attention_split.cuh, grid (split, kv head [x sub-group of <= 8 query heads], listed row),
 //     then the shared combine kernel when the context is split;
@@ -15,42 +16,42 @@ namespace gyre::cuda {
 
 namespace {
 
-// Rows of one KV head's keys (or values) of one sequence: [page][kv_head][slot][D] per layer.
+// Rows of one KV head of one sequence: row (page * n_kv_heads + kv_head) * page_size + slot.
 struct PagedKv {
   static constexpr bool kContiguous = false;
-  const half *k, *v;
+  const void *k, *v;
+  const half *kp, *vp;
   const int32_t* table;  // the sequence's pages
-  int page_size, n_kv_heads, kv_head, D;
+  int page_size, n_kv_heads, kv_head;
   __device__ int64_t row(int j) const {
     const int64_t page = table[j / page_size];
-    return ((page * n_kv_heads + kv_head) * page_size + j % page_size) * D;
+    return (page * n_kv_heads + kv_head) * page_size + j % page_size;
   }
 };
 
 __device__ PagedKv paged_kv(const PagedAttentionArgs& a, int seq, int kv_head) {
-  return PagedKv{a.k_cache,   a.v_cache,    a.page_tables + static_cast<int64_t>(seq) * a.max_pages,
-                 a.page_size, a.n_kv_heads, kv_head,
-                 a.head_dim};
+  return PagedKv{a.k_cache,
+                 a.v_cache,
+                 a.k_params,
+                 a.v_params,
+                 a.page_tables + static_cast<int64_t>(seq) * a.max_pages,
+                 a.page_size,
+                 a.n_kv_heads,
+                 kv_head};
 }
 
-__global__ void paged_store_kernel(half* k_cache, half* v_cache, const half* k, const half* v,
-                                   const int64_t* slots, int rows, int n_kv, int dim,
-                                   int page_size) {
+template <int T>
+__global__ void paged_store_kernel(KvStoreArgs a, const int64_t* slots, int page_size,
+                                   const half* k, const half* v) {
   pdl_begin();
-  const int64_t total = static_cast<int64_t>(rows) * n_kv * dim;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int d = static_cast<int>(i % dim);
-    const int h = static_cast<int>((i / dim) % n_kv);
-    const int r = static_cast<int>(i / (static_cast<int64_t>(dim) * n_kv));
+  const KvPlanes planes{a.k_codes, a.v_codes, a.k_params, a.v_params};
+  kv_store_rows<T>(planes, k, v, a.n, a.n_kv_heads, a.head_dim, [&](int r, int h) {
     const int64_t slot = slots[r];
-    const int64_t page = slot / page_size, offset = slot % page_size;
-    const int64_t dst = ((page * n_kv + h) * page_size + offset) * dim + d;
-    k_cache[dst] = k[i];
-    v_cache[dst] = v[i];
-  }
+    return (slot / page_size * a.n_kv_heads + h) * page_size + slot % page_size;
+  });
 }
 
+template <int T>
 __global__ void __launch_bounds__(split_attn::kThreads)
     paged_split_kernel(PagedAttentionArgs a, int n_sub) {
   pdl_begin();
@@ -69,11 +70,11 @@ __global__ void __launch_bounds__(split_attn::kThreads)
   float* part = a.splits > 1 ? a.partial + (static_cast<int64_t>(listed) * a.n_heads + head0) *
                                                a.splits * (D + 2)
                              : nullptr;
-  split_attn::split_attend(paged_kv(a, a.row_seq[row], kvh), a.q + first * D, a.out + first * D,
-                           part, D, gn, lo, pos + 1, blockIdx.x, a.splits, a.scale);
+  split_attn::split_attend<T>(paged_kv(a, a.row_seq[row], kvh), a.q + first * D, a.out + first * D,
+                              part, D, gn, lo, pos + 1, blockIdx.x, a.splits, a.scale);
 }
 
-template <int D>
+template <int D, int T>
 __global__ void __launch_bounds__(flash_attn::kThreads) paged_flash_kernel(PagedAttentionArgs a) {
   pdl_begin();
   const int* tile = a.tiles + 3 * blockIdx.x;
@@ -81,22 +82,22 @@ __global__ void __launch_bounds__(flash_attn::kThreads) paged_flash_kernel(Paged
   const int head = blockIdx.y, kvh = head / (a.n_heads / a.n_kv_heads);
   const int64_t row_stride = static_cast<int64_t>(a.n_heads) * D;
   const int64_t first = row0 * row_stride + head * D;
-  flash_attn::flash_tile<D>(paged_kv(a, seq, kvh), a.q + first, a.out + first, row_stride, rows,
-                            a.positions[row0], a.window, a.scale);
+  flash_attn::flash_tile<D, T>(paged_kv(a, seq, kvh), a.q + first, a.out + first, row_stride, rows,
+                               a.positions[row0], a.window, a.scale);
 }
 
-template <int D>
+template <int D, int T>
 void launch_paged_flash(const PagedAttentionArgs& a, cudaStream_t s) {
   const size_t bytes = flash_attn::Smem<D>::bytes;
   static bool configured = false;  // the attribute is per function; setting it once is enough
   if (!configured) {
-    GYRE_CUDA_CHECK(cudaFuncSetAttribute(paged_flash_kernel<D>,
+    GYRE_CUDA_CHECK(cudaFuncSetAttribute(paged_flash_kernel<D, T>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(bytes)));
     configured = true;
   }
   const dim3 grid(static_cast<unsigned>(a.n_tiles), static_cast<unsigned>(a.n_heads));
-  launch(paged_flash_kernel<D>, grid, flash_attn::kThreads, bytes, s, a);
+  launch(paged_flash_kernel<D, T>, grid, flash_attn::kThreads, bytes, s, a);
   GYRE_CUDA_LAUNCHED();
 }
 
@@ -110,14 +111,14 @@ size_t paged_workspace_floats(int n_split_rows, int n_heads, int head_dim, int s
   return splits <= 1 ? 0 : static_cast<size_t>(n_split_rows) * n_heads * splits * (head_dim + 2);
 }
 
-void paged_kv_store(half* k_cache, half* v_cache, const half* k, const half* v,
-                    const int64_t* slots, int rows, int n_kv_heads, int head_dim, int page_size,
-                    cudaStream_t s) {
-  const int64_t total = static_cast<int64_t>(rows) * n_kv_heads * head_dim;
-  if (total == 0) return;
-  const int64_t blocks = (total + 255) / 256;
-  launch(paged_store_kernel, static_cast<unsigned>(blocks < 65536 ? blocks : 65536), 256, 0, s,
-         k_cache, v_cache, k, v, slots, rows, n_kv_heads, head_dim, page_size);
+void paged_kv_store(const KvStoreArgs& a, const int64_t* slots, int page_size, const half* k,
+                    const half* v, cudaStream_t s) {
+  const int64_t blocks = (kv_store_threads(a.n, a.n_kv_heads, a.head_dim) + 255) / 256;
+  if (blocks == 0) return;
+  const unsigned grid = static_cast<unsigned>(blocks < 65536 ? blocks : 65536);
+  with_kv_kind(a.kv_type, [&](auto kind) {
+    launch(paged_store_kernel<decltype(kind)::value>, grid, 256, 0, s, a, slots, page_size, k, v);
+  });
   GYRE_CUDA_LAUNCHED();
 }
 
@@ -129,31 +130,35 @@ void paged_attention(const PagedAttentionArgs& a, cudaStream_t s) {
              a.n_kv_heads);
   GYRE_CHECK(a.n_split_rows <= 65535, "CUDA paged attention: ", a.n_split_rows,
              " decode rows exceed one launch");
-  if (a.n_tiles > 0) {
-    switch (a.head_dim) {
-      case 64:
-        launch_paged_flash<64>(a, s);
-        break;
-      case 80:
-        launch_paged_flash<80>(a, s);
-        break;
-      case 96:
-        launch_paged_flash<96>(a, s);
-        break;
-      case 128:
-        launch_paged_flash<128>(a, s);
-        break;
-      default:
-        fail("paged attention: no tile kernel for head_dim ", a.head_dim);
+  with_kv_kind(a.kv_type, [&](auto kind) {
+    constexpr int T = decltype(kind)::value;
+    if (a.n_tiles > 0) {
+      switch (a.head_dim) {
+        case 64:
+          launch_paged_flash<64, T>(a, s);
+          break;
+        case 80:
+          launch_paged_flash<80, T>(a, s);
+          break;
+        case 96:
+          launch_paged_flash<96, T>(a, s);
+          break;
+        case 128:
+          launch_paged_flash<128, T>(a, s);
+          break;
+        default:
+          fail("paged attention: no tile kernel for head_dim ", a.head_dim);
+      }
     }
-  }
+    if (a.n_split_rows == 0) return;
+    const int group = a.n_heads / a.n_kv_heads;
+    const int n_sub = (group + kMaxGroup - 1) / kMaxGroup;
+    const dim3 grid(static_cast<unsigned>(a.splits), static_cast<unsigned>(a.n_kv_heads * n_sub),
+                    static_cast<unsigned>(a.n_split_rows));
+    launch(paged_split_kernel<T>, grid, kThreads, smem_bytes(a.head_dim, T), s, a, n_sub);
+    GYRE_CUDA_LAUNCHED();
+  });
   if (a.n_split_rows == 0) return;
-  const int group = a.n_heads / a.n_kv_heads;
-  const int n_sub = (group + kMaxGroup - 1) / kMaxGroup;
-  const dim3 grid(static_cast<unsigned>(a.splits), static_cast<unsigned>(a.n_kv_heads * n_sub),
-                  static_cast<unsigned>(a.n_split_rows));
-  launch(paged_split_kernel, grid, kThreads, smem_bytes(a.head_dim), s, a, n_sub);
-  GYRE_CUDA_LAUNCHED();
   if (a.splits > 1)
     split_combine(a.out, a.partial, a.n_split_rows, a.n_heads, a.head_dim, a.splits, a.split_rows,
                   s);

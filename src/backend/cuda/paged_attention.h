@@ -1,7 +1,8 @@
 // Kernels of the CUDA backend's paged KV cache (serving): the store of a step's keys and values
 // at their slots, and attention over ragged sequences read through their page tables.
-// Layout of one layer's keys (values likewise): [page][kv_head][slot][head_dim] FP16, so one
-// head's keys in a page are contiguous and a page of one layer is one block.
+// Layout of one layer's keys (values likewise): rows [page][kv_head][slot] in a codes plane
+// (FP16: the halves) and, for q8/q4, a params plane (row format core/kv_quant.h), so one head's
+// keys in a page are contiguous and a page of one layer is one block of each plane.
 #pragma once
 #include "backend/cuda/cuda_common.h"
 
@@ -10,8 +11,11 @@ namespace gyre::cuda {
 struct PagedAttentionArgs {
   const half* q = nullptr;  // [rows, n_heads * head_dim]
   half* out = nullptr;
-  const half* k_cache = nullptr;  // this layer's keys
-  const half* v_cache = nullptr;
+  const void* k_cache = nullptr;  // this layer's key codes
+  const void* v_cache = nullptr;
+  const half* k_params = nullptr;  // q8/q4: this layer's key params
+  const half* v_params = nullptr;
+  int kv_type = 0;                       // KvKind (kv_quant.cuh)
   const int32_t* positions = nullptr;    // [rows] (device)
   const int32_t* row_seq = nullptr;      // [rows] sequence of each row
   const int32_t* page_tables = nullptr;  // [seqs][max_pages]
@@ -32,10 +36,10 @@ constexpr int kPagedTileRows = 64;
 bool paged_tiles_supported(int head_dim);  // head dims of the tensor-core tile kernel
 size_t paged_workspace_floats(int n_split_rows, int n_heads, int head_dim, int splits);
 
-// k, v [rows, n_kv_heads * head_dim] to slot slots[r] (= page * page_size + offset).
-void paged_kv_store(half* k_cache, half* v_cache, const half* k, const half* v,
-                    const int64_t* slots, int rows, int n_kv_heads, int head_dim, int page_size,
-                    cudaStream_t s);
+// k, v [a.n, n_kv_heads * head_dim] to slot slots[r] (= page * page_size + offset), quantized
+// for q8/q4; a.max_seq is not used.
+void paged_kv_store(const KvStoreArgs& a, const int64_t* slots, int page_size, const half* k,
+                    const half* v, cudaStream_t s);
 void paged_attention(const PagedAttentionArgs& a, cudaStream_t s);
 
 }  // namespace gyre::cuda
