@@ -86,19 +86,20 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path) {
   const bool has_gen = file_exists(path + "/generation_config.json");
   if (has_gen) gen = read_json(path + "/generation_config.json");
   m->config = config_from_hf_json(cfg, has_gen ? &gen : nullptr);
+  // Gyre's own format first: gptq_config_from_hf refuses every other quant_method.
   GptqConfig gptq;
-  if (gptq_config_from_hf(cfg, gptq)) {
-    auto raw = std::make_shared<WeightSet>();
-    for (const std::string& f : shard_files(path)) safetensors_load(f, *raw);
-    gptq_load_weights(gptq, std::move(raw), m->weights);
-    m->format = "gptq";
-  } else if (is_gyre_quantized(cfg)) {
+  if (is_gyre_quantized(cfg)) {
     // `gyre convert` output: the packed tensors are read into a side set that the model's
     // WeightSet keeps alive, and come out as ordinary weights (model/gyre_quant_loader.h).
     auto raw = std::make_shared<std::pair<WeightSet, std::vector<uint8_t>>>();
     for (const std::string& f : shard_files(path)) safetensors_load(f, raw->first);
     gyre_quant_load(cfg, raw->first, m->weights, path);
     m->weights.keep(std::shared_ptr<std::vector<uint8_t>>(raw, &raw->second));
+  } else if (gptq_config_from_hf(cfg, gptq)) {
+    auto raw = std::make_shared<WeightSet>();
+    for (const std::string& f : shard_files(path)) safetensors_load(f, *raw);
+    gptq_load_weights(gptq, std::move(raw), m->weights);
+    m->format = "gptq";
   } else {
     for (const std::string& f : shard_files(path)) safetensors_load(f, m->weights);
   }
