@@ -94,7 +94,9 @@ TEST(QuantConvert, Stories260KAtFourBitsLoadsAndStaysClose) {
   EXPECT_GT(r.model.ppl(), r.ref.ppl() * 0.98);
   EXPECT_LT(r.model.ppl(), r.ref.ppl() * 1.25)
       << "float " << r.ref.ppl() << " quantized " << r.model.ppl();
-  EXPECT_GT(r.top1_rate(), 0.8) << "mean KLD " << r.mean();
+  // 4-bit stories260K agrees with the float model on the next token about 78-83% of the time
+  // (docs/quantization.md); a broken layer drops this far lower.
+  EXPECT_GT(r.top1_rate(), 0.7) << "mean KLD " << r.mean();
 }
 
 TEST(QuantConvert, InterruptedJobResumesToTheSameModel) {
