@@ -27,13 +27,30 @@ grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|^\[==========\]|Failure|Expected|Which is"
   cut -c1-160 | head -n 80
 
 echo "== bench"
-# Each entry is SHAPE:BITS (16 = FP16 weights; 8 and 4 = Gyre's group-quantized layouts).
-for mb in ${GYRE_BENCH_MODELS:-llama3-8b:16 llama3-8b:8 llama3-8b:4 mistral-7b:16 llama2-7b:16}; do
-  m=${mb%%:*} b=${mb##*:}
+# Each entry is SHAPE:BITS[:CACHE] (16 = FP16 weights; 8 and 4 = Gyre's group-quantized
+# layouts; CACHE f16 (default), q8 or q4).
+for mb in ${GYRE_BENCH_MODELS-llama3-8b:16 llama3-8b:8 llama3-8b:4 mistral-7b:16 llama2-7b:16}; do
+  IFS=: read -r m b c <<<"$mb"
+  c=${c:-f16}
   long=8192
   [ "$m" = llama-30b ] && long=0
-  timeout 240 "$bin/gyre" bench --synthetic "$m" --bits "$b" -p 2048 -n 128 --long "$long" --json \
-    >"$out/$m-b$b.json" 2>"$out/$m-b$b.err" || { echo "$m bits $b failed:"; tail -n 3 "$out/$m-b$b.err"; }
+  name="$m-b$b"
+  [ "$c" = f16 ] || name="$name-$c"
+  timeout 240 "$bin/gyre" bench --synthetic "$m" --bits "$b" --cache "$c" -p 2048 -n 128 \
+    --long "$long" --json >"$out/$name.json" 2>"$out/$name.err" ||
+    { echo "$name failed:"; tail -n 3 "$out/$name.err"; }
+done
+
+echo "== serving (Engine: continuous batching over the paged KV cache)"
+# Each entry is SHAPE:BITS[:CACHE]: total generated tokens/s at 1/8/32/128 concurrent requests,
+# then time to first token of 32 requests sharing a 2048-token prefix.
+for mb in ${GYRE_SERVE_MODELS-llama3-8b:4}; do
+  IFS=: read -r m b c <<<"$mb"
+  c=${c:-f16}
+  timeout 300 "$bin/gyre" bench --synthetic "$m" --bits "$b" --cache "$c" \
+    --concurrency "${GYRE_SERVE_CONCURRENCY:-1,8,32,128}" -n 128 --prefix 2048 --ttft-requests 32 \
+    2>"$out/serve-$m-b$b-$c.err" | tee "$out/serve-$m-b$b-$c.txt" ||
+    { echo "serve $mb failed:"; tail -n 3 "$out/serve-$m-b$b-$c.err"; }
 done
 python3 - "$out" <<'PY'
 import json, pathlib, sys

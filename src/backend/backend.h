@@ -82,6 +82,13 @@ struct PagedBatch {
   // Differs between batches with different contents: a device backend may upload the arrays
   // once per step (at the first layer) and reuse them while the generation is unchanged.
   uint64_t generation = 0;
+  // A decode step padded to a bucket of rows (Backend::decode_bucket) that a graph may record
+  // and replay with other contents: launch shapes must depend on rows and max_pages only, never
+  // on positions. Its last padding_rows rows belong to no sequence (seq_starts[seqs] is
+  // rows - padding_rows): the backend computes them harmlessly (keys and values go to a scratch
+  // slot of its own, outputs are unspecified) and the caller ignores them.
+  bool bucketed = false;
+  int padding_rows = 0;
 };
 
 // Per-row settings of Backend::sample. The semantics (order of the filters, tie rules) are the
@@ -173,19 +180,29 @@ class Backend {
   // x += y
   virtual void add(Tensor& x, const Tensor& y) = 0;
 
-  // Whole-step replay (CUDA graphs), used by the engine for single-token decode steps only when
-  // graph_capable(). The ops copy their host inputs (tokens, positions, pos0) into buffers the
-  // backend owns before use, so a recorded step reads them from there: stage_step_inputs() fills
-  // those buffers with the next step's values, replay_step() re-runs the ops recorded between
-  // capture_begin() and capture_end() and returns false when there is no usable record (none
-  // made yet, made for another owner, or a buffer it used was reallocated since). `owner` is
-  // the caller (the Transformer), so two models sharing a backend never replay each other's.
+  // Whole-step replay (CUDA graphs), used by the forward pass only when graph_capable(). The ops
+  // copy their host inputs (tokens, positions, pos0) into buffers the backend owns before use,
+  // so a recorded step reads them from there: stage_step_inputs() fills those buffers with the
+  // next step's values, replay_step() re-runs the ops recorded between capture_begin() and
+  // capture_end(true) (false: an op failed, nothing is kept) and returns false when there is no
+  // usable record (none made yet, or a buffer it used was reallocated since). Records are kept
+  // per (owner, bucket): `owner` is the caller (the Transformer), so two models sharing a
+  // backend never replay each other's; `bucket` is 0 for the single-sequence decode step and B
+  // for batched decode steps padded to B rows (a backend may keep several records per bucket,
+  // e.g. per paged cache, and picks the one matching what stage_paged_step staged).
   virtual bool graph_capable() const { return false; }
   virtual void stage_step_inputs(const int32_t* /*tokens*/, const int32_t* /*positions*/, int /*n*/,
                                  int /*pos0*/) {}
-  virtual void capture_begin(const void* /*owner*/) {}
-  virtual void capture_end() {}
-  virtual bool replay_step(const void* /*owner*/) { return false; }
+  virtual void capture_begin(const void* /*owner*/, int /*bucket*/) {}
+  virtual void capture_end(bool /*keep*/) {}
+  virtual bool replay_step(const void* /*owner*/, int /*bucket*/) { return false; }
+  // Batched decode steps (every sequence one row): the row count such a step of `rows` rows is
+  // padded to (PagedBatch::bucketed), so that one record per bucket serves every such step; 0:
+  // the step runs as it is (the default, and beyond the largest bucket).
+  virtual int decode_bucket(int /*rows*/) const { return 0; }
+  // Uploads a bucketed batch's arrays to the bucket's fixed device buffers now: before a
+  // replay_step (which calls no attention_paged) and before recording it.
+  virtual void stage_paged_step(const PagedBatch& /*batch*/, PagedKvCache& /*cache*/) {}
 };
 
 // How a backend stores what it is given. The CPU backend honours n_threads only.

@@ -333,6 +333,10 @@ void run_serve_bench(const ServeBenchOptions& o) {
     j["ttft"] = t;
   }
   engine.drain();
+#ifdef GYRE_HAVE_CUDA
+  // Decode steps replayed from CUDA graphs (GYRE_CUDA_GRAPH=0: none), all phases together.
+  if (cuda) j["graph_replays"] = cuda_graph_replays(*backend);
+#endif
 
   if (o.json) {
     std::cout << j.dump(2) << "\n";
@@ -348,6 +352,9 @@ void run_serve_bench(const ServeBenchOptions& o) {
                 r["tokens_per_s"].get<double>(), r["wall_s"].get<double>(),
                 r["engine_ms_per_step"].get<double>(), r["forward_ms_per_step"].get<double>(),
                 r["forward_ms_per_step_no_logits"].get<double>());
+  if (j.contains("graph_replays"))
+    std::printf("graphs     %llu decode steps replayed\n",
+                static_cast<unsigned long long>(j["graph_replays"].get<uint64_t>()));
   if (j.contains("ttft")) {
     const auto& t = j["ttft"];
     std::printf(

@@ -205,9 +205,9 @@ void run_bench(const BenchOptions& o) {
   // Device time of one recorded decode step alone (no host work between steps): shows how much
   // of a step the host side (launch, logits copy, argmax) costs.
   double graph_s = 0;
-  if (backend->graph_capable() && backend->replay_step(&t)) {
+  if (backend->graph_capable() && backend->replay_step(&t, 0)) {
     const double t0 = now_s();
-    for (int i = 0; i < o.decode; ++i) backend->replay_step(&t);
+    for (int i = 0; i < o.decode; ++i) backend->replay_step(&t, 0);
     backend->synchronize();
     graph_s = (now_s() - t0) / o.decode;
   }

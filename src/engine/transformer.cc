@@ -146,39 +146,49 @@ void Transformer::forward(const int32_t* tokens, int n, int pos, float* logits, 
   std::vector<int32_t> positions(static_cast<size_t>(n));
   std::iota(positions.begin(), positions.end(), pos);
 
-  // Single-token decode steps replay a recorded graph when the backend has one; the first such
-  // step runs eagerly (lazy allocations happen there), the second is recorded. Dynamic NTK
+  // Single-token decode steps replay a recorded graph when the backend has one. Dynamic NTK
   // changes the rotary table every step, so it never records.
-  const bool graph =
-      n == 1 && backend_.graph_capable() && c.rope.scaling != RopeScaling::DynamicNtk;
-  bool replayed = false;
-  if (graph) {
+  auto ops = [&] { run_ops(tokens, n, pos, positions.data(), all_logits); };
+  if (n == 1 && backend_.graph_capable() && c.rope.scaling != RopeScaling::DynamicNtk) {
     backend_.stage_step_inputs(tokens, positions.data(), n, pos);
-    replayed = backend_.replay_step(this);
-  }
-  if (!replayed) {
-    const bool capture = graph && graph_warm_;
-    if (capture) backend_.capture_begin(this);
-    try {
-      run_ops(tokens, n, pos, positions.data(), all_logits);
-    } catch (...) {
-      if (capture) {
-        try {
-          backend_.capture_end();
-        } catch (...) {  // the op's own error is the one to report
-        }
-      }
-      throw;
-    }
-    if (capture) {
-      backend_.capture_end();
-      GYRE_CHECK(backend_.replay_step(this), "internal: recorded decode step cannot be replayed");
-    }
-    graph_warm_ = graph_warm_ || graph;
+    run_recorded(0, ops);
+  } else {
+    ops();
   }
   const int first = all_logits ? 0 : n - 1;
   logit_rows_ = n - first;
   if (logits) backend_.to_host(logits_.slice_rows(0, logit_rows_), logits);
+}
+
+template <typename Ops>
+void Transformer::run_recorded(int bucket, Ops&& ops) {
+  if (backend_.replay_step(this, bucket)) return;
+  if (std::find(warm_buckets_.begin(), warm_buckets_.end(), bucket) == warm_buckets_.end()) {
+    ops();
+    warm_buckets_.push_back(bucket);
+    return;
+  }
+  backend_.capture_begin(this, bucket);
+  bool recorded = false;
+  try {
+    ops();
+    recorded = true;
+  } catch (...) {  // below
+  }
+  try {
+    backend_.capture_end(recorded);
+  } catch (...) {
+    recorded = false;
+  }
+  // Recording can fail where a buffer must grow first (another step outgrew it since this one's
+  // warm run) or an op cannot be recorded: nothing ran, so the step runs eagerly now (and is
+  // recorded next time). A real error repeats here and propagates.
+  if (!recorded) {
+    ops();
+    return;
+  }
+  GYRE_CHECK(backend_.replay_step(this, bucket),
+             "internal: recorded decode step cannot be replayed");
 }
 
 std::unique_ptr<PagedKvCache> Transformer::new_paged_kv_cache(int num_pages, int page_size) {
@@ -208,12 +218,22 @@ void Transformer::forward_batch(const int32_t* tokens, const PagedBatch& batch, 
     for (int s = 0; s < batch.seqs; ++s) longest = std::max(longest, batch.context_lens[s]);
     rope_.inv_freq = rope_inv_freq(c.rope, c.max_seq_len, longest);
   }
-  const AttentionParams ap = attention_params();
-  ensure_scratch(n);
-  run_layers(tokens, n, batch.positions,
-             [&](Tensor& att, const Tensor& q, const Tensor& k, const Tensor& v, int layer) {
-               backend_.attention_paged(att, q, k, v, kv, layer, batch, ap);
-             });
+  // Decode-only steps (every sequence one row) may run padded to a bucket (a recorded graph per
+  // bucket); the rest, and dynamic NTK (a new rotary table per step), run as they are.
+  bool decode_only = batch.rows == batch.seqs && batch.seq_starts != nullptr && !batch.bucketed &&
+                     c.rope.scaling != RopeScaling::DynamicNtk;
+  for (int s = 0; decode_only && s <= batch.seqs; ++s) decode_only = batch.seq_starts[s] == s;
+  const int bucket = decode_only ? backend_.decode_bucket(n) : 0;
+  if (bucket >= n) {
+    forward_decode_bucket(tokens, batch, kv, bucket);
+  } else {
+    const AttentionParams ap = attention_params();
+    ensure_scratch(n);
+    run_layers(tokens, n, batch.positions,
+               [&](Tensor& att, const Tensor& q, const Tensor& k, const Tensor& v, int layer) {
+                 backend_.attention_paged(att, q, k, v, kv, layer, batch, ap);
+               });
+  }
   logit_rows_ = n_logit_rows;
   if (n_logit_rows == 0) return;
   // The lm head runs on consecutive runs of wanted rows (the decodes of a step are one run), so
@@ -233,6 +253,50 @@ void Transformer::sample_logits(const SampleRequest* requests, int n, SampleResu
   GYRE_CHECK(n >= 0 && n <= logit_rows_, "sampling ", n, " rows, but the last forward pass made ",
              logit_rows_);
   backend_.sample(logits_.slice_rows(0, n), requests, n, out);
+}
+
+void Transformer::forward_decode_bucket(const int32_t* tokens, const PagedBatch& batch,
+                                        PagedKvCache& kv, int bucket) {
+  const int n = batch.rows;
+  // Page tables of one width for every step of the model (launch shapes must not change between
+  // replays): enough pages for max_seq_ positions, which every decode row is below.
+  const int ps = kv.page_size();
+  const int width = (max_seq_ + ps - 1) / ps;
+  const int copied = std::min(batch.max_pages, width);
+  std::vector<int32_t> padded_tokens(tokens, tokens + n),
+      positions(batch.positions, batch.positions + n);
+  std::vector<int64_t> slots(batch.slots, batch.slots + n);
+  padded_tokens.resize(static_cast<size_t>(bucket), 0);  // padding rows: any valid token
+  positions.resize(static_cast<size_t>(bucket), 0);
+  slots.resize(static_cast<size_t>(bucket), -1);  // the backend sends them to its scratch slot
+  std::vector<int32_t> tables(static_cast<size_t>(n) * width, -1);
+  for (int s = 0; s < n; ++s)
+    std::copy_n(batch.page_tables + static_cast<size_t>(s) * batch.max_pages, copied,
+                tables.begin() + static_cast<ptrdiff_t>(s) * width);
+  PagedBatch pb = batch;
+  pb.rows = bucket;
+  pb.positions = positions.data();
+  pb.slots = slots.data();
+  pb.page_tables = tables.data();
+  pb.max_pages = width;
+  pb.bucketed = true;
+  pb.padding_rows = bucket - n;
+
+  ensure_scratch(bucket);
+  backend_.stage_paged_step(pb, kv);
+  const AttentionParams ap = attention_params();
+  auto ops = [&] {
+    run_layers(padded_tokens.data(), bucket, positions.data(),
+               [&](Tensor& att, const Tensor& q, const Tensor& k, const Tensor& v, int layer) {
+                 backend_.attention_paged(att, q, k, v, kv, layer, pb, ap);
+               });
+  };
+  if (backend_.graph_capable()) {
+    backend_.stage_step_inputs(padded_tokens.data(), positions.data(), bucket, 0);
+    run_recorded(bucket, ops);
+  } else {
+    ops();
+  }
 }
 
 }  // namespace gyre

@@ -52,6 +52,14 @@ class Transformer {
   void run_layers(const int32_t* tokens, int n, const int32_t* positions, Attend&& attend);
   // Every backend op of one forward pass, up to the logits in logits_ (device side).
   void run_ops(const int32_t* tokens, int n, int pos, const int32_t* positions, bool all_logits);
+  // Runs ops() as the backend's record for `bucket` (Backend::capture_begin): replayed when one
+  // exists; else run eagerly the first time (lazy allocations happen there), recorded and
+  // replayed from the second. The step's inputs must be staged already.
+  template <typename Ops>
+  void run_recorded(int bucket, Ops&& ops);
+  // forward_batch of a decode step (every sequence one row) padded to `bucket` rows.
+  void forward_decode_bucket(const int32_t* tokens, const PagedBatch& batch, PagedKvCache& kv,
+                             int bucket);
 
   ModelConfig config_;
   Backend& backend_;
@@ -62,7 +70,7 @@ class Transformer {
   RopeTable rope_;
   std::unique_ptr<KvCache> cache_;
   int scratch_rows_ = 0;
-  bool graph_warm_ = false;  // a single-token step has run eagerly: the next one may be recorded
+  std::vector<int> warm_buckets_;  // steps run eagerly once: the next one may be recorded
   Tensor x_, xn_, q_, k_, v_, att_, gate_, ffn_, logits_;
   int logit_rows_ = 0;  // rows of logits_ the last forward pass wrote
 };

@@ -86,7 +86,7 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path) {
   const bool has_gen = file_exists(path + "/generation_config.json");
   if (has_gen) gen = read_json(path + "/generation_config.json");
   m->config = config_from_hf_json(cfg, has_gen ? &gen : nullptr);
-  // Gyre's own format first: gptq_config_from_hf refuses every other quant_method.
+  // Gyre's own format first: the GPTQ reader rejects every other quantization_config.
   GptqConfig gptq;
   if (is_gyre_quantized(cfg)) {
     // `gyre convert` output: the packed tensors are read into a side set that the model's

@@ -42,6 +42,12 @@ void cuda_set_synthetic_weights(Backend& backend, uint64_t seed) {
 double cuda_measure_bandwidth(Backend& backend) {
   return as_cuda(backend).measure_bandwidth();
 }
+void cuda_set_decode_graphs(Backend& backend, bool buckets, bool record) {
+  as_cuda(backend).set_decode_graphs(buckets, record);
+}
+uint64_t cuda_graph_replays(Backend& backend) {
+  return as_cuda(backend).graph_replays();
+}
 
 namespace cuda {
 
@@ -72,7 +78,8 @@ CudaBackend::CudaBackend(int device, const BackendOptions& options)
   GYRE_CHECK(options.kv_cache == "f16", "KV cache type '", options.kv_cache,
              "' is not supported on CUDA yet (only f16)");
   GYRE_CUDA_CHECK(cudaSetDevice(device));
-  if (const char* g = std::getenv("GYRE_CUDA_GRAPH")) graphs_enabled_ = std::string(g) != "0";
+  if (const char* g = std::getenv("GYRE_CUDA_GRAPH"))
+    graphs_enabled_ = buckets_enabled_ = std::string(g) != "0";
   cudaDeviceProp prop{};
   GYRE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   sm_count_ = prop.multiProcessorCount;
@@ -297,40 +304,90 @@ void CudaBackend::stage_step_inputs(const int32_t* tokens, const int32_t* positi
   }
 }
 
-void CudaBackend::capture_begin(const void* owner) {
-  drop_graph();
-  graph_owner_ = owner;
+std::vector<CudaBackend::Record>::iterator CudaBackend::find_record(const void* owner, int bucket) {
+  const void* cache = nullptr;
+  int span = 0;
+  if (bucket > 0) {
+    const PagedStep& st = bucket_step(bucket);
+    cache = bucket_step_cache(st);
+    span = bucket_step_span(st);
+  }
+  // A batched record writes the keys and values of the cache it was recorded with: it serves
+  // only while that cache is the one staged (new caches drop every record, so a live pointer
+  // cannot name another cache).
+  return std::find_if(graphs_.begin(), graphs_.end(), [&](const Record& r) {
+    return r.owner == owner && r.bucket == bucket && r.cache == cache && r.span == span;
+  });
+}
+
+void CudaBackend::capture_begin(const void* owner, int bucket) {
+  if (auto it = find_record(owner, bucket); it != graphs_.end()) {
+    GYRE_CUDA_CHECK(cudaStreamSynchronize(stream_));  // it may still be running
+    (void)cudaGraphExecDestroy(it->exec);
+    graphs_.erase(it);
+  }
+  capture_owner_ = owner;
+  capture_bucket_ = bucket;
   for (StagedInts* s : {&tokens_, &positions_, &pos0_}) s->valid = false;
   GYRE_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
   capturing_ = true;
 }
 
-void CudaBackend::capture_end() {
+void CudaBackend::capture_end(bool keep) {
   capturing_ = false;
   cudaGraph_t graph = nullptr;
-  GYRE_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-  const cudaError_t err = cudaGraphInstantiate(&graph_, graph, 0);
-  (void)cudaGraphDestroy(graph);
-  if (err != cudaSuccess) graph_ = nullptr;
-  GYRE_CUDA_CHECK(err);
   // Values staged during the capture were never copied (capture records, it does not run).
   for (StagedInts* s : {&tokens_, &positions_, &pos0_}) s->valid = false;
+  GYRE_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+  if (!keep) {  // an op failed part-way: the record is incomplete
+    (void)cudaGraphDestroy(graph);
+    return;
+  }
+  Record r;
+  r.owner = capture_owner_;
+  r.bucket = capture_bucket_;
+  if (r.bucket > 0) {
+    const PagedStep& st = bucket_step(r.bucket);
+    r.cache = bucket_step_cache(st);
+    r.span = bucket_step_span(st);
+  }
+  const cudaError_t err = cudaGraphInstantiate(&r.exec, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  GYRE_CUDA_CHECK(err);
+  graphs_.push_back(r);
 }
 
-bool CudaBackend::replay_step(const void* owner) {
-  if (graph_ == nullptr || owner != graph_owner_) return false;
-  GYRE_CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
+bool CudaBackend::replay_step(const void* owner, int bucket) {
+  auto it = find_record(owner, bucket);
+  if (it == graphs_.end()) return false;
+  GYRE_CUDA_CHECK(cudaGraphLaunch(it->exec, stream_));
+  ++graph_replays_;
   for (StagedInts* s : {&tokens_, &positions_, &pos0_})
     GYRE_CUDA_CHECK(cudaEventRecord(s->copied, stream_));
   return true;
 }
 
 void CudaBackend::drop_graph() {
-  if (graph_ != nullptr) {
-    (void)cudaStreamSynchronize(stream_);
-    (void)cudaGraphExecDestroy(graph_);
-    graph_ = nullptr;
-  }
+  if (graphs_.empty()) return;
+  (void)cudaStreamSynchronize(stream_);
+  for (const Record& r : graphs_) (void)cudaGraphExecDestroy(r.exec);
+  graphs_.clear();
+}
+
+void CudaBackend::drop_bucket_graphs(int bucket) {
+  auto stale = [bucket](const Record& r) { return r.bucket == bucket; };
+  if (std::none_of(graphs_.begin(), graphs_.end(), stale)) return;
+  (void)cudaStreamSynchronize(stream_);
+  for (const Record& r : graphs_)
+    if (stale(r)) (void)cudaGraphExecDestroy(r.exec);
+  graphs_.erase(std::remove_if(graphs_.begin(), graphs_.end(), stale), graphs_.end());
+}
+
+int CudaBackend::decode_bucket(int rows) const {
+  if (!buckets_enabled_ || rows < 1 || rows > kMaxDecodeBucket) return 0;
+  int b = 1;
+  while (b < rows) b *= 2;
+  return b;
 }
 
 float* CudaBackend::workspace(size_t floats) {

@@ -23,5 +23,11 @@ void cuda_set_synthetic_weights(Backend& backend, uint64_t seed);
 // Device memory bandwidth in bytes/s, measured with a large device-to-device copy
 // (bytes read + bytes written over the time).
 double cuda_measure_bandwidth(Backend& backend);
+// Decode-step graphs, on by default (GYRE_CUDA_GRAPH=0 in the environment turns both parts off):
+// `buckets` pads batched decode steps to bucket row counts (Backend::decode_bucket), `record`
+// records steps as CUDA graphs and replays them. Buckets without records run eagerly exactly
+// what a record replays (tests compare the two).
+void cuda_set_decode_graphs(Backend& backend, bool buckets, bool record);
+uint64_t cuda_graph_replays(Backend& backend);  // recorded steps replayed so far
 
 }  // namespace gyre

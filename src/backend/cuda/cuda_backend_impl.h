@@ -5,6 +5,7 @@
 #pragma once
 #include <cublas_v2.h>
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,7 +20,12 @@ struct QWeightDevice;
 
 namespace gyre::cuda {
 
-struct PagedStep;  // the device copy of a step's PagedBatch (cuda_paged.cc)
+struct PagedStep;                      // the device copy of a step's PagedBatch (cuda_paged.cc)
+constexpr int kMaxDecodeBucket = 128;  // larger decode steps run unpadded, without a record
+// What a bucketed step was last staged with: its cache, and the key span its split count follows
+// (records are kept per both).
+const void* bucket_step_cache(const PagedStep& step);
+int bucket_step_span(const PagedStep& step);
 
 // Linear weights packed by qlinear (cuda_qweights.cc).
 bool is_quantized_tensor(const Tensor& t);
@@ -94,12 +100,22 @@ class CudaBackend final : public Backend {
                        PagedKvCache& cache, int layer, const PagedBatch& batch,
                        const AttentionParams& p) override;
 
-  // GYRE_CUDA_GRAPH=0 in the environment turns decode-step graphs off (for comparisons).
+  // GYRE_CUDA_GRAPH=0 in the environment turns decode-step graphs and buckets off (for
+  // comparisons); set_decode_graphs() sets each (cuda_backend.h).
   bool graph_capable() const override { return graphs_enabled_; }
   void stage_step_inputs(const int32_t* tokens, const int32_t* positions, int n, int pos0) override;
-  void capture_begin(const void* owner) override;
-  void capture_end() override;
-  bool replay_step(const void* owner) override;
+  void capture_begin(const void* owner, int bucket) override;
+  void capture_end(bool keep) override;
+  bool replay_step(const void* owner, int bucket) override;
+  // Powers of two up to kMaxDecodeBucket rows.
+  int decode_bucket(int rows) const override;
+  void stage_paged_step(const PagedBatch& batch, PagedKvCache& cache) override;
+  void set_decode_graphs(bool buckets, bool record) {
+    drop_graph();
+    buckets_enabled_ = buckets;
+    graphs_enabled_ = record;
+  }
+  uint64_t graph_replays() const { return graph_replays_; }
 
   CudaMemoryReport memory_report();
   void set_synthetic(uint64_t seed) {
@@ -111,7 +127,9 @@ class CudaBackend final : public Backend {
  private:
   const int32_t* stage(StagedInts& s, const int32_t* host, int n);
   void reserve_staging(StagedInts& s, int n);
-  void drop_graph();
+  void drop_graph();                    // every record: a buffer they may use is going away
+  void drop_bucket_graphs(int bucket);  // the records of batched steps of `bucket` rows
+  PagedStep& bucket_step(int rows);
   Tensor device_tensor(int64_t rows, int64_t cols, const std::string& what);
   void upload_converted(half* dst, const TensorView& w);
   bool try_upload_quantized(const TensorView& w, Tensor& out);
@@ -142,14 +160,30 @@ class CudaBackend final : public Backend {
   size_t to_host_floats_ = 0;
   std::shared_ptr<void> sample_pinned_, sample_device_;  // per-row parameters, then results
   int sample_rows_ = 0;
-  cudaGraphExec_t graph_ = nullptr;
-  const void* graph_owner_ = nullptr;
+  // A recorded step; a batched one replays only with the paged cache and split span it was
+  // recorded with.
+  struct Record {
+    const void* owner = nullptr;
+    int bucket = 0;
+    const void* cache = nullptr;
+    int span = 0;
+    cudaGraphExec_t exec = nullptr;
+  };
+  // The record that would serve (owner, bucket) with what is staged now.
+  std::vector<Record>::iterator find_record(const void* owner, int bucket);
+  std::vector<Record> graphs_;
+  const void* capture_owner_ = nullptr;
+  int capture_bucket_ = 0;
   bool capturing_ = false;
-  bool graphs_enabled_ = true;
+  bool graphs_enabled_ = true, buckets_enabled_ = true;
+  uint64_t graph_replays_ = 0;
   bool synthetic_ = false;
   uint64_t synthetic_seed_ = 0;
   size_t weight_bytes_ = 0, kv_bytes_ = 0, scratch_bytes_ = 0;
   std::shared_ptr<PagedStep> paged_step_;
+  // The device arrays of bucketed decode steps, one set per bucket (fixed addresses: records
+  // read them), by row count.
+  std::vector<std::pair<int, std::shared_ptr<PagedStep>>> bucket_steps_;
 };
 
 }  // namespace gyre::cuda

@@ -103,6 +103,7 @@ const half* CudaBackend::dense_weight(const Tensor& w) {
   const size_t elems = static_cast<size_t>(w.rows) * w.cols;
   if (elems > dequant_elems_) {
     GYRE_CHECK(!capturing_, "internal: scratch growth while capturing a CUDA graph");
+    drop_graph();  // a record may read the buffer replaced here
     dequant_ = device_alloc(elems * sizeof(half), "the dequantized-weight scratch");
     dequant_elems_ = elems;
   }

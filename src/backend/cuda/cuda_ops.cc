@@ -92,6 +92,7 @@ void CudaBackend::matmul(Tensor& out, const Tensor& x, const Tensor& w, const Te
     const size_t elems = static_cast<size_t>(o) * in;
     if (elems > dequant_elems_) {
       GYRE_CHECK(!capturing_, "internal: scratch growth while capturing a CUDA graph");
+      drop_graph();  // a record may read the buffer replaced here
       dequant_ = device_alloc(elems * sizeof(half), "the dequantized-weight scratch");
       dequant_elems_ = elems;
     }
