@@ -8,11 +8,13 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "backend/backend.h"
 #include "core/error.h"
 #include "core/mapped_file.h"
+#include "engine/eval.h"
+#include "engine/transformer.h"
 #include "model/loader.h"
 #include "quant/convert.h"
-#include "quant_perplexity.h"
 
 namespace gyre::quant {
 namespace {
@@ -78,11 +80,23 @@ TEST(QuantConvert, Stories260KAtFourBitsLoadsAndStaysClose) {
 
   auto q = load_model(out);
   auto f = load_model(kModel);
-  const auto pq = test::quant_perplexity(*q, story_text(), 128, 1500, 2);
-  const auto pf = test::quant_perplexity(*f, story_text(), 128, 1500, 2);
-  ASSERT_GT(pf.tokens, 1000);
-  EXPECT_GT(pq.ppl, pf.ppl * 0.98);
-  EXPECT_LT(pq.ppl, pf.ppl * 1.25) << "float " << pf.ppl << " quantized " << pq.ppl;
+  auto backend = backend_create("cpu", 2);
+  Transformer tq(q->config, q->weights, *backend, 128);
+  Transformer tf(f->config, f->weights, *backend, 128);
+  EvalOptions eo;
+  eo.ctx = 128;
+  eo.score_all = true;
+  eo.max_windows = 12;
+  const auto windows = make_eval_windows(*f->tokenizer, story_text(), eo);
+  const KldResult r =
+      evaluate_kld(windows, f->config.vocab_size, transformer_logits(tf), transformer_logits(tq));
+  ASSERT_GT(r.ref.count, 1000);
+  EXPECT_GT(r.model.ppl(), r.ref.ppl() * 0.98);
+  EXPECT_LT(r.model.ppl(), r.ref.ppl() * 1.25)
+      << "float " << r.ref.ppl() << " quantized " << r.model.ppl();
+  // 4-bit stories260K agrees with the float model on the next token about 78-83% of the time
+  // (docs/quantization.md); a broken layer drops this far lower.
+  EXPECT_GT(r.top1_rate(), 0.7) << "mean KLD " << r.mean();
 }
 
 TEST(QuantConvert, InterruptedJobResumesToTheSameModel) {

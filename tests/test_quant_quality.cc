@@ -2,7 +2,9 @@
 //   GYRE_QUANT_TABLE_DIR=/tmp/qt ./build/gyre_tests --gtest_also_run_disabled_tests
 //     --gtest_filter='QuantQuality.*'
 // It converts stories260K and gyre-ref-25M at every row of the table and prints markdown rows:
-// file size, bits per weight of the quantized linear layers, perplexity.
+// file size, bits per weight of the quantized linear layers, perplexity, and the mean KL
+// divergence and top-1 agreement against the original model (engine/eval.h, the code behind
+// `gyre perplexity` and `gyre kld`; every token of each window scored, as --score-all does).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -10,10 +12,12 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "backend/backend.h"
 #include "core/mapped_file.h"
+#include "engine/eval.h"
+#include "engine/transformer.h"
 #include "model/loader.h"
 #include "quant/convert.h"
-#include "quant_perplexity.h"
 
 namespace gyre::quant {
 namespace {
@@ -51,11 +55,22 @@ void table_for(const std::string& name, const std::string& text_file, int64_t ma
   // GYRE_QUANT_TABLE_ROWS="o0123456": which rows to run ("o": the original); all by default.
   const char* rows_env = std::getenv("GYRE_QUANT_TABLE_ROWS");
   const std::string pick = rows_env ? rows_env : "o0123456";
+  auto original = load_model(model);
+  EvalOptions eo;
+  eo.ctx = 512;
+  eo.score_all = true;
+  eo.max_windows = static_cast<int>((max_tokens + eo.ctx - 2) / (eo.ctx - 1));
+  const auto windows = make_eval_windows(*original->tokenizer, text, eo);
+  auto backend = backend_create("cpu", threads);
+  Transformer ref(original->config, original->weights, *backend, eo.ctx);
   auto report = [&](const std::string& label, const std::string& dir, const std::string& bpw) {
     auto m = load_model(dir);
-    const auto p = test::quant_perplexity(*m, text, 512, max_tokens, threads);
-    std::printf("| %s | %s | %.2f MB | %s | %.3f | %lld |\n", name.c_str(), label.c_str(),
-                folder_mb(dir), bpw.c_str(), p.ppl, static_cast<long long>(p.tokens));
+    Transformer tf(m->config, m->weights, *backend, eo.ctx);
+    const KldResult r = evaluate_kld(windows, m->config.vocab_size, transformer_logits(ref),
+                                     transformer_logits(tf));
+    std::printf("| %s | %s | %.2f MB | %s | %.3f | %.5f | %.2f%% | %lld |\n", name.c_str(),
+                label.c_str(), folder_mb(dir), bpw.c_str(), r.model.ppl(), r.mean(),
+                100.0 * r.top1_rate(), static_cast<long long>(r.model.count));
     std::fflush(stdout);
   };
   if (pick.find('o') != std::string::npos) report("original", model, "16");
@@ -93,7 +108,9 @@ void table_for(const std::string& name, const std::string& text_file, int64_t ma
 }
 
 TEST(QuantQuality, DISABLED_Table) {
-  std::printf("| model | weights | size | bpw (linear layers) | perplexity | tokens |\n");
+  std::printf(
+      "| model | weights | size | bpw (linear layers) | perplexity | mean KLD | top-1 | tokens "
+      "|\n");
   const char* models = std::getenv("GYRE_QUANT_TABLE_MODELS");
   const std::string which = models ? models : "stories260K,gyre-ref-25M";
   if (which.find("stories260K") != std::string::npos)

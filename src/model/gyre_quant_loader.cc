@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "backend/cpu/qlinear_ref.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "model/gyre_qformat.h"
@@ -69,7 +70,18 @@ Layer parse_layer(const std::string& name, const nlohmann::json& j, const std::s
   return l;
 }
 
-// The layer as GGUF blocks (Q4_0, Q4_1, Q8_0) or F32, in a buffer `out` keeps alive.
+// The stored integers of row r (unpacked from its bit stream, copied first: file data may be
+// unaligned).
+void unpack_row(const TensorView& qw, int64_t r, int64_t words, int64_t cols, int bits,
+                std::vector<uint32_t>& row_words, std::vector<int>& q) {
+  std::memcpy(row_words.data(), static_cast<const uint8_t*>(qw.data) + r * words * 4,
+              static_cast<size_t>(words) * 4);
+  for (int64_t c = 0; c < cols; ++c) q[c] = quant_unpack(row_words.data(), c, bits);
+}
+
+// 4 and 8 bits: Gyre's kernel layout (QPACKED, backend/cpu/qlinear_ref.h) with the same group
+// size, symmetry and f16 scales/mins, so the values are the file's exactly and the memory cost is
+// the file's bits per weight. Other widths: F32 (no kernels for them yet).
 void materialize(const Layer& l, const WeightSet& raw, WeightSet& out, const std::string& where) {
   const int64_t groups = l.cols / l.st.group_size, words = l.cols * l.st.bits / 32;
   const TensorView& qw = part(raw, l.name + ".qweight", DType::I32, {l.rows, words}, where);
@@ -78,43 +90,41 @@ void materialize(const Layer& l, const WeightSet& raw, WeightSet& out, const std
       l.st.sym ? nullptr : &part(raw, l.name + ".mins", DType::F16, {l.rows, groups}, where);
   if (l.st.sym)
     GYRE_CHECK(!raw.has(l.name + ".mins"), where, ": symmetric layer '", l.name, "' has mins");
-  DType dt = DType::F32;
-  if (l.st.bits == 4) dt = l.st.sym ? DType::Q4_0 : DType::Q4_1;
-  if (l.st.bits == 8 && l.st.sym) dt = DType::Q8_0;
-  const size_t row_bytes = dtype_row_bytes(dt, l.cols);
-  auto buf = std::make_shared<std::vector<uint8_t>>(row_bytes * static_cast<size_t>(l.rows));
   std::vector<uint32_t> row_words(static_cast<size_t>(words));
   std::vector<int> q(static_cast<size_t>(l.cols));
+  if (l.st.bits == 4 || l.st.bits == 8) {
+    QWeightDesc d;
+    d.bits = l.st.bits;
+    d.group_size = l.st.group_size;
+    d.asymmetric = !l.st.sym;
+    d.rows = static_cast<int>(l.rows);
+    d.cols = static_cast<int>(l.cols);
+    auto w = std::make_shared<QWeightHost>(qweight_allocate(d));
+    for (int64_t r = 0; r < l.rows; ++r) {
+      unpack_row(qw, r, words, l.cols, l.st.bits, row_words, q);
+      for (int64_t c = 0; c < l.cols; ++c) qweight_set_q(*w, r, c, q[c]);
+      // f16 values through f32 back to f16: unchanged.
+      for (int64_t g = 0; g < groups; ++g)
+        qweight_set_scale(*w, r, g, f16_to_f32(half_at(sc, r * groups + g)),
+                          mn ? f16_to_f32(half_at(*mn, r * groups + g)) : 0.0f);
+    }
+    out.add(qweight_view(l.name + ".weight", *w));
+    out.keep_owner(std::move(w));
+    return;
+  }
+  auto buf = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(l.rows * l.cols) * 4);
   for (int64_t r = 0; r < l.rows; ++r) {
-    std::memcpy(row_words.data(), static_cast<const uint8_t*>(qw.data) + r * words * 4,
-                static_cast<size_t>(words) * 4);
-    for (int64_t c = 0; c < l.cols; ++c) q[c] = quant_unpack(row_words.data(), c, l.st.bits);
-    uint8_t* dst = buf->data() + static_cast<size_t>(r) * row_bytes;
-    for (int64_t b = 0; b < l.cols / 32; ++b) {
-      const int64_t g = r * groups + b * 32 / l.st.group_size;
-      const uint16_t s = half_at(sc, g), m = mn ? half_at(*mn, g) : 0;
-      const int* qb = q.data() + b * 32;
-      if (dt == DType::Q4_0 || dt == DType::Q4_1) {
-        uint8_t* blk = dst + b * dtype_info(dt).block_bytes;
-        std::memcpy(blk, &s, 2);
-        if (dt == DType::Q4_1) std::memcpy(blk + 2, &m, 2);
-        uint8_t* qs = blk + (dt == DType::Q4_0 ? 2 : 4);
-        for (int i = 0; i < 16; ++i) qs[i] = static_cast<uint8_t>(qb[i] | (qb[i + 16] << 4));
-      } else if (dt == DType::Q8_0) {
-        uint8_t* blk = dst + b * 34;
-        std::memcpy(blk, &s, 2);
-        for (int i = 0; i < 32; ++i) blk[2 + i] = static_cast<uint8_t>(qb[i] - 128);
-      } else {
-        for (int i = 0; i < 32; ++i) {
-          const float v = quant_dequant_value(l.st, qb[i], f16_to_f32(s), f16_to_f32(m));
-          std::memcpy(dst + (b * 32 + i) * 4, &v, 4);
-        }
-      }
+    unpack_row(qw, r, words, l.cols, l.st.bits, row_words, q);
+    for (int64_t c = 0; c < l.cols; ++c) {
+      const int64_t g = r * groups + c / l.st.group_size;
+      const float v = quant_dequant_value(l.st, q[c], f16_to_f32(half_at(sc, g)),
+                                          mn ? f16_to_f32(half_at(*mn, g)) : 0.0f);
+      std::memcpy(buf->data() + (r * l.cols + c) * 4, &v, 4);
     }
   }
   TensorView t;
   t.name = l.name + ".weight";
-  t.dtype = dt;
+  t.dtype = DType::F32;
   t.shape = {l.rows, l.cols};
   t.data = buf->data();
   t.nbytes = buf->size();

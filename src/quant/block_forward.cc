@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/cpu/qlinear_ref.h"
 #include "core/error.h"
 
 namespace gyre::quant {
@@ -37,6 +38,12 @@ std::vector<std::string> unit_linears(Unit u) {
 
 std::vector<float> tensor_to_f32(const TensorView& t) {
   const int64_t rows = t.rows(), cols = t.cols();
+  if (t.dtype == DType::QPACKED) {  // 4/8-bit layers of a Gyre-quantized or GPTQ model
+    const QWeightHost& w = qweight_of_view(t);
+    std::vector<float> out(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r) qweight_dequantize_row(w, r, out.data() + r * cols);
+    return out;
+  }
   const size_t row_bytes = dtype_row_bytes(t.dtype, cols);
   GYRE_CHECK(t.data != nullptr && t.nbytes >= row_bytes * static_cast<size_t>(rows), "tensor ",
              t.name, " has too few bytes for its shape");
