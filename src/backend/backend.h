@@ -91,6 +91,12 @@ struct PagedBatch {
   int padding_rows = 0;
 };
 
+// Checks a step's plan against a pool of num_pages pages of page_size slots before anything is
+// written (a bad plan must not scribble over other pages: the kernels trust slots and page
+// tables); throws gyre::Error naming the problem. Returns the sequence of every row (padding rows
+// of a bucketed step: seqs, seqs + 1, ... after the real ones).
+std::vector<int32_t> check_paged_batch(const PagedBatch& batch, int num_pages, int page_size);
+
 // Per-row settings of Backend::sample. The semantics (order of the filters, tie rules) are the
 // host reference in backend/sample_host.h; engine/sampler.h documents them for users.
 struct SampleRequest {

@@ -105,41 +105,6 @@ void attend_paged(float* out, const float* q, CpuPagedKvCache& c, int layer, int
   for (int d = 0; d < hd; ++d) out[d] *= inv;
 }
 
-// Checks the plan before anything is written: a bad plan must not scribble over other pages.
-// Returns the sequence of every row.
-std::vector<int> check_batch(const CpuPagedKvCache& c, const PagedBatch& b) {
-  GYRE_CHECK(b.rows >= 0 && b.seqs >= 0 && b.max_pages >= 0, "paged attention: negative sizes");
-  GYRE_CHECK(b.seqs == 0 || (b.seq_starts && b.context_lens && b.page_tables),
-             "paged attention: missing batch arrays");
-  GYRE_CHECK(b.rows == 0 || (b.positions && b.slots), "paged attention: missing row arrays");
-  const int ps = c.page_size();
-  std::vector<int> row_seq(static_cast<size_t>(b.rows));
-  GYRE_CHECK(b.seqs > 0 || b.rows == 0, "paged attention: rows without sequences");
-  if (b.seqs > 0)
-    GYRE_CHECK(b.seq_starts[0] == 0 && b.seq_starts[b.seqs] == b.rows,
-               "paged attention: sequence rows do not cover the ", b.rows, " rows");
-  for (int s = 0; s < b.seqs; ++s) {
-    const int r0 = b.seq_starts[s], r1 = b.seq_starts[s + 1];
-    const int ctx = b.context_lens[s];
-    GYRE_CHECK(r0 <= r1, "paged attention: sequence ", s, " has decreasing row bounds");
-    GYRE_CHECK(ctx >= 0 && int64_t{ctx} <= int64_t{b.max_pages} * ps, "paged attention: context ",
-               ctx, " of sequence ", s, " exceeds its ", b.max_pages, " pages");
-    const int32_t* table = b.page_tables + static_cast<size_t>(s) * b.max_pages;
-    for (int i = 0; i < (ctx + ps - 1) / ps; ++i)
-      GYRE_CHECK(table[i] >= 0 && table[i] < c.num_pages(), "paged attention: page ", table[i],
-                 " of sequence ", s, " is outside the pool of ", c.num_pages());
-    for (int r = r0; r < r1; ++r) {
-      const int pos = b.positions[r];
-      GYRE_CHECK(pos >= 0 && pos < ctx, "paged attention: row ", r, " at position ", pos,
-                 " is outside its context of ", ctx);
-      GYRE_CHECK(b.slots[r] == int64_t{table[pos / ps]} * ps + pos % ps, "paged attention: row ", r,
-                 " writes slot ", b.slots[r], ", not its page table's slot for position ", pos);
-      row_seq[static_cast<size_t>(r)] = s;
-    }
-  }
-  return row_seq;
-}
-
 }  // namespace
 
 std::unique_ptr<PagedKvCache> cpu_new_paged_kv_cache(int n_layers, int n_kv_heads, int head_dim,
@@ -183,7 +148,8 @@ void cpu_attention_paged(ThreadPool& pool, Tensor& out, const Tensor& q, const T
                n, " rows");
   GYRE_CHECK(q.cols == q_cols && out.cols == q_cols && k.cols == kv_cols && v.cols == kv_cols,
              "paged attention: q/out need ", q_cols, " columns and k/v ", kv_cols);
-  const std::vector<int> row_seq = check_batch(c, b);
+  GYRE_CHECK(b.padding_rows == 0, "paged attention: the CPU backend runs no padded steps");
+  const std::vector<int32_t> row_seq = check_paged_batch(b, c.num_pages(), c.page_size());
   const int ps = c.page_size();
 
   // Every row's keys and values first: later rows of a sequence attend to earlier ones.
