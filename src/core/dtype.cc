@@ -9,7 +9,7 @@
 namespace gyre {
 
 namespace {
-constexpr std::array<DTypeInfo, 11> kInfo = {{
+constexpr std::array<DTypeInfo, 12> kInfo = {{
     {"F32", 1, 4, false},
     {"F16", 1, 2, false},
     {"BF16", 1, 2, false},
@@ -21,6 +21,7 @@ constexpr std::array<DTypeInfo, 11> kInfo = {{
     {"Q5_K", 256, 176, true},
     {"Q6_K", 256, 210, true},
     {"QPACKED", 1, 0, true},
+    {"I16", 1, 2, false},
 }};
 }  // namespace
 

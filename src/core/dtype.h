@@ -22,6 +22,7 @@ enum class DType : uint8_t {
   // backend/cpu/qlinear_ref.h, made by a loader such as GPTQ's); the TensorView's data points at
   // that object and rows have no byte size (0).
   QPACKED,
+  I16,  // integer tables of some checkpoints (EXL2's q_groups); never a weight
 };
 
 struct DTypeInfo {

@@ -34,7 +34,8 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
       return;
     }
     case DType::I32:
-      fail("cannot convert an I32 tensor to floats");
+    case DType::I16:
+      fail("cannot convert an ", dtype_name(t), " tensor to floats");
     default:
       dequantize_blocks(t, src, dst, n);
   }

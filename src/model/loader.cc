@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/mapped_file.h"
+#include "model/exl2.h"
 #include "model/gguf_loader.h"
 #include "model/gptq.h"
 #include "model/gyre_quant_loader.h"
@@ -86,8 +87,9 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path) {
   const bool has_gen = file_exists(path + "/generation_config.json");
   if (has_gen) gen = read_json(path + "/generation_config.json");
   m->config = config_from_hf_json(cfg, has_gen ? &gen : nullptr);
-  // Gyre's own format first: the GPTQ reader rejects every other quantization_config.
+  // Gyre's own format and EXL2 first: the GPTQ reader rejects every other quantization_config.
   GptqConfig gptq;
+  Exl2Config exl2;
   if (is_gyre_quantized(cfg)) {
     // `gyre convert` output: the packed tensors are read into a side set that the model's
     // WeightSet keeps alive, and come out as ordinary weights (model/gyre_quant_loader.h).
@@ -95,6 +97,12 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path) {
     for (const std::string& f : shard_files(path)) safetensors_load(f, raw->first);
     gyre_quant_load(cfg, raw->first, m->weights, path);
     m->weights.keep(std::shared_ptr<std::vector<uint8_t>>(raw, &raw->second));
+  } else if (exl2_config_from_hf(cfg, exl2)) {
+    // Dequantized to F16 at load (model/exl2.h): no mixed-width kernels yet.
+    auto raw = std::make_shared<WeightSet>();
+    for (const std::string& f : shard_files(path)) safetensors_load(f, *raw);
+    exl2_load_weights(m->config, std::move(raw), m->weights);
+    m->format = "exl2";
   } else if (gptq_config_from_hf(cfg, gptq)) {
     auto raw = std::make_shared<WeightSet>();
     for (const std::string& f : shard_files(path)) safetensors_load(f, *raw);

@@ -11,7 +11,7 @@ namespace gyre {
 
 struct LoadedModel {
   std::string path;
-  std::string format;  // "hf", "gptq" (an HF folder of GPTQ weights) or "gguf"
+  std::string format;  // "hf", "gptq"/"exl2" (an HF folder of GPTQ/EXL2 weights) or "gguf"
   ModelConfig config;
   WeightSet weights;
   std::unique_ptr<Tokenizer> tokenizer;

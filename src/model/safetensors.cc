@@ -15,7 +15,8 @@ DType st_dtype(const std::string& s, const std::string& where) {
   if (s == "F16") return DType::F16;
   if (s == "BF16") return DType::BF16;
   if (s == "I32") return DType::I32;
-  fail(where, ": unsupported dtype '", s, "' (Gyre reads F32, F16, BF16 and I32)");
+  if (s == "I16") return DType::I16;
+  fail(where, ": unsupported dtype '", s, "' (Gyre reads F32, F16, BF16, I32 and I16)");
 }
 
 }  // namespace
