@@ -126,7 +126,8 @@ TEST(Exl2, LoadedModelHasF16ProjectionsEqualToTheTwinAndNoExl2Tensors) {
   const auto dense = load_model(kDir + "/llama_float");
   int projections = 0;
   for (const auto& [name, t] : m->weights.all()) {
-    EXPECT_EQ(name.find(".q_"), std::string::npos) << name;
+    for (const char* part : {".q_weight", ".q_scale", ".q_groups", ".q_invperm", ".q_perm"})
+      EXPECT_EQ(name.find(part), std::string::npos) << name;
     const TensorView& d = dense->weights.get(name, t.shape);
     if (name.find("proj") != std::string::npos || name == "lm_head.weight") {
       ++projections;
