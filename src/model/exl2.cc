@@ -149,7 +149,8 @@ std::vector<float> exl2_dequantize(const std::string& name, const Exl2Tensors& t
   GYRE_CHECK(t.q_scale_max->shape[0] == G, "EXL2 layer ", name, ": q_scale_max has ",
              t.q_scale_max->shape[0], " entries for ", G, " groups");
 
-  // perm[r]: the input row that quantized row r belongs to (the inverse of q_invperm).
+  // perm[r]: the input row that quantized row r belongs to (the inverse of q_invperm), built to
+  // check that q_invperm is a permutation and q_perm its inverse.
   std::vector<int64_t> perm(static_cast<size_t>(K), -1);
   for (int64_t i = 0; i < K; ++i) {
     const int64_t r = load_int(*t.q_invperm, i);
@@ -166,7 +167,9 @@ std::vector<float> exl2_dequantize(const std::string& name, const Exl2Tensors& t
                  ": q_perm is not the inverse of q_invperm (entry ", r, ")");
   }
 
-  std::vector<float> w(static_cast<size_t>(N * K));
+  // Quantized rows first ([K, N], written in order), then one blocked transpose that undoes the
+  // act-order: writing W[n, i] directly would touch a new cache line per value.
+  std::vector<float> rows(static_cast<size_t>(N * K));
   std::vector<float> scale(static_cast<size_t>(N));
   for (int64_t g = 0; g < G; ++g) {
     const Group& gr = groups[g];
@@ -188,16 +191,24 @@ std::vector<float> exl2_dequantize(const std::string& name, const Exl2Tensors& t
       const int64_t bit = j * gr.bits, word_row = gr.first_word_row + bit / 32;
       const int shift = static_cast<int>(bit % 32);
       const bool straddles = shift + gr.bits > 32;  // then word_row + 1 < R (checked groups)
-      float* out = w.data() + perm[gr.first_row + j];
+      float* out = rows.data() + (gr.first_row + j) * N;
       for (int64_t n = 0; n < N; ++n) {
         uint64_t v = load_word(*t.q_weight, word_row * Np + n);
         if (straddles)
           v |= static_cast<uint64_t>(load_word(*t.q_weight, (word_row + 1) * Np + n)) << 32;
         const int q = static_cast<int>((v >> shift) & mask);
-        out[n * K] = round_f16(static_cast<float>(q - zero) * scale[n]);
+        out[n] = round_f16(static_cast<float>(q - zero) * scale[n]);
       }
     }
   }
+  std::vector<float> w(rows.size());
+  constexpr int64_t kTile = 64;
+  for (int64_t i0 = 0; i0 < K; i0 += kTile)
+    for (int64_t n0 = 0; n0 < N; n0 += kTile)
+      for (int64_t i = i0; i < std::min(i0 + kTile, K); ++i) {
+        const float* src = rows.data() + load_int(*t.q_invperm, i) * N;  // quantized row of i
+        for (int64_t n = n0; n < std::min(n0 + kTile, N); ++n) w[n * K + i] = src[n];
+      }
   return w;
 }
 
