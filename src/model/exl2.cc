@@ -6,6 +6,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -58,6 +59,20 @@ void check_tensor(const std::string& layer, const char* what, const TensorView* 
   GYRE_CHECK(t->data != nullptr && t->nbytes >= dtype_row_bytes(t->dtype, t->numel()),
              "EXL2 layer ", layer, ": ", what, " has too few bytes for its shape ",
              shape_str(t->shape));
+}
+
+// Runs f(begin, end) over [0, count) split among a few threads (dequantizing a large model is
+// otherwise the slowest part of loading it); f must not throw.
+template <typename F>
+void parallel_ranges(int64_t count, const F& f) {
+  const int64_t threads =
+      std::min<int64_t>({std::max(1u, std::thread::hardware_concurrency()), 16, 1 + count / 256});
+  if (threads <= 1) return f(0, count);
+  std::vector<std::thread> pool;
+  for (int64_t k = 0; k < threads; ++k)
+    pool.emplace_back(
+        [&f, k, count, threads] { f(count * k / threads, count * (k + 1) / threads); });
+  for (auto& th : pool) th.join();
 }
 
 struct Group {
@@ -151,9 +166,9 @@ std::vector<float> exl2_dequantize(const std::string& name, const Exl2Tensors& t
 
   // perm[r]: the input row that quantized row r belongs to (the inverse of q_invperm), built to
   // check that q_invperm is a permutation and q_perm its inverse.
-  std::vector<int64_t> perm(static_cast<size_t>(K), -1);
+  std::vector<int64_t> perm(static_cast<size_t>(K), -1), invperm(static_cast<size_t>(K));
   for (int64_t i = 0; i < K; ++i) {
-    const int64_t r = load_int(*t.q_invperm, i);
+    const int64_t r = invperm[i] = load_int(*t.q_invperm, i);
     GYRE_CHECK(r >= 0 && r < K && perm[r] < 0, "EXL2 layer ", name, ": q_invperm is not a ",
                "permutation of 0..", K - 1, " (entry ", i, " = ", r, ")");
     perm[r] = i;
@@ -167,12 +182,10 @@ std::vector<float> exl2_dequantize(const std::string& name, const Exl2Tensors& t
                  ": q_perm is not the inverse of q_invperm (entry ", r, ")");
   }
 
-  // Quantized rows first ([K, N], written in order), then one blocked transpose that undoes the
-  // act-order: writing W[n, i] directly would touch a new cache line per value.
-  std::vector<float> rows(static_cast<size_t>(N * K));
-  std::vector<float> scale(static_cast<size_t>(N));
+  // Every group's column scales (checked here: the parallel part below cannot throw).
+  std::vector<float> scale(static_cast<size_t>(G * N));
+  std::vector<int32_t> group_of_row(static_cast<size_t>(K));
   for (int64_t g = 0; g < G; ++g) {
-    const Group& gr = groups[g];
     uint16_t max_bits;
     std::memcpy(&max_bits, static_cast<const uint8_t*>(t.q_scale_max->data) + g * 2, 2);
     const float max_scale = f16_to_f32(max_bits);
@@ -183,32 +196,43 @@ std::vector<float> exl2_dequantize(const std::string& name, const Exl2Tensors& t
     for (int64_t n = 0; n < N; ++n) {
       const uint32_t code = (load_word(*t.q_scale, g * (Np / 8) + n / 8) >> (4 * (n % 8))) & 15u;
       const float c = static_cast<float>(code + 1);
-      scale[n] = round_f16(c * c * m);
+      scale[g * N + n] = round_f16(c * c * m);
     }
-    const uint32_t mask = (1u << gr.bits) - 1;
-    const int zero = 1 << (gr.bits - 1);
-    for (int64_t j = 0; j < gr.rows; ++j) {
-      const int64_t bit = j * gr.bits, word_row = gr.first_word_row + bit / 32;
+    std::fill_n(group_of_row.begin() + groups[g].first_row, groups[g].rows,
+                static_cast<int32_t>(g));
+  }
+  // Quantized rows first ([K, N], written in order), then a blocked transpose that undoes the
+  // act-order: writing W[n, i] directly would touch a new cache line per value.
+  std::vector<float> rows(static_cast<size_t>(N * K));
+  parallel_ranges(K, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const Group& gr = groups[group_of_row[r]];
+      const float* s = scale.data() + group_of_row[r] * N;
+      const uint32_t mask = (1u << gr.bits) - 1;
+      const int zero = 1 << (gr.bits - 1);
+      const int64_t bit = (r - gr.first_row) * gr.bits, word_row = gr.first_word_row + bit / 32;
       const int shift = static_cast<int>(bit % 32);
       const bool straddles = shift + gr.bits > 32;  // then word_row + 1 < R (checked groups)
-      float* out = rows.data() + (gr.first_row + j) * N;
+      float* out = rows.data() + r * N;
       for (int64_t n = 0; n < N; ++n) {
         uint64_t v = load_word(*t.q_weight, word_row * Np + n);
         if (straddles)
           v |= static_cast<uint64_t>(load_word(*t.q_weight, (word_row + 1) * Np + n)) << 32;
         const int q = static_cast<int>((v >> shift) & mask);
-        out[n] = round_f16(static_cast<float>(q - zero) * scale[n]);
+        out[n] = round_f16(static_cast<float>(q - zero) * s[n]);
       }
     }
-  }
+  });
   std::vector<float> w(rows.size());
   constexpr int64_t kTile = 64;
-  for (int64_t i0 = 0; i0 < K; i0 += kTile)
-    for (int64_t n0 = 0; n0 < N; n0 += kTile)
-      for (int64_t i = i0; i < std::min(i0 + kTile, K); ++i) {
-        const float* src = rows.data() + load_int(*t.q_invperm, i) * N;  // quantized row of i
-        for (int64_t n = n0; n < std::min(n0 + kTile, N); ++n) w[n * K + i] = src[n];
-      }
+  parallel_ranges((K + kTile - 1) / kTile, [&](int64_t b0, int64_t b1) {
+    for (int64_t i0 = b0 * kTile; i0 < std::min(b1 * kTile, K); i0 += kTile)
+      for (int64_t n0 = 0; n0 < N; n0 += kTile)
+        for (int64_t i = i0; i < std::min(i0 + kTile, K); ++i) {
+          const float* src = rows.data() + invperm[i] * N;
+          for (int64_t n = n0; n < std::min(n0 + kTile, N); ++n) w[n * K + i] = src[n];
+        }
+  });
   return w;
 }
 
