@@ -6,6 +6,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -69,9 +70,14 @@ void parallel_ranges(int64_t count, const F& f) {
       std::min<int64_t>({std::max(1u, std::thread::hardware_concurrency()), 16, 1 + count / 256});
   if (threads <= 1) return f(0, count);
   std::vector<std::thread> pool;
-  for (int64_t k = 0; k < threads; ++k)
-    pool.emplace_back(
-        [&f, k, count, threads] { f(count * k / threads, count * (k + 1) / threads); });
+  for (int64_t k = 0; k < threads; ++k) {
+    const int64_t begin = count * k / threads, end = count * (k + 1) / threads;
+    try {
+      pool.emplace_back([&f, begin, end] { f(begin, end); });
+    } catch (const std::system_error&) {  // no thread to be had: do that part here
+      f(begin, end);
+    }
+  }
   for (auto& th : pool) th.join();
 }
 
