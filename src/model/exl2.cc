@@ -96,7 +96,12 @@ std::vector<Group> read_groups(const std::string& layer, const TensorView& q_gro
   const int64_t G = q_groups.shape[0] / 2;
   std::vector<Group> groups(static_cast<size_t>(G));
   for (int64_t g = 0; g < G; ++g) {
-    const int64_t bits = load_int(q_groups, 2 * g), first = load_int(q_groups, 2 * g + 1);
+    // ExLlamaV2 reads its int16 q_groups as uint16 (packed rows past 32767 in huge layers).
+    auto entry = [&](int64_t i) {
+      const int64_t v = load_int(q_groups, i);
+      return q_groups.dtype == DType::I16 ? v & 0xffff : v;
+    };
+    const int64_t bits = entry(2 * g), first = entry(2 * g + 1);
     GYRE_CHECK(bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8,
                "EXL2 layer ", layer, ": group ", g, " has ", bits,
                " bits (EXL2 uses 2, 3, 4, 5, 6 and 8)");
