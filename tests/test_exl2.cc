@@ -183,8 +183,7 @@ TEST(Exl2, HostileLayersGiveOneLineErrors) {
   auto run = [&](Exl2Tensors t, int64_t out = 48) {
     return [t, out, &c] { exl2_dequantize(c.name, t, out); };
   };
-  ASSERT_NE(error_of(run(good)), "x");  // the untouched case loads
-  EXPECT_EQ(error_of(run(good)), "");
+  EXPECT_EQ(error_of(run(good)), "");  // the untouched case loads
 
   Exl2Tensors t = good;
   t.q_scale = nullptr;
