@@ -80,6 +80,10 @@ void set_gemv_rows_per_block(int rows);  // 8-bit
 // and 16-byte loads in flight per lane (2 or 4; 0 = 2).
 void set_gemv_ksplit(int ksplit);
 void set_gemv_unroll(int unroll);
+// 4-bit GEMV kernel: 0 = auto (bulk-copy ring, qlinear_gemv4.cu), 1 = register-fed (round 2);
+// the ring's column blocks per stage (1, 2, 4) and stages (2, 3, 4, 8), 0 = auto.
+void set_gemv_kernel(int kernel);
+void set_gemv_ring(int stage_blocks, int depth);
 // Batch kernel: warps splitting the columns (1, 2, 4, 8; 0 = auto) and 16-row tiles per warp
 // (1 or 2; 0 = auto).
 void set_batch_ksplit(int ksplit);

@@ -62,7 +62,7 @@ __global__ void tile_scales_kernel(const uint8_t* src, uint8_t* dst, int rows, i
   }
 }
 
-int g_ksplit = 0, g_unroll = 0;
+int g_ksplit = 0, g_unroll = 0, g_kernel = 0;
 
 // Everything one lane needs for one 64-column block, fetched together so that a batch of
 // blocks costs one memory round trip: the weight piece, x for its 16 columns (token g), and the
@@ -291,7 +291,12 @@ void tile_int4_upload(const uint8_t* host_q, const uint8_t* host_scales, const u
   cudaFree(stage);
 }
 
+void launch_gemv4_ring(const Params& p, int ksplit, cudaStream_t stream);  // qlinear_gemv4.cu
+
+// The bulk-copy ring GEMV (qlinear_gemv4.cu) by default; the register-fed kernel below is kept
+// as the bench's baseline (set_gemv_kernel(1)).
 void launch_gemv4(const Params& p, cudaStream_t stream) {
+  if (g_kernel != 1) return launch_gemv4_ring(p, g_ksplit, stream);
   Params q = p;
   int ks = g_ksplit;
   if (ks == 0) {
@@ -324,6 +329,9 @@ void set_gemv_ksplit(int ksplit) {
 }
 void set_gemv_unroll(int unroll) {
   g_unroll = unroll;
+}
+void set_gemv_kernel(int kernel) {
+  g_kernel = kernel;
 }
 
 }  // namespace gyre::qlinear_detail
