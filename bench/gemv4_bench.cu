@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
   fill_halves<<<256, 256>>>(x, 8 * 14336, -1.0f, 2.0f, 5);
   struct Summary {
     int rows, cols;
-    double old_us[3], ring_us[3], best_us, pct_old, pct_ring[3], pct_best;
+    double old_us[3], ring_us[3], best_us, best_n2 = 0, best_n8 = 0, pct_old, pct_ring[3], pct_best;
     Cfg best;
   };
   std::vector<Summary> summary;
@@ -153,18 +153,26 @@ int main(int argc, char** argv) {
     sm.best_us = sm.ring_us[0];
     sm.pct_best = sm.pct_ring[0];
     if (sweep) {
-      const int rings[][2] = {{1, 4}, {1, 8}, {2, 4}, {2, 8}, {4, 2}, {4, 3}, {4, 4}};
-      for (const auto& r : rings) {
-        for (const int ks : {1, 2, 4, 8, 16}) {
-          const Cfg c{0, r[0], r[1], ks};
-          auto v = run(1, c);
-          if (v.first < sm.best_us) {
-            sm.best_us = v.first;
-            sm.pct_best = v.second;
-            sm.best = c;
+      for (const int ks : {2, 4, 8, 16}) run(1, {1, 0, 0, ks});
+      const int rings[][2] = {{1, 8}, {1, 16}, {2, 4}, {2, 8}, {4, 2}, {4, 4}};
+      for (const int kernel : {2, 3}) {
+        for (const auto& r : rings) {
+          for (const int ks : {1, 2, 4, 8, 16}) {
+            const Cfg c{kernel, r[0], r[1], ks};
+            auto v = run(1, c);
+            if (v.first < sm.best_us) {
+              sm.best_us = v.first;
+              sm.pct_best = v.second;
+              sm.best = c;
+            }
           }
         }
       }
+      for (const int kernel : {2, 3})
+        for (const auto& r : rings)
+          for (const int ks : {1, 2, 4, 8, 16}) run(8, {kernel, r[0], r[1], ks});
+      sm.best_n2 = run(2, sm.best).first;
+      sm.best_n8 = run(8, sm.best).first;
     }
     set({0, 0, 0, 0});
     summary.push_back(sm);
@@ -172,9 +180,9 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "\nSUMMARY (us; %% of copy %.0f GB/s) old = register-fed, ring = default; best = sweep\n"
-      "%-14s %14s %14s %8s %8s %8s %8s %18s\n",
+      "%-14s %14s %14s %8s %8s %8s %8s %20s %8s %8s\n",
       copy_gbs, "shape", "old n1", "ring n1", "old n2", "ring n2", "old n8", "ring n8",
-      "best n1 (c/s/ks)");
+      "best n1 (k/c/s/ks)", "best n2", "best n8");
   for (const Summary& m : summary) {
     std::printf(
         "%6dx%-7d %7.2f %5.1f%% %7.2f %5.1f%% %8.2f %8.2f %8.2f %8.2f %6.2f %4.1f%% %d/%d/%d\n",

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <numeric>
 #include <random>
 #include <string>
@@ -130,7 +131,8 @@ void expect_close(const std::vector<uint16_t>& got, const std::vector<double>& r
   }
 }
 
-// {kernel (0 ring, 1 register-fed), column blocks per stage, stages, split-K}; 0 = auto.
+// {kernel (0 auto, 1 register-fed, 2 bulk-copy ring, 3 cp.async ring), column blocks per
+// stage, stages, split-K}; 0 = auto.
 struct Config {
   int kernel, stage, depth, ksplit;
   std::string name() const {
@@ -138,8 +140,10 @@ struct Config {
            "/" + std::to_string(ksplit);
   }
 };
-const Config kConfigs[] = {{0, 0, 0, 0}, {0, 1, 4, 1},  {0, 2, 8, 2}, {0, 4, 2, 16}, {0, 4, 3, 4},
-                           {0, 4, 4, 8}, {0, 1, 8, 16}, {0, 2, 4, 0}, {1, 0, 0, 0},  {1, 0, 0, 16}};
+const Config kConfigs[] = {{0, 0, 0, 0}, {2, 1, 8, 1},   {2, 2, 8, 2}, {2, 4, 2, 16},
+                           {2, 4, 4, 4}, {2, 1, 16, 16}, {2, 2, 4, 0}, {3, 1, 16, 1},
+                           {3, 2, 8, 2}, {3, 4, 2, 16},  {3, 4, 4, 8}, {3, 1, 8, 16},
+                           {3, 2, 4, 0}, {3, 1, 16, 4},  {1, 0, 0, 0}, {1, 0, 0, 16}};
 
 void set_config(const Config& c) {
   qlinear_detail::set_gemv_kernel(c.kernel);
@@ -177,7 +181,12 @@ TEST(CudaGemv4, MatchesFloat64) {
           SCOPED_TRACE(std::string(l.name) + " " + std::to_string(rows) + "x" +
                        std::to_string(cols) + " n " + std::to_string(n) + " cfg " + c.name());
           y.poison();
-          qlinear_gemv(dw, x.p, y.p, n, bias.p, nullptr);
+          ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+          try {
+            qlinear_gemv(dw, x.p, y.p, n, bias.p, nullptr);
+          } catch (const std::exception& e) {
+            FAIL() << e.what();
+          }
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
           std::vector<uint16_t> got = y.download();
           got.resize(size_t(n) * rows);
@@ -213,7 +222,12 @@ TEST(CudaGemv4, SwigluAndSplitMatchFloat64) {
       for (const int n : {1, 2, 5, 8}) {
         SCOPED_TRACE(std::string(l.name) + " n " + std::to_string(n) + " cfg " + c.name());
         out.poison();
-        ASSERT_TRUE(qlinear_gemv_swiglu(dw, x.p, out.p, n, hidden, nullptr));
+        ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+        try {
+          ASSERT_TRUE(qlinear_gemv_swiglu(dw, x.p, out.p, n, hidden, nullptr));
+        } catch (const std::exception& e) {
+          FAIL() << e.what();
+        }
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         std::vector<uint16_t> got = out.download();
         got.resize(size_t(n) * hidden);
@@ -239,7 +253,11 @@ TEST(CudaGemv4, SwigluAndSplitMatchFloat64) {
           split.end[i] = ends[i];
         }
         split.parts = 3;
-        qlinear_matmul_split(dw, x.p, split, n, nullptr, nullptr);
+        try {
+          qlinear_matmul_split(dw, x.p, split, n, nullptr, nullptr);
+        } catch (const std::exception& e) {
+          FAIL() << e.what();
+        }
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         std::vector<uint16_t> joined(size_t(n) * rows);
         int start = 0;

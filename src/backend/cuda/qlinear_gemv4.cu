@@ -16,6 +16,7 @@
 #include <algorithm>
 
 #include "backend/cuda/qlinear_kernels.cuh"
+#include "core/error.h"
 
 namespace gyre::qlinear_detail {
 
@@ -92,7 +93,15 @@ RingShape ring_shape(const Params& p, int c, int s) {
   return r;
 }
 
-template <bool G32, int C, int S>
+// Per-lane cp.async (LDGSTS, through the load/store units like ordinary loads) of 16 bytes.
+__device__ __forceinline__ void lane_copy16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+
+// LDGSTS selects the copy engine: false = one cp.async.bulk per stage by lane 0, completing on
+// the stage's mbarrier (Hopper bulk copy); true = every lane copies its 16-byte piece of each
+// block (and a share of the scales) with cp.async, one commit group per stage.
+template <bool G32, int C, int S, bool LDGSTS>
 __global__ void __launch_bounds__(512) gemv4_ring_kernel(Params p, int kb_per, RingShape rs) {
   extern __shared__ __align__(128) uint8_t ring_smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -116,16 +125,34 @@ __global__ void __launch_bounds__(512) gemv4_ring_kernel(Params p, int kb_per, R
     const int gi0 = first_group(b),
               gi1 = G32 ? 2 * (b + cnt) - 1 : (64 * (b + cnt) - 1) >> p.group_log2;
     const uint32_t sbytes = (gi1 - gi0 + 1) * 16 * esize;
+    const int64_t soff = (stile + int64_t{gi0} * 16) * esize;
+    if constexpr (LDGSTS) {
+      for (int j = 0; j < cnt; ++j)
+        lane_copy16(slot + j * 512 + lane * 16, qtile + int64_t{b + j} * 512 + lane * 16);
+      for (uint32_t o = lane * 16; o < sbytes; o += 512) {
+        lane_copy16(slot + C * 512 + o, static_cast<const uint8_t*>(p.scales) + soff + o);
+        if (p.asym)
+          lane_copy16(slot + C * 512 + rs.scale_slot + o,
+                      static_cast<const uint8_t*>(p.mins) + soff + o);
+      }
+      return;
+    }
     bar_expect(bar, cnt * 512 + sbytes * (p.asym ? 2 : 1));
     bulk_copy(slot, qtile + int64_t{b} * 512, cnt * 512, bar);
-    const int64_t soff = (stile + int64_t{gi0} * 16) * esize;
     bulk_copy(slot + C * 512, static_cast<const uint8_t*>(p.scales) + soff, sbytes, bar);
     if (p.asym)
       bulk_copy(slot + C * 512 + rs.scale_slot, static_cast<const uint8_t*>(p.mins) + soff, sbytes,
                 bar);
   };
 
-  if (lane == 0) {
+  if constexpr (LDGSTS) {
+    // One commit group per stage slot, empty past the last stage, so that "all but the newest
+    // S - 1 groups complete" always means "stage st has landed".
+    for (int st = 0; st < S; ++st) {
+      if (st < stages) issue(st);
+      asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+  } else if (lane == 0) {
     for (int s = 0; s < S; ++s) bar_init(bars + s * 8);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -156,15 +183,14 @@ __global__ void __launch_bounds__(512) gemv4_ring_kernel(Params p, int kb_per, R
     for (int i = 0; i < 4; ++i) cg[i] = cx[i] = 0.f;
   };
 
-  for (int st = 0; st < stages; ++st) {
-    const int b = b_begin + st * C, cnt = min(C, b_end - b);
-    // x for the whole stage first: its latency (L1/L2) overlaps the wait for the weights.
-    uint4 xv[C][2];
+  // x of stage st (token g, this lane's 16 columns of each block), clamped inside the range.
+  auto load_x = [&](int st, uint4(&xv)[C][2]) {
+    const int b = b_begin + st * C;
 #pragma unroll
     for (int j = 0; j < C; ++j) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int c = 64 * min(b + j, b_end - 1) + 32 * h + 8 * t;
+        const int c = 64 * max(min(b + j, b_end - 1), 0) + 32 * h + 8 * t;
         xv[j][h] = make_uint4(0, 0, 0, 0);
         if (c < p.cols) {
           if (p.perm == nullptr) {
@@ -178,8 +204,23 @@ __global__ void __launch_bounds__(512) gemv4_ring_kernel(Params p, int kb_per, R
         }
       }
     }
+  };
+  uint4 xnext[C][2];
+  if (stages > 0) load_x(0, xnext);
+  for (int st = 0; st < stages; ++st) {
+    const int b = b_begin + st * C, cnt = min(C, b_end - b);
+    // x one stage ahead: its L1/L2 latency hides behind this stage's work.
+    uint4 xv[C][2];
+#pragma unroll
+    for (int j = 0; j < C; ++j) xv[j][0] = xnext[j][0], xv[j][1] = xnext[j][1];
+    if (st + 1 < stages) load_x(st + 1, xnext);
     const uint32_t slot = ring + (st % S) * rs.stage_bytes;
-    bar_wait(bars + (st % S) * 8, (st / S) & 1);
+    if constexpr (LDGSTS) {
+      asm volatile("cp.async.wait_group %0;" ::"n"(S - 1) : "memory");
+      __syncwarp();  // the scales were copied by other lanes
+    } else {
+      bar_wait(bars + (st % S) * 8, (st / S) & 1);
+    }
     const int gi0 = first_group(b);
 #pragma unroll
     for (int j = 0; j < C; ++j) {
@@ -203,7 +244,12 @@ __global__ void __launch_bounds__(512) gemv4_ring_kernel(Params p, int kb_per, R
       }
     }
     __syncwarp();  // every lane has read the slot: refill it
-    if (lane == 0 && st + S < stages) issue(st + S);
+    if constexpr (LDGSTS) {
+      if (st + S < stages) issue(st + S);
+      asm volatile("cp.async.commit_group;" ::: "memory");
+    } else if (lane == 0 && st + S < stages) {
+      issue(st + S);
+    }
   }
 
   __shared__ float4 partial[16][32];
@@ -244,39 +290,53 @@ __global__ void __launch_bounds__(512) gemv4_ring_kernel(Params p, int kb_per, R
   }
 }
 
-int g_ring_stage = 0, g_ring_depth = 0, g_sms = 0;
+int g_ring_stage = 0, g_ring_depth = 0, g_sms = 0, g_smem_optin = 0;
+bool g_ldgsts = true;
 
-template <bool G32, int C, int S>
+template <bool G32, int C, int S, bool LDGSTS>
 void launch_ring(const Params& q, int kb_per, const RingShape& rs, unsigned blocks,
                  unsigned threads, cudaStream_t stream) {
-  auto kernel = gemv4_ring_kernel<G32, C, S>;
-  static int allowed = 0;  // dynamic shared memory limit raised so far (per process)
-  const int bytes = static_cast<int>(threads / 32) * rs.warp_bytes;
-  if (bytes > 48 * 1024 && bytes > allowed) {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+  auto kernel = gemv4_ring_kernel<G32, C, S, LDGSTS>;
+  // Raise the dynamic shared-memory cap once per kernel to all a block may take next to its
+  // 8 KB of static reduction space (the launch still asks only for what it uses).
+  static bool raised = false;
+  if (!raised) {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    g_smem_optin - 8 * 1024),
                "cudaFuncSetAttribute (gemv4 ring)");
-    allowed = bytes;
+    raised = true;
   }
+  const int bytes = static_cast<int>(threads / 32) * rs.warp_bytes;
+  GYRE_CHECK(bytes <= g_smem_optin - 8 * 1024, "qlinear gemv: ring of ", bytes,
+             " bytes does not fit a block");
   kernel<<<blocks, threads, bytes, stream>>>(q, kb_per, rs);
+  check_cuda(cudaGetLastError(), "gemv4 ring launch");
 }
 
 template <int C, int S>
 void launch_ring_g(const Params& q, int kb_per, const RingShape& rs, unsigned blocks,
                    unsigned threads, cudaStream_t stream) {
-  if (q.group == 32) return launch_ring<true, C, S>(q, kb_per, rs, blocks, threads, stream);
-  return launch_ring<false, C, S>(q, kb_per, rs, blocks, threads, stream);
+  if (g_ldgsts) {
+    if (q.group == 32) return launch_ring<true, C, S, true>(q, kb_per, rs, blocks, threads, stream);
+    return launch_ring<false, C, S, true>(q, kb_per, rs, blocks, threads, stream);
+  }
+  if (q.group == 32) return launch_ring<true, C, S, false>(q, kb_per, rs, blocks, threads, stream);
+  return launch_ring<false, C, S, false>(q, kb_per, rs, blocks, threads, stream);
 }
 
 }  // namespace
 
-// ksplit: 0 = auto. Returns false (nothing launched) when the ring does not fit a block.
-void launch_gemv4_ring(const Params& p, int ksplit, cudaStream_t stream) {
+// ksplit: 0 = auto; ldgsts: the copy engine (see gemv4_ring_kernel).
+void launch_gemv4_ring(const Params& p, int ksplit, bool ldgsts, cudaStream_t stream) {
   if (g_sms == 0) {
     int dev = 0;
     check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+    check_cuda(cudaDeviceGetAttribute(&g_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+               "cudaDeviceGetAttribute");
     check_cuda(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, dev),
                "cudaDeviceGetAttribute");
   }
+  g_ldgsts = ldgsts;
   const int c = g_ring_stage == 0 ? 4 : g_ring_stage, s = g_ring_depth == 0 ? 4 : g_ring_depth;
   Params q = p;
   int ks = ksplit;
@@ -293,18 +353,16 @@ void launch_gemv4_ring(const Params& p, int ksplit, cudaStream_t stream) {
   const RingShape rs = ring_shape(q, c, s);
   const unsigned threads = warps * 32;
   switch (c * 100 + s) {
-    case 104:
-      return launch_ring_g<1, 4>(q, kb_per, rs, blocks, threads, stream);
     case 108:
       return launch_ring_g<1, 8>(q, kb_per, rs, blocks, threads, stream);
+    case 116:
+      return launch_ring_g<1, 16>(q, kb_per, rs, blocks, threads, stream);
     case 204:
       return launch_ring_g<2, 4>(q, kb_per, rs, blocks, threads, stream);
     case 208:
       return launch_ring_g<2, 8>(q, kb_per, rs, blocks, threads, stream);
     case 402:
       return launch_ring_g<4, 2>(q, kb_per, rs, blocks, threads, stream);
-    case 403:
-      return launch_ring_g<4, 3>(q, kb_per, rs, blocks, threads, stream);
     default:
       return launch_ring_g<4, 4>(q, kb_per, rs, blocks, threads, stream);
   }

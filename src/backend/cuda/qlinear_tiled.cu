@@ -291,12 +291,13 @@ void tile_int4_upload(const uint8_t* host_q, const uint8_t* host_scales, const u
   cudaFree(stage);
 }
 
-void launch_gemv4_ring(const Params& p, int ksplit, cudaStream_t stream);  // qlinear_gemv4.cu
+// qlinear_gemv4.cu
+void launch_gemv4_ring(const Params& p, int ksplit, bool ldgsts, cudaStream_t stream);
 
-// The bulk-copy ring GEMV (qlinear_gemv4.cu) by default; the register-fed kernel below is kept
-// as the bench's baseline (set_gemv_kernel(1)).
+// The shared-memory ring GEMV (qlinear_gemv4.cu) by default; the register-fed kernel below is
+// kept as the bench's baseline (set_gemv_kernel(1)).
 void launch_gemv4(const Params& p, cudaStream_t stream) {
-  if (g_kernel != 1) return launch_gemv4_ring(p, g_ksplit, stream);
+  if (g_kernel != 1) return launch_gemv4_ring(p, g_ksplit, g_kernel != 2, stream);
   Params q = p;
   int ks = g_ksplit;
   if (ks == 0) {
