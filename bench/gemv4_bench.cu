@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
       auto o = run(ns[i], {1, 0, 0, 0});
       sm.old_us[i] = o.first;
       if (i == 0) sm.pct_old = o.second;
-      auto r = run(ns[i], {0, 0, 0, 0});
+      auto r = run(ns[i], {3, 0, 0, 0});
       sm.ring_us[i] = r.first;
       sm.pct_ring[i] = r.second;
     }
@@ -179,16 +179,18 @@ int main(int argc, char** argv) {
     for (void* m : mem) CK(cudaFree(m));
   }
   std::printf(
-      "\nSUMMARY (us; %% of copy %.0f GB/s) old = register-fed, ring = default; best = sweep\n"
+      "\nSUMMARY (us; %% of copy %.0f GB/s) old = register-fed (default), ring = cp.async ring "
+      "auto; best = sweep\n"
       "%-14s %14s %14s %8s %8s %8s %8s %20s %8s %8s\n",
       copy_gbs, "shape", "old n1", "ring n1", "old n2", "ring n2", "old n8", "ring n8",
       "best n1 (k/c/s/ks)", "best n2", "best n8");
   for (const Summary& m : summary) {
     std::printf(
-        "%6dx%-7d %7.2f %5.1f%% %7.2f %5.1f%% %8.2f %8.2f %8.2f %8.2f %6.2f %4.1f%% %d/%d/%d\n",
+        "%6dx%-7d %7.2f %5.1f%% %7.2f %5.1f%% %8.2f %8.2f %8.2f %8.2f %6.2f %4.1f%% %d/%d/%d/%-2d "
+        "%8.2f %8.2f\n",
         m.rows, m.cols, m.old_us[0], m.pct_old, m.ring_us[0], m.pct_ring[0], m.old_us[1],
-        m.ring_us[1], m.old_us[2], m.ring_us[2], m.best_us, m.pct_best, m.best.stage, m.best.depth,
-        m.best.ksplit);
+        m.ring_us[1], m.old_us[2], m.ring_us[2], m.best_us, m.pct_best, m.best.kernel, m.best.stage,
+        m.best.depth, m.best.ksplit, m.best_n2, m.best_n8);
   }
   return 0;
 }

@@ -80,8 +80,9 @@ void set_gemv_rows_per_block(int rows);  // 8-bit
 // and 16-byte loads in flight per lane (2 or 4; 0 = 2).
 void set_gemv_ksplit(int ksplit);
 void set_gemv_unroll(int unroll);
-// 4-bit GEMV kernel: 0 = auto (shared-memory ring, qlinear_gemv4.cu), 1 = register-fed
-// (round 2), 2 = ring fed by bulk copies (TMA), 3 = ring fed by per-lane cp.async;
+// 4-bit GEMV kernel: 0 = auto (the register-fed kernel, qlinear_tiled.cu), 1 = register-fed,
+// 2 = shared-memory ring fed by bulk copies (TMA), 3 = ring fed by per-lane cp.async
+// (qlinear_gemv4.cu; slower on H100, see bench/qlinear_notes.md round 4);
 // the ring: column blocks per stage x stages, one of 1x8, 1x16, 2x4, 2x8, 4x2, 4x4 (0 = auto).
 void set_gemv_kernel(int kernel);
 void set_gemv_ring(int stage_blocks, int depth);
