@@ -1,13 +1,14 @@
-// The 4-bit decode GEMV (n = 1..8) on tensor cores, fed by Hopper bulk copies.
+// An experimental 4-bit decode GEMV (n = 1..8) on tensor cores, fed through shared memory.
+// Opt-in (qlinear_detail::set_gemv_kernel(2 or 3)): on H100 it measured 5-25% slower than the
+// register-fed default (qlinear_tiled.cu) on every Llama shape (bench/qlinear_notes.md, round 4,
+// with the analysis and the next experiment); kept, with its tests, as the base for that.
 //
-// Why: the register-fed GEMV (qlinear_tiled.cu) holds its bytes in flight in registers, so the
-// data in flight per SM is bounded by ~32 KB of registers and it reached only 35-60% of the copy
-// bandwidth on the Llama shapes (bench/qlinear_notes.md, round 2). Here each warp owns a ring of
-// S stages in shared memory; lane 0 fills a stage with one cp.async.bulk of C consecutive 512-byte
-// (tile, column block) pieces plus the stage's scales (and mins), completing on the stage's
-// mbarrier, so the bytes in flight cost shared memory (up to 227 KB per SM) and the ring refills
-// as soon as a stage has been read. No block-wide barrier sits in the loop: each warp streams on
-// its own.
+// Idea: the register-fed GEMV holds its bytes in flight in registers (~1 KB per warp), so it was
+// thought bound by data in flight. Here each warp owns a ring of S stages in shared memory, each
+// stage C consecutive 512-byte (tile, column block) pieces plus the stage's scales (and mins),
+// filled either by lane 0 with cp.async.bulk completing on the stage's mbarrier (kernel 2) or by
+// every lane with 16-byte cp.async, one commit group per stage (kernel 3); the slot refills as
+// soon as it has been read, and no block-wide barrier sits in the loop.
 //
 // Work split: a block holds (warps / ksplit) 16-row tiles x ksplit warps; warp k of a tile takes
 // the contiguous column-block range [k * kb_per, (k + 1) * kb_per) (contiguous in the tiled layout,
