@@ -62,7 +62,7 @@ __global__ void tile_scales_kernel(const uint8_t* src, uint8_t* dst, int rows, i
   }
 }
 
-int g_ksplit = 0, g_unroll = 0;
+int g_ksplit = 0, g_unroll = 0, g_kernel = 0;
 
 // Everything one lane needs for one 64-column block, fetched together so that a batch of
 // blocks costs one memory round trip: the weight piece, x for its 16 columns (token g), and the
@@ -291,14 +291,32 @@ void tile_int4_upload(const uint8_t* host_q, const uint8_t* host_scales, const u
   cudaFree(stage);
 }
 
+// qlinear_gemv4.cu
+void launch_gemv4_ring(const Params& p, int ksplit, bool ldgsts, cudaStream_t stream);
+
+// The register-fed kernel above by default: the shared-memory ring kernels (qlinear_gemv4.cu,
+// set_gemv_kernel(2 or 3)) measured 5-25% slower on every Llama shape on H100 (round 4 in
+// bench/qlinear_notes.md) and stay as opt-in experiments.
 void launch_gemv4(const Params& p, cudaStream_t stream) {
+  if (g_kernel == 2 || g_kernel == 3) return launch_gemv4_ring(p, g_ksplit, g_kernel == 3, stream);
   Params q = p;
   int ks = g_ksplit;
   if (ks == 0) {
     // Aim at ~7000 warps (measured best on H100 for 14336 / 28672 rows: ksplit 8 / 4) while
-    // keeping >= 4 column blocks per warp.
+    // keeping >= 4 column blocks per warp. ksplit 16 (one 16-warp block per tile, two blocks
+    // per SM at 64 registers) only while the tiles fit one wave: 384 tiles (fused QKV,
+    // 6144x4096) ran 8-9% faster at ksplit 8 than at 16 (round 4).
+    static int sms = 0;
+    if (sms == 0) {
+      int dev = 0;
+      check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+      check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
+                 "cudaDeviceGetAttribute");
+    }
     ks = 1;
-    while (ks < 16 && q.tiles * ks < 7000 && q.kblocks / (2 * ks) >= 4) ks *= 2;
+    while (ks < 16 && q.tiles * ks < 7000 && q.kblocks / (2 * ks) >= 4 &&
+           (ks < 8 || q.tiles <= 2 * sms))
+      ks *= 2;
   }
   q.ksplit = ks;
   const int warps = std::max(8, ks), tiles_per_block = warps / ks;
@@ -324,6 +342,9 @@ void set_gemv_ksplit(int ksplit) {
 }
 void set_gemv_unroll(int unroll) {
   g_unroll = unroll;
+}
+void set_gemv_kernel(int kernel) {
+  g_kernel = kernel;
 }
 
 }  // namespace gyre::qlinear_detail

@@ -1,0 +1,196 @@
+// 4-bit decode GEMV (n = 1..8) on the Llama-3-8B shapes: the register-fed kernel (round 2) and
+// the bulk-copy ring (qlinear_gemv4.cu) over its stage / depth / split-K settings.
+// Build: bench/qlinear_device.sh. Weights are random bytes (speed only; correctness is in
+// tests/test_cuda_gemv4.cc), rotated over > 300 MB so the numbers are DRAM numbers.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string_view>
+#include <vector>
+
+#include "backend/cuda/qlinear.h"
+
+using namespace gyre;
+
+#define CK(call)                                                                           \
+  do {                                                                                     \
+    cudaError_t e_ = (call);                                                               \
+    if (e_ != cudaSuccess) {                                                               \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+__global__ void fill_bytes(uint8_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    p[i] = uint8_t(h);
+  }
+}
+__global__ void fill_halves(__half* p, size_t n, float lo, float span, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 16;
+    h *= 2246822519u;
+    p[i] = __float2half(lo + span * float(h & 0xffff) / 65536.0f);
+  }
+}
+
+template <typename F>
+float time_ms(F&& f, int iters) {
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) f(i);
+  CK(cudaDeviceSynchronize());
+  std::vector<float> runs;
+  for (int rep = 0; rep < 7; ++rep) {
+    CK(cudaEventRecord(a));
+    for (int i = 0; i < iters; ++i) f(i);
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    runs.push_back(ms / iters);
+  }
+  CK(cudaGetLastError());
+  std::sort(runs.begin(), runs.end());
+  return runs[runs.size() / 2];
+}
+
+struct Cfg {
+  int kernel, stage, depth, ksplit;
+};
+
+void set(const Cfg& c) {
+  qlinear_detail::set_gemv_kernel(c.kernel);
+  qlinear_detail::set_gemv_ring(c.stage, c.depth);
+  qlinear_detail::set_gemv_ksplit(c.ksplit);
+}
+
+int main(int argc, char** argv) {
+  const bool sweep = argc < 2 || std::string_view(argv[1]) != "quick";
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20);
+  const size_t big = size_t(1) << 30;
+  void *s, *t;
+  CK(cudaMalloc(&s, big));
+  CK(cudaMalloc(&t, big));
+  CK(cudaMemset(s, 1, big));
+  const float copy_ms =
+      time_ms([&](int) { CK(cudaMemcpyAsync(t, s, big, cudaMemcpyDeviceToDevice)); }, 10);
+  const double copy_gbs = 2.0 * big / copy_ms / 1e6;
+  std::printf("copy bandwidth: %.0f GB/s\n", copy_gbs);
+  CK(cudaFree(s));
+  CK(cudaFree(t));
+
+  const int shapes[][2] = {{4096, 4096},  {6144, 4096}, {14336, 4096}, {4096, 14336},
+                           {28672, 4096}, {1024, 4096}, {128256, 4096}};
+  __half *x, *y;
+  CK(cudaMalloc(&x, 8 * 14336 * 2));
+  CK(cudaMalloc(&y, 8 * 128256 * 2));
+  fill_halves<<<256, 256>>>(x, 8 * 14336, -1.0f, 2.0f, 5);
+  struct Summary {
+    int rows, cols;
+    double old_us[3], ring_us[3], best_us, best_n2 = 0, best_n8 = 0, pct_old, pct_ring[3], pct_best;
+    Cfg best;
+  };
+  std::vector<Summary> summary;
+  std::printf("\n%-14s %2s %12s %9s %8s %7s\n", "shape", "n", "kern/c/s/ks", "us", "GB/s", "%copy");
+  for (const auto& sh : shapes) {
+    QWeightDesc d;
+    d.bits = 4;
+    d.group_size = 128;
+    d.rows = sh[0];
+    d.cols = sh[1];
+    const double bytes = double(d.qweight_bytes()) + d.scale_count() * 2.0;
+    const size_t total = qweight_device_bytes(d);
+    const int copies = std::max(1, int(std::ceil(300e6 / bytes)));
+    std::vector<void*> mem(copies);
+    std::vector<QWeightDevice> ws(copies);
+    for (int c = 0; c < copies; ++c) {
+      CK(cudaMalloc(&mem[c], total));
+      ws[c] = qweight_device_view(d, mem[c]);
+      auto* p = static_cast<uint8_t*>(mem[c]);
+      const size_t qb = static_cast<const uint8_t*>(ws[c].scales) - p;
+      fill_bytes<<<1024, 256>>>(p, qb, 17 + c);
+      fill_halves<<<1024, 256>>>(reinterpret_cast<__half*>(p + qb), (total - qb) / 2, 0.001f, 0.01f,
+                                 17 + c);
+    }
+    CK(cudaDeviceSynchronize());
+    auto run = [&](int n, const Cfg& c) {
+      set(c);
+      const float ms =
+          time_ms([&](int i) { qlinear_gemv(ws[i % copies], x, y, n, nullptr, nullptr); }, 40);
+      const double moved = bytes + 2.0 * n * (sh[0] + sh[1]);
+      const double pct = 100.0 * moved / ms / 1e6 / copy_gbs;
+      std::printf("%6dx%-7d %2d %3d/%d/%d/%-3d %9.2f %8.0f %6.1f%%\n", sh[0], sh[1], n, c.kernel,
+                  c.stage, c.depth, c.ksplit, ms * 1e3, moved / ms / 1e6, pct);
+      return std::make_pair(ms * 1e3, pct);
+    };
+    Summary sm{};
+    sm.rows = sh[0];
+    sm.cols = sh[1];
+    const int ns[3] = {1, 2, 8};
+    for (int i = 0; i < 3; ++i) {
+      auto o = run(ns[i], {1, 0, 0, 0});
+      sm.old_us[i] = o.first;
+      if (i == 0) sm.pct_old = o.second;
+      auto r = run(ns[i], {3, 0, 0, 0});
+      sm.ring_us[i] = r.first;
+      sm.pct_ring[i] = r.second;
+    }
+    sm.best_us = sm.ring_us[0];
+    sm.pct_best = sm.pct_ring[0];
+    if (sweep) {
+      for (const int ks : {2, 4, 8, 16}) run(1, {1, 0, 0, ks});
+      const int rings[][2] = {{1, 8}, {1, 16}, {2, 4}, {2, 8}, {4, 2}, {4, 4}};
+      for (const int kernel : {2, 3}) {
+        for (const auto& r : rings) {
+          for (const int ks : {1, 2, 4, 8, 16}) {
+            const Cfg c{kernel, r[0], r[1], ks};
+            auto v = run(1, c);
+            if (v.first < sm.best_us) {
+              sm.best_us = v.first;
+              sm.pct_best = v.second;
+              sm.best = c;
+            }
+          }
+        }
+      }
+      for (const int kernel : {2, 3})
+        for (const auto& r : rings)
+          for (const int ks : {1, 2, 4, 8, 16}) run(8, {kernel, r[0], r[1], ks});
+      sm.best_n2 = run(2, sm.best).first;
+      sm.best_n8 = run(8, sm.best).first;
+    }
+    set({0, 0, 0, 0});
+    summary.push_back(sm);
+    for (void* m : mem) CK(cudaFree(m));
+  }
+  std::printf(
+      "\nSUMMARY (us; %% of copy %.0f GB/s) old = register-fed (default), ring = cp.async ring "
+      "auto; best = sweep\n"
+      "%-14s %14s %14s %8s %8s %8s %8s %20s %8s %8s\n",
+      copy_gbs, "shape", "old n1", "ring n1", "old n2", "ring n2", "old n8", "ring n8",
+      "best n1 (k/c/s/ks)", "best n2", "best n8");
+  for (const Summary& m : summary) {
+    std::printf(
+        "%6dx%-7d %7.2f %5.1f%% %7.2f %5.1f%% %8.2f %8.2f %8.2f %8.2f %6.2f %4.1f%% %d/%d/%d/%-2d "
+        "%8.2f %8.2f\n",
+        m.rows, m.cols, m.old_us[0], m.pct_old, m.ring_us[0], m.pct_ring[0], m.old_us[1],
+        m.ring_us[1], m.old_us[2], m.ring_us[2], m.best_us, m.pct_best, m.best.kernel, m.best.stage,
+        m.best.depth, m.best.ksplit, m.best_n2, m.best_n8);
+  }
+  return 0;
+}

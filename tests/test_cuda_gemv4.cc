@@ -1,0 +1,290 @@
+// The 4-bit decode GEMV (n = 1..8: the bulk-copy ring kernel and the register-fed one) against
+// a float64 CPU reference built from the host dequantizer (qlinear_ref), for every ring shape
+// and split-K setting, awkward row / column counts, every group size, sym / asym, f32 scales,
+// act-order, and the three epilogues (bias, split outputs, SwiGLU). Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#ifdef GYRE_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/qlinear_ref.h"
+#include "backend/cuda/qlinear.h"
+#include "core/half.h"
+
+namespace gyre {
+namespace {
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+struct Buf {
+  __half* p = nullptr;
+  size_t n = 0;
+  explicit Buf(size_t count) : n(count) {
+    if (cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(count, 1) * 2) != cudaSuccess)
+      p = nullptr;
+  }
+  ~Buf() { cudaFree(p); }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  void upload(const std::vector<uint16_t>& h) {
+    cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice);
+  }
+  std::vector<uint16_t> download() const {
+    std::vector<uint16_t> h(n);
+    cudaMemcpy(h.data(), p, n * 2, cudaMemcpyDeviceToHost);
+    return h;
+  }
+  void poison() { cudaMemset(p, 0xff, n * 2); }  // FP16 NaN
+};
+
+std::vector<uint16_t> random_halves(size_t n, float scale, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<uint16_t> h(n);
+  for (auto& v : h) v = f32_to_f16(u(rng));
+  return h;
+}
+
+struct Layout {
+  const char* name;
+  int group;
+  bool asym, perm;
+  DType gguf;  // F32: round-to-nearest from random floats
+};
+
+QWeightHost make_weight(const Layout& l, int rows, int cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  if (l.gguf != DType::F32) {
+    const DTypeInfo& info = dtype_info(l.gguf);
+    const size_t blocks = size_t(rows) * cols / info.block_elems;
+    std::vector<uint8_t> b(blocks * info.block_bytes);
+    for (auto& x : b) x = static_cast<uint8_t>(rng());
+    std::uniform_real_distribution<float> scale(-0.002f, 0.002f);
+    for (size_t i = 0; i < blocks; ++i) {  // finite f16 scale fields
+      const uint16_t d = f32_to_f16(scale(rng)), m = f32_to_f16(scale(rng));
+      std::memcpy(b.data() + i * info.block_bytes, &d, 2);
+      if (l.gguf == DType::Q4_K) std::memcpy(b.data() + i * info.block_bytes + 2, &m, 2);
+    }
+    return qweight_pack_from_gguf(l.gguf, b.data(), rows, cols);
+  }
+  std::uniform_real_distribution<float> u(-0.05f, 0.05f);
+  std::vector<float> w(size_t(rows) * cols);
+  for (float& v : w) v = u(rng);
+  std::vector<int32_t> perm(cols);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  return qweight_pack_from_f32(w.data(), rows, cols, 4, l.group, l.asym,
+                               l.perm ? perm.data() : nullptr);
+}
+
+// float64 y [n, rows] = x W^T (+ bias) and sum |x w| per element (the FP16 error scale).
+struct Reference {
+  std::vector<double> y, mag;
+};
+
+Reference reference(const QWeightHost& w, const std::vector<uint16_t>& x,
+                    const std::vector<uint16_t>* bias, int n) {
+  const int rows = w.desc.rows, cols = w.desc.cols;
+  Reference r;
+  r.y.assign(size_t(n) * rows, 0.0);
+  r.mag.assign(r.y.size(), 0.0);
+  std::vector<float> wrow(cols);
+  for (int row = 0; row < rows; ++row) {
+    qweight_dequantize_row(w, row, wrow.data());
+    for (int t = 0; t < n; ++t) {
+      double acc = bias ? f16_to_f32((*bias)[row]) : 0.0, mag = std::fabs(acc);
+      for (int c = 0; c < cols; ++c) {
+        const double p = double(f16_to_f32(x[size_t(t) * cols + c])) * wrow[c];
+        acc += p;
+        mag += std::fabs(p);
+      }
+      r.y[size_t(t) * rows + row] = acc;
+      r.mag[size_t(t) * rows + row] = mag;
+    }
+  }
+  return r;
+}
+
+void expect_close(const std::vector<uint16_t>& got, const std::vector<double>& ref,
+                  const std::vector<double>& mag) {
+  double err2 = 0, ref2 = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double g = f16_to_f32(got[i]);
+    ASSERT_FALSE(std::isnan(g)) << "unwritten element " << i;
+    ASSERT_NEAR(g, ref[i], 4e-3 * mag[i] + 1e-3 * std::fabs(ref[i]) + 1e-6) << "element " << i;
+    err2 += (g - ref[i]) * (g - ref[i]);
+    ref2 += ref[i] * ref[i];
+  }
+  if (ref.size() >= 64) {
+    EXPECT_LT(std::sqrt(err2 / ref2), 2e-3);
+  }
+}
+
+// {kernel (0 auto, 1 register-fed, 2 bulk-copy ring, 3 cp.async ring), column blocks per
+// stage, stages, split-K}; 0 = auto.
+struct Config {
+  int kernel, stage, depth, ksplit;
+  std::string name() const {
+    return std::to_string(kernel) + "/" + std::to_string(stage) + "/" + std::to_string(depth) +
+           "/" + std::to_string(ksplit);
+  }
+};
+const Config kConfigs[] = {{0, 0, 0, 0}, {2, 1, 8, 1},   {2, 2, 8, 2}, {2, 4, 2, 16},
+                           {2, 4, 4, 4}, {2, 1, 16, 16}, {2, 2, 4, 0}, {3, 1, 16, 1},
+                           {3, 2, 8, 2}, {3, 4, 2, 16},  {3, 4, 4, 8}, {3, 1, 8, 16},
+                           {3, 2, 4, 0}, {3, 1, 16, 4},  {1, 0, 0, 0}, {1, 0, 0, 16}};
+
+void set_config(const Config& c) {
+  qlinear_detail::set_gemv_kernel(c.kernel);
+  qlinear_detail::set_gemv_ring(c.stage, c.depth);
+  qlinear_detail::set_gemv_ksplit(c.ksplit);
+}
+
+TEST(CudaGemv4, MatchesFloat64) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Layout layouts[] = {
+      {"g128_sym", 128, false, false, DType::F32}, {"g32_asym_perm", 32, true, true, DType::F32},
+      {"g64_asym", 64, true, false, DType::F32},   {"g256_sym", 256, false, false, DType::F32},
+      {"gguf_q4_k", 32, true, false, DType::Q4_K}, {"gguf_q4_0", 32, false, false, DType::Q4_0},
+  };
+  // Odd tile counts, a partial 64-column block (160 at group 32), a column count that leaves
+  // the last split-K warps empty (1280 = 20 blocks), long rows cycling the ring (4096).
+  const int shapes[][2] = {{1, 256}, {35, 160}, {300, 1280}, {33, 4096}, {1040, 512}};
+  uint32_t seed = 7000;
+  for (const Layout& l : layouts) {
+    for (const auto& s : shapes) {
+      if (s[1] % l.group != 0) continue;
+      if (l.gguf != DType::F32 && s[1] % dtype_info(l.gguf).block_elems != 0) continue;
+      const QWeightHost w = make_weight(l, s[0], s[1], seed++);
+      const int rows = w.desc.rows, cols = w.desc.cols;
+      const std::vector<uint16_t> xh = random_halves(size_t(8) * cols, 1.0f, seed++);
+      const std::vector<uint16_t> bh = random_halves(rows, 0.5f, seed++);
+      const Reference ref = reference(w, xh, &bh, 8);
+      QWeightDevice dw = qweight_upload(w);
+      Buf x(size_t(8) * cols), y(size_t(8) * rows), bias(rows);
+      x.upload(xh);
+      bias.upload(bh);
+      for (const Config& c : kConfigs) {
+        set_config(c);
+        for (int n = 1; n <= 8; ++n) {
+          SCOPED_TRACE(std::string(l.name) + " " + std::to_string(rows) + "x" +
+                       std::to_string(cols) + " n " + std::to_string(n) + " cfg " + c.name());
+          y.poison();
+          ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+          try {
+            qlinear_gemv(dw, x.p, y.p, n, bias.p, nullptr);
+          } catch (const std::exception& e) {
+            FAIL() << e.what();
+          }
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          std::vector<uint16_t> got = y.download();
+          got.resize(size_t(n) * rows);
+          expect_close(got, std::vector<double>(ref.y.begin(), ref.y.begin() + got.size()),
+                       std::vector<double>(ref.mag.begin(), ref.mag.begin() + got.size()));
+          if (HasFatalFailure()) break;
+        }
+        if (HasFatalFailure()) break;
+      }
+      set_config({0, 0, 0, 0});
+      qweight_free(dw);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// SwiGLU (gate/up interleaved by 8 rows) and the split output (fused QKV) epilogues at n <= 8.
+TEST(CudaGemv4, SwigluAndSplitMatchFloat64) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Layout layouts[] = {{"g32_asym_perm", 32, true, true, DType::F32},
+                            {"g128_sym", 128, false, false, DType::F32}};
+  const int hidden = 157, rows = 2 * 160, cols = 1024;  // 20 tiles, a padded hidden block
+  uint32_t seed = 8000;
+  for (const Layout& l : layouts) {
+    const QWeightHost w = make_weight(l, rows, cols, seed++);
+    const std::vector<uint16_t> xh = random_halves(size_t(8) * cols, 1.0f, seed++);
+    const Reference ref = reference(w, xh, nullptr, 8);
+    QWeightDevice dw = qweight_upload(w);
+    Buf x(size_t(8) * cols), out(size_t(8) * rows);
+    x.upload(xh);
+    for (const Config& c : kConfigs) {
+      set_config(c);
+      for (const int n : {1, 2, 5, 8}) {
+        SCOPED_TRACE(std::string(l.name) + " n " + std::to_string(n) + " cfg " + c.name());
+        out.poison();
+        ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+        try {
+          ASSERT_TRUE(qlinear_gemv_swiglu(dw, x.p, out.p, n, hidden, nullptr));
+        } catch (const std::exception& e) {
+          FAIL() << e.what();
+        }
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        std::vector<uint16_t> got = out.download();
+        got.resize(size_t(n) * hidden);
+        std::vector<double> want(got.size()), mag(got.size());
+        for (int t = 0; t < n; ++t) {
+          for (int h = 0; h < hidden; ++h) {
+            const size_t gi = size_t(t) * rows + 16 * (h / 8) + h % 8, ui = gi + 8;
+            const double gate = ref.y[gi], up = ref.y[ui], silu = gate / (1.0 + std::exp(-gate));
+            want[size_t(t) * hidden + h] = silu * up;
+            mag[size_t(t) * hidden + h] =
+                std::fabs(silu) * ref.mag[ui] + ref.mag[gi] * std::fabs(up);
+          }
+        }
+        expect_close(got, want, mag);
+
+        // Three outputs of 100, 13 and 207 rows.
+        const int ends[3] = {100, 113, rows};
+        Buf parts[3] = {Buf(size_t(n) * 100), Buf(size_t(n) * 13), Buf(size_t(n) * 207)};
+        cuda::OutSplit split;
+        for (int i = 0; i < 3; ++i) {
+          parts[i].poison();
+          split.out[i] = parts[i].p;
+          split.end[i] = ends[i];
+        }
+        split.parts = 3;
+        try {
+          qlinear_matmul_split(dw, x.p, split, n, nullptr, nullptr);
+        } catch (const std::exception& e) {
+          FAIL() << e.what();
+        }
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        std::vector<uint16_t> joined(size_t(n) * rows);
+        int start = 0;
+        for (int i = 0; i < 3; ++i) {
+          const std::vector<uint16_t> h = parts[i].download();
+          const int width = ends[i] - start;
+          for (int t = 0; t < n; ++t)
+            for (int r = 0; r < width; ++r)
+              joined[size_t(t) * rows + start + r] = h[size_t(t) * width + r];
+          start = ends[i];
+        }
+        expect_close(joined, std::vector<double>(ref.y.begin(), ref.y.begin() + joined.size()),
+                     std::vector<double>(ref.mag.begin(), ref.mag.begin() + joined.size()));
+        if (HasFatalFailure()) break;
+      }
+      if (HasFatalFailure()) break;
+    }
+    set_config({0, 0, 0, 0});
+    qweight_free(dw);
+  }
+}
+
+}  // namespace
+}  // namespace gyre
+
+#else
+TEST(CudaGemv4, NotBuilt) {
+  GTEST_SKIP() << "built without CUDA";
+}
+#endif
