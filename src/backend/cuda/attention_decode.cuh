@@ -130,10 +130,12 @@ template <int T, int L, int G, class Kv>
 __device__ __forceinline__ void decode_attend(const Kv& kv, const half* qrow, half* orow,
                                               float* part, int D, int gn, int lo, int hi, int split,
                                               int splits, float scale) {
-  constexpr int R = 32 / L;          // rows per load instruction
-  constexpr int U = G >= 8 ? 4 : 8;  // row loads per lane per step (registers: 8 dims each)
-  constexpr int KT = R * U;          // keys per warp step
-  constexpr int kSpan = L / U;       // lanes that hold one key's score after the reduction
+  constexpr int R = 32 / L;  // rows per load instruction
+  // Row loads per lane per step (registers: 8 dims each, raw and decoded): 8, 4 for 8 heads;
+  // 16 for q8/q4 rows of one head (4-8 byte loads: more rows keep as many bytes in flight).
+  constexpr int U = G >= 8 ? 4 : (T != kKvF16 && G == 1 ? L : 8);
+  constexpr int KT = R * U;     // keys per warp step
+  constexpr int kSpan = L / U;  // lanes that hold one key's score after the reduction
   static_assert(U <= L && KT <= 32, "one key per lane after the reduce-scatter");
   __shared__ float acc_s[kWarps][G][8 * L];
   __shared__ float m_s[kWarps][G], l_s[kWarps][G];
