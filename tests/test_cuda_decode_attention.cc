@@ -127,10 +127,9 @@ TEST(CudaDecodeAttention, AwkwardKeyCountsAllCacheTypes) {
 TEST(CudaDecodeAttention, LongContextGqa) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
   std::mt19937 rng(4343);
-  for (const char* type : {"f16", "q4"}) {
-    run_case(type, Case{4, 1, 64, 0, {4096, 1}}, rng);      // 4097 keys, GQA 4
-    run_case(type, Case{2, 2, 128, 1000, {4096, 1}}, rng);  // window inside a long context
-  }
+  // The CPU reference fills the cache by a causal prefill (quadratic): few heads keep it ~5 s.
+  run_case("f16", Case{2, 1, 64, 0, {4096, 1}}, rng);     // 4097 keys, 2 heads on one KV head
+  run_case("q4", Case{2, 2, 128, 1000, {2048, 1}}, rng);  // window inside a long context
 }
 
 }  // namespace
