@@ -5,8 +5,8 @@
 // Layout: q/out [n, n_heads * D]; cache rows [kv_head][max_seq] per layer (written beforehand),
 // FP16 or q8/q4 (dequantized into the tile's shared memory, kv_quant.cuh).
 // Alternatives: the scalar split kernel (attention.cu) is the fallback for other head dims and
-// for few queries; it ran 2048-token prefill at about 7 TFLOP/s on H100. Not yet tried: wgmma,
-// register-resident accumulators (mma.sync with a known fragment layout), K/V double buffering.
+// for few queries; it ran 2048-token prefill at about 7 TFLOP/s on H100. Not yet tried: wgmma
+// with TMA-fed K/V (Hopper), 128-row query tiles.
 #include "backend/cuda/attention_flash.cuh"
 
 namespace gyre::cuda {
