@@ -92,8 +92,8 @@ int attention_splits(int rows, int n_heads, int n_kv_heads, int head_dim, int kv
   const int group = n_heads / n_kv_heads;
   const int blocks = std::max(1, rows * n_kv_heads * ((group + kMaxGroup - 1) / kMaxGroup));
   const int max_useful = std::max(1, (max_span + kMinChunk - 1) / kMinChunk);
-  if (!decode_attn::supported(head_dim) ||
-      generic_block)  // split_attend: a few blocks per SM, 13.5 KB each
+  // split_attend: enough 13.5 KB blocks to fill the GPU a few times over.
+  if (!decode_attn::supported(head_dim) || generic_block)
     return blocks >= 2 * sm_count
                ? 1
                : std::min({kMaxSplits, max_useful, (4 * sm_count + blocks - 1) / blocks});
