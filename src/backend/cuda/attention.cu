@@ -8,11 +8,15 @@
 // Decode (one query) splits the context over many blocks so a 32k context still fills the GPU;
 // the split count is fixed per launch while the chunk length follows the device-side position,
 // which lets a captured CUDA graph replay at any position.
-// The block's work is split_attend (attention_split.cuh, shared with the paged cache).
+// The block's work is decode_attend (attention_decode.cuh) for head dims that are a multiple of
+// 8 up to 128, else split_attend (attention_split.cuh); both are shared with the paged cache.
 // Layout: cache rows [kv_head][max_seq] per layer (codes and, for q8/q4, params planes), so one
 // head's keys are contiguous.
 // Alternatives: a tensor-core (mma) tile kernel for prefill is the known faster path for
 // head dims 64..128; this scalar kernel is the generic one (any head_dim <= 256).
+#include <algorithm>
+
+#include "backend/cuda/attention_decode.cuh"
 #include "backend/cuda/attention_split.cuh"
 
 namespace gyre::cuda {
@@ -49,7 +53,61 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, in
                   pos + 1, blockIdx.x, a.splits, a.scale);
 }
 
+// The same grid with the decode block (attention_decode.cuh): head dims % 8 == 0 up to 128.
+template <int T, int L, int G>
+__global__ void __launch_bounds__(decode_attn::kThreads) decode_kernel(AttentionArgs a, int n_sub) {
+  pdl_begin();
+  const int D = a.head_dim;
+  const int kvh = blockIdx.y / n_sub, sub = blockIdx.y % n_sub;
+  const int qi = blockIdx.z;
+  const int group = a.n_heads / a.n_kv_heads;
+  const int g0 = sub * kMaxGroup;
+  const int gn = min(kMaxGroup, group - g0);
+  const int head0 = kvh * group + g0;
+  const int pos = *a.pos0 + qi;
+  const int lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
+  const int64_t first = static_cast<int64_t>(qi) * a.n_heads + head0;
+  decode_attn::decode_attend<T, L, G>(
+      contiguous_kv(a, kvh), a.q + first * D, a.out + first * D,
+      a.splits > 1 ? a.partial + first * a.splits * (D + 2) : nullptr, D, gn, lo, pos + 1,
+      blockIdx.x, a.splits, a.scale);
+}
+
+// Blocks of the decode kernel resident per SM (registers bound it), per instantiation.
+template <int T, int L, int G>
+int decode_blocks_per_sm() {
+  static const int blocks = [] {
+    int n = 0;
+    GYRE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<T, L, G>,
+                                                                  decode_attn::kThreads, 0));
+    return std::max(1, n);
+  }();
+  return blocks;
+}
+
 }  // namespace
+
+int attention_splits(int rows, int n_heads, int n_kv_heads, int head_dim, int kv_type, int max_span,
+                     int sm_count, bool generic_block) {
+  const int group = n_heads / n_kv_heads;
+  const int blocks = std::max(1, rows * n_kv_heads * ((group + kMaxGroup - 1) / kMaxGroup));
+  const int max_useful = std::max(1, (max_span + kMinChunk - 1) / kMinChunk);
+  // split_attend: enough 13.5 KB blocks to fill the GPU a few times over.
+  if (!decode_attn::supported(head_dim) || generic_block)
+    return blocks >= 2 * sm_count
+               ? 1
+               : std::min({kMaxSplits, max_useful, (4 * sm_count + blocks - 1) / blocks});
+  // Decode block: exactly one wave of resident blocks (every share has the same length, so a
+  // second, partial wave would cost nearly a whole block time more).
+  int per_sm = 1;
+  with_kv_kind(kv_type, [&](auto kind) {
+    decode_attn::with_shape(head_dim, std::min(group, kMaxGroup), [&](auto lanes, auto g) {
+      per_sm = decode_blocks_per_sm<decltype(kind)::value, lanes.value, g.value>();
+    });
+  });
+  const int resident = per_sm * sm_count;
+  return blocks >= resident ? 1 : std::min({kMaxSplits, max_useful, resident / blocks});
+}
 
 size_t attention_workspace_floats(int n_q, int n_heads, int head_dim, int splits) {
   return splits <= 1 ? 0 : static_cast<size_t>(n_q) * n_heads * splits * (head_dim + 2);
@@ -73,12 +131,21 @@ void attention(const AttentionArgs& a, cudaStream_t s) {
              a.n_kv_heads);
   const int group = a.n_heads / a.n_kv_heads;
   const int n_sub = (group + kMaxGroup - 1) / kMaxGroup;
-  const size_t smem = smem_bytes(a.head_dim, a.kv_type);
   const dim3 grid(static_cast<unsigned>(a.splits), static_cast<unsigned>(a.n_kv_heads * n_sub),
                   static_cast<unsigned>(a.n_q));
-  with_kv_kind(a.kv_type, [&](auto kind) {
-    launch(attention_kernel<decltype(kind)::value>, grid, kThreads, smem, s, a, n_sub);
-  });
+  if (decode_attn::usable(a.head_dim, a.q) && !a.generic_block) {
+    with_kv_kind(a.kv_type, [&](auto kind) {
+      decode_attn::with_shape(a.head_dim, std::min(group, kMaxGroup), [&](auto lanes, auto g) {
+        launch(decode_kernel<decltype(kind)::value, lanes.value, g.value>, grid,
+               decode_attn::kThreads, 0, s, a, n_sub);
+      });
+    });
+  } else {
+    const size_t smem = smem_bytes(a.head_dim, a.kv_type);
+    with_kv_kind(a.kv_type, [&](auto kind) {
+      launch(attention_kernel<decltype(kind)::value>, grid, kThreads, smem, s, a, n_sub);
+    });
+  }
   GYRE_CUDA_LAUNCHED();
   if (a.splits > 1)
     split_combine(a.out, a.partial, a.n_q, a.n_heads, a.head_dim, a.splits, nullptr, s);

@@ -224,37 +224,60 @@ __device__ __forceinline__ void split_attend(const Kv& kv, const half* qrow, hal
 
 // One block per (query index, head): out = sum_s acc_s * e^(m_s - M) / sum_s l_s * e^(m_s - M),
 // M the largest m_s. Query index qi writes row rows[qi] of out (qi itself when rows is null).
+// The first warp computes the weights e^(m_s - M) once (splits <= kMaxSplits); then `groups`
+// groups of threads each sum every groups-th split of their dims (independent loads, so a
+// combine over ~50 splits is a round trip or two, not one per split), summed in shared memory.
 // Internal linkage: each .cu file that includes this gets its own copy.
+constexpr int kMaxSplits = 128;
+constexpr int kCombineGroups = 4;
 static __global__ void split_combine_kernel(half* out, const float* partial, int splits, int dim,
-                                            int n_heads, const int32_t* rows) {
+                                            int n_heads, const int32_t* rows, int groups) {
   pdl_begin();
+  __shared__ float weight_s[kMaxSplits];
+  __shared__ float sum_s[kCombineGroups][kMaxHeadDim];
+  __shared__ float inv_l_s;
   const int64_t qh = blockIdx.x;  // query index * n_heads + head
   const int64_t qi = qh / n_heads, head = qh % n_heads;
   const int64_t row = rows ? rows[qi] : qi;
   const float* part = partial + qh * splits * (dim + 2);
-  float m_max = -FLT_MAX;
-  for (int s = 0; s < splits; ++s) m_max = fmaxf(m_max, part[s * (dim + 2) + dim]);
-  float l = 0.0f;
-  for (int s = 0; s < splits; ++s) {
-    const float* p = part + s * (dim + 2);
-    l += p[dim + 1] * __expf(p[dim] - m_max);
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    float m_max = -FLT_MAX;
+    for (int s = lane; s < splits; s += 32) m_max = fmaxf(m_max, part[s * (dim + 2) + dim]);
+    for (int o = 16; o > 0; o >>= 1) m_max = fmaxf(m_max, __shfl_xor_sync(0xffffffffu, m_max, o));
+    float l = 0.0f;
+    for (int s = lane; s < splits; s += 32) {
+      const float w = __expf(part[s * (dim + 2) + dim] - m_max);
+      weight_s[s] = w;
+      l += part[s * (dim + 2) + dim + 1] * w;
+    }
+    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+    if (lane == 0) inv_l_s = l > 0.0f ? 1.0f / l : 0.0f;
   }
+  __syncthreads();
+  const int group_threads = blockDim.x / groups;
+  const int group = threadIdx.x / group_threads, t = threadIdx.x % group_threads;
+  for (int d = t; d < dim; d += group_threads) {
+    float acc = 0.0f;
+#pragma unroll 16
+    for (int s = group; s < splits; s += groups) acc += part[s * (dim + 2) + d] * weight_s[s];
+    sum_s[group][d] = acc;
+  }
+  __syncthreads();
   half* dst = out + (row * n_heads + head) * dim;
   for (int d = threadIdx.x; d < dim; d += blockDim.x) {
     float acc = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-      const float* p = part + s * (dim + 2);
-      acc += p[d] * __expf(p[dim] - m_max);
-    }
-    dst[d] = __float2half(l > 0.0f ? acc / l : 0.0f);
+    for (int g = 0; g < groups; ++g) acc += sum_s[g][d];
+    dst[d] = __float2half(acc * inv_l_s);
   }
 }
 
 inline void split_combine(half* out, const float* partial, int n_q, int n_heads, int dim,
                           int splits, const int32_t* rows, cudaStream_t s) {
-  const int threads = dim < 128 ? 32 * ((dim + 31) / 32) : 128;
-  launch(split_combine_kernel, static_cast<unsigned>(n_q * n_heads), threads, 0, s, out, partial,
-         splits, dim, n_heads, rows);
+  const int dim_threads = dim < 128 ? 32 * ((dim + 31) / 32) : 128;
+  const int groups = splits >= 8 ? kCombineGroups : 1;
+  launch(split_combine_kernel, static_cast<unsigned>(n_q * n_heads), dim_threads * groups, 0, s,
+         out, partial, splits, dim, n_heads, rows, groups);
   GYRE_CUDA_LAUNCHED();
 }
 

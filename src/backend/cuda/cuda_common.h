@@ -71,8 +71,14 @@ struct AttentionArgs {
   int window = 0;  // 0: full causal attention
   int splits = 1;  // context chunks per query, combined afterwards when > 1
   float scale = 0.0f;
+  bool generic_block = false;  // split_attend for every head dim (benches comparing the blocks)
 };
 size_t attention_workspace_floats(int n_q, int n_heads, int head_dim, int splits);
+// Context shares per query row for the split kernels (contiguous and paged) of `rows` rows whose
+// key ranges are at most max_span long: enough blocks to fill the GPU once. Depends only on
+// shapes, so a captured decode step replays at any position up to max_span.
+int attention_splits(int rows, int n_heads, int n_kv_heads, int head_dim, int kv_type, int max_span,
+                     int sm_count, bool generic_block = false);
 // Where kv_store writes: one layer's planes, laid out as in AttentionArgs.
 struct KvStoreArgs {
   void* k_codes = nullptr;

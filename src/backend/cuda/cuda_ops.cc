@@ -206,14 +206,10 @@ void CudaBackend::attention(Tensor& out, const Tensor& q, const Tensor& k, const
     flash_prefill(a, stream_);
     return;
   }
-  // Enough blocks to fill the GPU a few times over. The count depends only on shapes (not on
-  // the position), so a captured decode step stays valid as the context grows.
-  const int group_blocks = p.n_kv_heads * ((p.n_heads / p.n_kv_heads + 7) / 8);
-  const int blocks = n * group_blocks;
-  const int max_useful = std::max(1, (c->max_seq() + 31) / 32);  // shares of >= 32 keys
-  a.splits = blocks >= 2 * sm_count_
-                 ? 1
-                 : std::min({128, max_useful, (4 * sm_count_ + blocks - 1) / blocks});
+  // The count depends only on shapes (not on the position), so a captured decode step stays
+  // valid as the context grows.
+  a.splits =
+      attention_splits(n, p.n_heads, p.n_kv_heads, p.head_dim, a.kv_type, c->max_seq(), sm_count_);
   a.partial = workspace(attention_workspace_floats(n, p.n_heads, p.head_dim, a.splits));
   cuda::attention(a, stream_);
 }

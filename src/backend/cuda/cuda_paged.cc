@@ -328,13 +328,8 @@ void CudaBackend::attention_paged(Tensor& out, const Tensor& q, const Tensor& k,
   a.n_split_rows = st.n_split_rows;
   a.tiles = st.tiles;
   a.n_tiles = st.n_tiles;
-  // Enough blocks to fill the GPU a few times over, each share >= 32 keys.
-  const int group_blocks = p.n_kv_heads * ((p.n_heads / p.n_kv_heads + 7) / 8);
-  const int blocks = std::max(1, st.n_split_rows * group_blocks);
-  const int max_useful = std::max(1, (st.max_split_span + 31) / 32);
-  a.splits = blocks >= 2 * sm_count_
-                 ? 1
-                 : std::min({128, max_useful, (4 * sm_count_ + blocks - 1) / blocks});
+  a.splits = attention_splits(std::max(1, st.n_split_rows), p.n_heads, p.n_kv_heads, p.head_dim,
+                              a.kv_type, st.max_split_span, sm_count_);
   if (a.splits > 1)
     a.partial = workspace(paged_workspace_floats(st.n_split_rows, p.n_heads, p.head_dim, a.splits));
   paged_attention(a, stream_);

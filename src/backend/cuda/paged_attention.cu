@@ -8,6 +8,9 @@
 // Both read keys through the sequence's page table: the PagedKv policy maps a position to its
 // page and slot. The step's rows were stored at their slots beforehand (paged_kv_store), so
 // later rows of a prefill chunk see the earlier ones.
+#include <algorithm>
+
+#include "backend/cuda/attention_decode.cuh"
 #include "backend/cuda/attention_flash.cuh"
 #include "backend/cuda/attention_split.cuh"
 #include "backend/cuda/paged_attention.h"
@@ -72,6 +75,31 @@ __global__ void __launch_bounds__(split_attn::kThreads)
                              : nullptr;
   split_attn::split_attend<T>(paged_kv(a, a.row_seq[row], kvh), a.q + first * D, a.out + first * D,
                               part, D, gn, lo, pos + 1, blockIdx.x, a.splits, a.scale);
+}
+
+// The same grid with the decode block (head dims % 8 == 0 up to 128).
+template <int T, int L, int G>
+__global__ void __launch_bounds__(decode_attn::kThreads)
+    paged_decode_kernel(PagedAttentionArgs a, int n_sub) {
+  pdl_begin();
+  using split_attn::kMaxGroup;
+  const int D = a.head_dim;
+  const int kvh = blockIdx.y / n_sub, sub = blockIdx.y % n_sub;
+  const int listed = blockIdx.z;
+  const int row = a.split_rows[listed];
+  const int group = a.n_heads / a.n_kv_heads;
+  const int g0 = sub * kMaxGroup;
+  const int gn = min(kMaxGroup, group - g0);
+  const int head0 = kvh * group + g0;
+  const int pos = a.positions[row];
+  const int lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
+  const int64_t first = static_cast<int64_t>(row) * a.n_heads + head0;
+  float* part = a.splits > 1 ? a.partial + (static_cast<int64_t>(listed) * a.n_heads + head0) *
+                                               a.splits * (D + 2)
+                             : nullptr;
+  decode_attn::decode_attend<T, L, G>(paged_kv(a, a.row_seq[row], kvh), a.q + first * D,
+                                      a.out + first * D, part, D, gn, lo, pos + 1, blockIdx.x,
+                                      a.splits, a.scale);
 }
 
 template <int D, int T>
@@ -155,7 +183,14 @@ void paged_attention(const PagedAttentionArgs& a, cudaStream_t s) {
     const int n_sub = (group + kMaxGroup - 1) / kMaxGroup;
     const dim3 grid(static_cast<unsigned>(a.splits), static_cast<unsigned>(a.n_kv_heads * n_sub),
                     static_cast<unsigned>(a.n_split_rows));
-    launch(paged_split_kernel<T>, grid, kThreads, smem_bytes(a.head_dim, T), s, a, n_sub);
+    if (decode_attn::usable(a.head_dim, a.q) && !a.generic_block) {
+      decode_attn::with_shape(a.head_dim, std::min(group, kMaxGroup), [&](auto lanes, auto g) {
+        launch(paged_decode_kernel<T, lanes.value, g.value>, grid, decode_attn::kThreads, 0, s, a,
+               n_sub);
+      });
+    } else {
+      launch(paged_split_kernel<T>, grid, kThreads, smem_bytes(a.head_dim, T), s, a, n_sub);
+    }
     GYRE_CUDA_LAUNCHED();
   });
   if (a.n_split_rows == 0) return;

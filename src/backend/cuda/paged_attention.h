@@ -30,6 +30,7 @@ struct PagedAttentionArgs {
   // a tile's rows have consecutive positions starting at positions[first row].
   const int32_t* tiles = nullptr;
   int n_tiles = 0;
+  bool generic_block = false;  // split_attend for every head dim (benches comparing the blocks)
 };
 
 constexpr int kPagedTileRows = 64;
