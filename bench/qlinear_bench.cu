@@ -127,8 +127,11 @@ void bench_bulk(__half* x, __half* y, double copy_gbs) {
         report(n, name, batch(n));
       }
       qlinear_detail::set_batch_kernel(2);
-      for (int cfg = 0; cfg <= 5; ++cfg) {
+      for (int cfg = 0; cfg <= 10; ++cfg) {
         for (const int ks : {0, 1, 2, 4, 8}) {
+          if (n == 9 || n == 48 || n == 128) {
+            if (ks != 0 || (cfg != 0 && cfg != 1 && cfg != 6)) continue;
+          }
           if (cfg == 0 && ks != 0) continue;
           qlinear_detail::set_batch_bulk_config(cfg, ks);
           char name[16];

@@ -343,7 +343,8 @@ TEST(CudaQlinear, BatchBulkMatchesFloat64) {
   };
   const int shapes[][2] = {{17, 1280}, {300, 768}, {45, 2560}, {200, 160}};
   const int ns[] = {9, 17, 33, 63, 64, 100};
-  const int configs[][2] = {{0, 0}, {1, 1}, {1, 8}, {2, 2}, {3, 0}, {4, 4}, {5, 0}, {5, 2}};
+  const int configs[][2] = {{0, 0}, {1, 1}, {1, 8}, {2, 2}, {3, 0}, {4, 4}, {5, 0},
+                            {5, 2}, {6, 1}, {7, 8}, {8, 0}, {9, 2}, {10, 4}};
   constexpr int kMaxN = 100;
   uint32_t seed = 2500;
   for (const Layout& l : layouts) {

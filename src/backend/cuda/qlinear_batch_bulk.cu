@@ -41,6 +41,7 @@ int g_cfg = 0, g_ks = 0;
 // Runtime stage layout (bytes; offsets inside one stage).
 struct Shape {
   int stages, stage_bytes, off_s, off_m, off_x, sslot;
+  bool bulk_weights;  // weights by bulk copy (else cp.async pieces)
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -64,6 +65,11 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(src_bytes)
+               : "memory");
+}
 __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, int bytes, uint32_t bar) {
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
@@ -82,6 +88,11 @@ __device__ __forceinline__ int last_group(const Params& p, int kbs, int nkb) {
   return G32 ? 2 * (kbs + nkb) - 1 : (64 * (kbs + nkb) - 1) >> p.group_log2;
 }
 
+// Producer warp, per stage: the weights of each tile as one bulk copy of nkb x 512 bytes (or,
+// with sh.bulk_weights off, as 16-byte cp.async pieces); x rows and scale runs as cp.async
+// pieces (round 4, first run: the copy engine took ~40 ns per bulk copy whatever its size, so
+// only the large weight runs go through it). The full barrier completes when lane 0's
+// expect_tx bytes have landed and each lane's cp.async pieces have (32 noinc arrivals).
 template <bool G32, int CW, int MT, int NT, int KB>
 __device__ __forceinline__ void produce(const Params& p, const Shape& sh, uint8_t* ring,
                                         uint32_t bars, int tile0, int tok0, int kb0, int kb1) {
@@ -96,27 +107,38 @@ __device__ __forceinline__ void produce(const Params& p, const Shape& sh, uint8_
     if (round > 0) mbar_wait(empty, (round - 1) & 1);
     const int nkb = min(KB, kb1 - kbs);
     const int g0 = first_group<G32>(p, kbs), g1 = last_group<G32>(p, kbs, nkb);
-    const int wbytes = nkb * 512, sbytes = (g1 - g0 + 1) * 16 * esize;
-    const int xbytes = (min(p.cols, 64 * (kbs + nkb)) - 64 * kbs) * 2;
-    if (lane == 0)
-      mbar_expect_tx(full,
-                     valid_tiles * (wbytes + sbytes * (p.asym ? 2 : 1)) + valid_rows * xbytes);
+    const int wbytes = nkb * 512, spieces = (g1 - g0 + 1) * esize;  // 16-byte pieces per run
+    if (lane == 0) mbar_expect_tx(full, sh.bulk_weights ? valid_tiles * wbytes : 0);
     __syncwarp();
     uint8_t* stage = ring + slot * sh.stage_bytes;
-    for (int k = lane; k < valid_tiles; k += 32) {
-      const int64_t tile = tile0 + k;
-      bulk_copy(smem_addr(stage + k * KB * 512), p.qweight + (tile * p.kblocks + kbs) * 512, wbytes,
-                full);
-      const int64_t run = (tile * p.groups_p + g0) * 16 * esize;
-      bulk_copy(smem_addr(stage + sh.off_s + k * sh.sslot),
-                static_cast<const uint8_t*>(p.scales) + run, sbytes, full);
-      if (p.asym)
-        bulk_copy(smem_addr(stage + sh.off_m + k * sh.sslot),
-                  static_cast<const uint8_t*>(p.mins) + run, sbytes, full);
+    if (sh.bulk_weights) {
+      for (int k = lane; k < valid_tiles; k += 32)
+        bulk_copy(smem_addr(stage + k * KB * 512),
+                  p.qweight + (int64_t{tile0 + k} * p.kblocks + kbs) * 512, wbytes, full);
+    } else {
+      const int per_tile = nkb * 32;
+      for (int piece = lane; piece < valid_tiles * per_tile; piece += 32) {
+        const int k = piece / per_tile, u = piece % per_tile;
+        cp_async16(stage + k * KB * 512 + u * 16,
+                   p.qweight + (int64_t{tile0 + k} * p.kblocks + kbs) * 512 + u * 16, 16);
+      }
     }
-    for (int r = lane; r < valid_rows; r += 32)
-      bulk_copy(smem_addr(stage + sh.off_x + r * kXStride),
-                p.x + int64_t{tok0 + r} * p.cols + 64 * kbs, xbytes, full);
+    for (int piece = lane; piece < valid_tiles * spieces; piece += 32) {
+      const int k = piece / spieces, u = piece % spieces;
+      const int64_t off = (int64_t{tile0 + k} * p.groups_p + g0) * 16 * esize + u * 16;
+      cp_async16(stage + sh.off_s + k * sh.sslot + u * 16,
+                 static_cast<const uint8_t*>(p.scales) + off, 16);
+      if (p.asym)
+        cp_async16(stage + sh.off_m + k * sh.sslot + u * 16,
+                   static_cast<const uint8_t*>(p.mins) + off, 16);
+    }
+    // x: 8 pieces of 16 bytes per column block and row; columns past cols are zero-filled.
+    for (int piece = lane; piece < valid_rows * nkb * 8; piece += 32) {
+      const int r = piece / (nkb * 8), u = piece % (nkb * 8), c = 64 * kbs + 8 * u;
+      cp_async16(stage + sh.off_x + r * kXStride + u * 16,
+                 p.x + int64_t{tok0 + r} * p.cols + min(c, p.cols - 8), c < p.cols ? 16 : 0);
+    }
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(full) : "memory");
   }
 }
 
@@ -137,16 +159,13 @@ __global__ void __launch_bounds__((CW + 1) * 32) bulk_kernel(Params p, Shape sh,
   const int kb0 = min(p.kblocks, static_cast<int>(blockIdx.y) * per);
   const int kb1 = min(p.kblocks, kb0 + per);
 
-  // Zero the ring once: x columns past cols (group 32, a half block) then read zeros or stale
-  // finite x, both times zero weights. Generic writes before async-proxy writes need the fence.
-  for (int i = threadIdx.x * 16; i < sh.stages * sh.stage_bytes; i += blockDim.x * 16)
-    *reinterpret_cast<uint4*>(ring + i) = make_uint4(0, 0, 0, 0);
+  // No zeroing: x rows of tokens >= n and tiles past the weight stay stale (their outputs are
+  // not stored; mma columns and rows are independent); columns past cols are zero-filled.
   if (threadIdx.x < sh.stages) {
-    mbar_init(bars + 8 * threadIdx.x, 1);        // full: the producer's expect_tx arrival
+    mbar_init(bars + 8 * threadIdx.x, 33);       // full: lane 0's expect_tx + 32 cp.async arrivals
     mbar_init(bars + 64 + 8 * threadIdx.x, CW);  // empty: one arrival per consumer warp
   }
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();
 
   constexpr int kElems = MT * NT * 4;
@@ -300,7 +319,7 @@ Shape shape_for(const Params& p, int ring_budget) {
 }
 
 template <bool G32, int CW, int MT, int NT, int KB>
-void launch_one(const Params& p, int ks, cudaStream_t stream) {
+void launch_one(const Params& p, int ks, bool bulk_weights, cudaStream_t stream) {
   auto kernel = bulk_kernel<G32, CW, MT, NT, KB>;
   // Two blocks per SM where the registers allow it, else one with the whole shared memory.
   static int ring_budget = 0;
@@ -310,7 +329,8 @@ void launch_one(const Params& p, int ks, cudaStream_t stream) {
     const int regs = (fa.numRegs + 7) / 8 * 8 * (CW + 1) * 32;
     ring_budget = 2 * regs <= 65536 ? kRingBudget : kMaxDynamicShared - 8 * 1024;
   }
-  const Shape sh = shape_for<CW, MT, NT, KB>(p, ring_budget);
+  Shape sh = shape_for<CW, MT, NT, KB>(p, ring_budget);
+  sh.bulk_weights = bulk_weights;
   constexpr int kElems = MT * NT * 4;
   constexpr int kReduce = (kElems < 16 ? kElems : 16) * CW * 32 * 4;
   const int bytes = kBarrierBytes + std::max(sh.stages * sh.stage_bytes, kReduce);
@@ -332,37 +352,52 @@ void launch_one(const Params& p, int ks, cudaStream_t stream) {
   check_cuda(cudaLaunchKernelEx(&cfg, kernel, p, sh, ks), "qlinear bulk launch");
 }
 
+// Worst-case stage bytes (f32 scales, asymmetric): two stages must fit in one block's limit.
+constexpr int worst_stage(int cw, int mt, int nt, int kb) {
+  return cw * mt * (kb * 512 + 2 * (2 * kb + 1) * 64) + nt * 8 * (kb * 128 + 64) + 128;
+}
+template <int CW, int MT, int NT, int KB>
+constexpr int fitting_kb() {
+  return kBarrierBytes + 2 * worst_stage(CW, MT, NT, KB) <= kMaxDynamicShared ? KB : KB / 2;
+}
+
 template <int CW, int MT, int KB>
-void launch_cfg(const Params& p, cudaStream_t stream) {
+void launch_cfg(const Params& p, bool bulk_weights, cudaStream_t stream) {
   const int row_blocks = (p.tiles + CW * MT - 1) / (CW * MT);
   const int token_groups = (p.n + 63) / 64;
   int ks = g_ks;
   if (ks == 0) {
-    // About two blocks per SM (132 SMs), keeping at least 4 stages per block.
+    // About one block per SM (132 SMs), keeping at least 2 stages per block.
     ks = 1;
-    while (ks < 8 && row_blocks * token_groups * ks < 264 && p.kblocks / (2 * ks) >= 4 * KB)
+    while (ks < 8 && row_blocks * token_groups * ks < 132 && p.kblocks / (2 * ks) >= 2 * KB)
       ks *= 2;
   }
   const bool g32 = p.group == 32;
   auto go = [&](auto nt) {
     constexpr int NT = decltype(nt)::value;
-    if (g32) return launch_one<true, CW, MT, NT, KB>(p, ks, stream);
-    return launch_one<false, CW, MT, NT, KB>(p, ks, stream);
+    constexpr int kKB = fitting_kb<CW, MT, NT, KB>();
+    if (g32) return launch_one<true, CW, MT, NT, kKB>(p, ks, bulk_weights, stream);
+    return launch_one<false, CW, MT, NT, kKB>(p, ks, bulk_weights, stream);
   };
   if (p.n <= 16) return go(std::integral_constant<int, 2>{});
   if (p.n <= 32) return go(std::integral_constant<int, 4>{});
   return go(std::integral_constant<int, 8>{});
 }
 
+template <bool G32, int CW, int MT, int NT, int KB>
+void allow_one() {
+  check_cuda(cudaFuncSetAttribute(bulk_kernel<G32, CW, MT, NT, fitting_kb<CW, MT, NT, KB>()>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynamicShared),
+             "cudaFuncSetAttribute (qlinear bulk)");
+}
 template <int CW, int MT, int KB>
 void allow_shared_memory() {
-  for (auto kernel : {bulk_kernel<true, CW, MT, 2, KB>, bulk_kernel<true, CW, MT, 4, KB>,
-                      bulk_kernel<true, CW, MT, 8, KB>, bulk_kernel<false, CW, MT, 2, KB>,
-                      bulk_kernel<false, CW, MT, 4, KB>, bulk_kernel<false, CW, MT, 8, KB>}) {
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    kMaxDynamicShared),
-               "cudaFuncSetAttribute (qlinear bulk)");
-  }
+  allow_one<true, CW, MT, 2, KB>();
+  allow_one<true, CW, MT, 4, KB>();
+  allow_one<true, CW, MT, 8, KB>();
+  allow_one<false, CW, MT, 2, KB>();
+  allow_one<false, CW, MT, 4, KB>();
+  allow_one<false, CW, MT, 8, KB>();
 }
 
 }  // namespace
@@ -375,33 +410,34 @@ void prepare_batch_bulk() {
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
   const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
   if (bit != 0 && (done_devices & bit) != 0) return;
-  allow_shared_memory<8, 1, 4>();
-  allow_shared_memory<8, 2, 2>();
   allow_shared_memory<8, 2, 4>();
-  allow_shared_memory<16, 1, 2>();
-  allow_shared_memory<16, 2, 2>();
+  allow_shared_memory<16, 1, 4>();
+  allow_shared_memory<8, 1, 8>();
+  allow_shared_memory<8, 2, 8>();
+  allow_shared_memory<4, 2, 8>();
   done_devices |= bit;
 }
 
-// Configurations (consumer warps / tiles per warp / column blocks per stage) for the benchmark
-// knob; 0 = the measured default.
-constexpr int kBulkConfigs = 5;
+// Configurations (consumer warps / tiles per warp / column blocks per stage; 1..5 with the
+// weights by bulk copy, 6..10 the same by cp.async) for the benchmark knob; 0 = measured default.
+constexpr int kBulkConfigs = 10;
 void launch_batch_bulk(const Params& p, cudaStream_t stream) {
   GYRE_CHECK(p.bits == 4 && p.perm == nullptr, "qlinear bulk: 4-bit weights without perm only");
   prepare_batch_bulk();
   int cfg = g_cfg;
-  if (cfg == 0) cfg = p.tiles >= 768 ? 2 : 1;
-  switch (cfg) {
+  if (cfg == 0) cfg = 1;
+  const bool bulk = cfg <= 5;
+  switch ((cfg - 1) % 5) {
+    case 0:
+      return launch_cfg<8, 2, 4>(p, bulk, stream);
     case 1:
-      return launch_cfg<8, 1, 4>(p, stream);
+      return launch_cfg<16, 1, 4>(p, bulk, stream);
     case 2:
-      return launch_cfg<8, 2, 2>(p, stream);
+      return launch_cfg<8, 1, 8>(p, bulk, stream);
     case 3:
-      return launch_cfg<8, 2, 4>(p, stream);
-    case 4:
-      return launch_cfg<16, 1, 2>(p, stream);
+      return launch_cfg<8, 2, 8>(p, bulk, stream);
     default:
-      return launch_cfg<16, 2, 2>(p, stream);
+      return launch_cfg<4, 2, 8>(p, bulk, stream);
   }
 }
 
