@@ -127,16 +127,16 @@ void bench_bulk(__half* x, __half* y, double copy_gbs) {
         report(n, name, batch(n));
       }
       qlinear_detail::set_batch_kernel(2);
-      for (int cfg = 0; cfg <= 10; ++cfg) {
+      for (const int cfg : {0, 1, 3, 5, 6}) {
         for (const int ks : {0, 1, 2, 4, 8}) {
-          if (n == 9 || n == 48 || n == 128) {
-            if (ks != 0 || (cfg != 0 && cfg != 1 && cfg != 6)) continue;
+          for (const int prod : {0, 1, 2, 4}) {
+            if ((cfg == 0 && ks != 0) || (cfg == 0) != (prod == 0)) continue;
+            if ((n == 9 || n == 48 || n == 128) && cfg != 0) continue;
+            qlinear_detail::set_batch_bulk_config(cfg, ks, prod);
+            char name[24];
+            std::snprintf(name, sizeof name, "b%d/%d/%d", cfg, ks, prod);
+            report(n, name, batch(n));
           }
-          if (cfg == 0 && ks != 0) continue;
-          qlinear_detail::set_batch_bulk_config(cfg, ks);
-          char name[16];
-          std::snprintf(name, sizeof name, "b%d/%d", cfg, ks);
-          report(n, name, batch(n));
         }
       }
       qlinear_detail::set_batch_bulk_config(0, 0);

@@ -343,8 +343,10 @@ TEST(CudaQlinear, BatchBulkMatchesFloat64) {
   };
   const int shapes[][2] = {{17, 1280}, {300, 768}, {45, 2560}, {200, 160}};
   const int ns[] = {9, 17, 33, 63, 64, 100};
-  const int configs[][2] = {{0, 0}, {1, 1}, {1, 8}, {2, 2}, {3, 0}, {4, 4}, {5, 0},
-                            {5, 2}, {6, 1}, {7, 8}, {8, 0}, {9, 2}, {10, 4}};
+  // {configuration, split-K, producer warps}; 0 = automatic.
+  const int configs[][3] = {{0, 0, 0}, {1, 1, 1}, {1, 8, 4}, {2, 2, 2}, {3, 0, 3},
+                            {4, 4, 1}, {5, 0, 4}, {5, 2, 2}, {6, 1, 1}, {7, 8, 4},
+                            {8, 0, 2}, {9, 2, 4}, {10, 4, 1}};
   constexpr int kMaxN = 100;
   uint32_t seed = 2500;
   for (const Layout& l : layouts) {
@@ -362,11 +364,11 @@ TEST(CudaQlinear, BatchBulkMatchesFloat64) {
       bias.upload(bh);
       qlinear_detail::set_batch_kernel(2);
       for (const auto& cfg : configs) {
-        qlinear_detail::set_batch_bulk_config(cfg[0], cfg[1]);
+        qlinear_detail::set_batch_bulk_config(cfg[0], cfg[1], cfg[2]);
         for (const int n : ns) {
           SCOPED_TRACE(l.name + " rows " + std::to_string(rows) + " cols " + std::to_string(cols) +
                        " n " + std::to_string(n) + " bulk cfg " + std::to_string(cfg[0]) + "/" +
-                       std::to_string(cfg[1]));
+                       std::to_string(cfg[1]) + "/" + std::to_string(cfg[2]));
           y.poison();
           qlinear_batch(dw, x.p, y.p, n, bias.p, nullptr);
           CUDA_OK(cudaDeviceSynchronize());

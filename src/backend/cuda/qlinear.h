@@ -89,12 +89,12 @@ void set_batch_tiles_per_warp(int tiles);
 // (qlinear_batch4.cu), 4 = the round-3 automatic choice (no bulk kernel); batch4's own split-K
 // (1..8, 0 = auto) and tiles per warp; the bulk kernel's configuration (1..10: consumer warps
 // / tiles per warp / column blocks per stage 8/2/4, 16/1/4, 8/1/8, 8/2/8, 4/2/8 with the
-// weights by bulk copy, 6..10 the same by cp.async; 0 = auto) and split-K (1, 2, 4, 8; 0 =
-// auto).
+// weights by bulk copy, 6..10 the same by cp.async; 0 = auto), split-K (1, 2, 4, 8; 0 =
+// auto) and producer warps (1..4; 0 = auto).
 void set_batch_kernel(int kernel);
 void set_batch4_ksplit(int ksplit);
 void set_batch4_tiles_per_warp(int tiles);
-void set_batch_bulk_config(int config, int ksplit);
+void set_batch_bulk_config(int config, int ksplit, int producers = 0);
 }  // namespace qlinear_detail
 
 }  // namespace gyre

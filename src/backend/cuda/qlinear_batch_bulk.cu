@@ -36,11 +36,14 @@ constexpr int kBarrierBytes = 256;  // full[8] and empty[8] mbarriers ahead of t
 constexpr int kMaxStages = 8;
 constexpr int kRingBudget = 110 * 1024;        // two blocks per SM
 constexpr int kMaxDynamicShared = 227 * 1024;  // sm_90 opt-in limit per block
-int g_cfg = 0, g_ks = 0;
+constexpr int kMaxProducers = 4;
+constexpr int kDefaultProducers = 2;
+int g_cfg = 0, g_ks = 0, g_producers = 0;
 
 // Runtime stage layout (bytes; offsets inside one stage).
 struct Shape {
   int stages, stage_bytes, off_s, off_m, off_x, sslot;
+  int producers;      // producer warps (1..kMaxProducers)
   bool bulk_weights;  // weights by bulk copy (else cp.async pieces)
 };
 
@@ -96,7 +99,8 @@ __device__ __forceinline__ int last_group(const Params& p, int kbs, int nkb) {
 template <bool G32, int CW, int MT, int NT, int KB>
 __device__ __forceinline__ void produce(const Params& p, const Shape& sh, uint8_t* ring,
                                         uint32_t bars, int tile0, int tok0, int kb0, int kb1) {
-  const int lane = threadIdx.x & 31;
+  // Producer thread index and count over the sh.producers warps.
+  const int lane = threadIdx.x - CW * 32, nprod = sh.producers * 32;
   const int esize = p.scale_f32 ? 4 : 2;
   const int valid_tiles = min(CW * MT, p.tiles - tile0);
   const int valid_rows = min(NT * 8, p.n - tok0);
@@ -109,21 +113,22 @@ __device__ __forceinline__ void produce(const Params& p, const Shape& sh, uint8_
     const int g0 = first_group<G32>(p, kbs), g1 = last_group<G32>(p, kbs, nkb);
     const int wbytes = nkb * 512, spieces = (g1 - g0 + 1) * esize;  // 16-byte pieces per run
     if (lane == 0) mbar_expect_tx(full, sh.bulk_weights ? valid_tiles * wbytes : 0);
-    __syncwarp();
+    // The expected bytes are posted before any producer warp issues a copy of this stage.
+    asm volatile("bar.sync 1, %0;" ::"r"(nprod) : "memory");
     uint8_t* stage = ring + slot * sh.stage_bytes;
     if (sh.bulk_weights) {
-      for (int k = lane; k < valid_tiles; k += 32)
+      for (int k = lane; k < valid_tiles; k += nprod)
         bulk_copy(smem_addr(stage + k * KB * 512),
                   p.qweight + (int64_t{tile0 + k} * p.kblocks + kbs) * 512, wbytes, full);
     } else {
       const int per_tile = nkb * 32;
-      for (int piece = lane; piece < valid_tiles * per_tile; piece += 32) {
+      for (int piece = lane; piece < valid_tiles * per_tile; piece += nprod) {
         const int k = piece / per_tile, u = piece % per_tile;
         cp_async16(stage + k * KB * 512 + u * 16,
                    p.qweight + (int64_t{tile0 + k} * p.kblocks + kbs) * 512 + u * 16, 16);
       }
     }
-    for (int piece = lane; piece < valid_tiles * spieces; piece += 32) {
+    for (int piece = lane; piece < valid_tiles * spieces; piece += nprod) {
       const int k = piece / spieces, u = piece % spieces;
       const int64_t off = (int64_t{tile0 + k} * p.groups_p + g0) * 16 * esize + u * 16;
       cp_async16(stage + sh.off_s + k * sh.sslot + u * 16,
@@ -133,7 +138,7 @@ __device__ __forceinline__ void produce(const Params& p, const Shape& sh, uint8_
                    static_cast<const uint8_t*>(p.mins) + off, 16);
     }
     // x: 8 pieces of 16 bytes per column block and row; columns past cols are zero-filled.
-    for (int piece = lane; piece < valid_rows * nkb * 8; piece += 32) {
+    for (int piece = lane; piece < valid_rows * nkb * 8; piece += nprod) {
       const int r = piece / (nkb * 8), u = piece % (nkb * 8), c = 64 * kbs + 8 * u;
       cp_async16(stage + sh.off_x + r * kXStride + u * 16,
                  p.x + int64_t{tok0 + r} * p.cols + min(c, p.cols - 8), c < p.cols ? 16 : 0);
@@ -143,7 +148,8 @@ __device__ __forceinline__ void produce(const Params& p, const Shape& sh, uint8_
 }
 
 template <bool G32, int CW, int MT, int NT, int KB>
-__global__ void __launch_bounds__((CW + 1) * 32) bulk_kernel(Params p, Shape sh, int ks_blocks) {
+__global__ void __launch_bounds__((CW + kMaxProducers) * 32)
+    bulk_kernel(Params p, Shape sh, int ks_blocks) {
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int kCT = CW * 32;  // consumer threads
   constexpr int kXStride = KB * 128 + 64;
@@ -162,7 +168,8 @@ __global__ void __launch_bounds__((CW + 1) * 32) bulk_kernel(Params p, Shape sh,
   // No zeroing: x rows of tokens >= n and tiles past the weight stay stale (their outputs are
   // not stored; mma columns and rows are independent); columns past cols are zero-filled.
   if (threadIdx.x < sh.stages) {
-    mbar_init(bars + 8 * threadIdx.x, 33);       // full: lane 0's expect_tx + 32 cp.async arrivals
+    // full: producer lane 0's expect_tx and one cp.async arrival per producer thread
+    mbar_init(bars + 8 * threadIdx.x, 1 + 32 * sh.producers);
     mbar_init(bars + 64 + 8 * threadIdx.x, CW);  // empty: one arrival per consumer warp
   }
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -173,7 +180,7 @@ __global__ void __launch_bounds__((CW + 1) * 32) bulk_kernel(Params p, Shape sh,
 #pragma unroll
   for (int i = 0; i < kElems; ++i) acc[i] = 0.f;
 
-  if (warp == CW) {
+  if (warp >= CW) {
     produce<G32, CW, MT, NT, KB>(p, sh, ring, bars, tile0, tok0, kb0, kb1);
   } else {
     const __half2 lo_base = __float2half2_rn(p.asym ? 1024.f : 1032.f);
@@ -322,15 +329,18 @@ template <bool G32, int CW, int MT, int NT, int KB>
 void launch_one(const Params& p, int ks, bool bulk_weights, cudaStream_t stream) {
   auto kernel = bulk_kernel<G32, CW, MT, NT, KB>;
   // Two blocks per SM where the registers allow it, else one with the whole shared memory.
-  static int ring_budget = 0;
+  const int producers = g_producers == 0 ? kDefaultProducers : g_producers;
+  static int budgets[kMaxProducers + 1] = {};
+  int& ring_budget = budgets[producers];
   if (ring_budget == 0) {
     cudaFuncAttributes fa{};
     check_cuda(cudaFuncGetAttributes(&fa, kernel), "cudaFuncGetAttributes (qlinear bulk)");
-    const int regs = (fa.numRegs + 7) / 8 * 8 * (CW + 1) * 32;
+    const int regs = (fa.numRegs + 7) / 8 * 8 * (CW + producers) * 32;
     ring_budget = 2 * regs <= 65536 ? kRingBudget : kMaxDynamicShared - 8 * 1024;
   }
   Shape sh = shape_for<CW, MT, NT, KB>(p, ring_budget);
   sh.bulk_weights = bulk_weights;
+  sh.producers = producers;
   constexpr int kElems = MT * NT * 4;
   constexpr int kReduce = (kElems < 16 ? kElems : 16) * CW * 32 * 4;
   const int bytes = kBarrierBytes + std::max(sh.stages * sh.stage_bytes, kReduce);
@@ -339,7 +349,7 @@ void launch_one(const Params& p, int ks, bool bulk_weights, cudaStream_t stream)
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(ks),
                      static_cast<unsigned>(token_groups));
-  cfg.blockDim = dim3((CW + 1) * 32);
+  cfg.blockDim = dim3((CW + producers) * 32);
   cfg.dynamicSmemBytes = static_cast<size_t>(bytes);
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
@@ -441,7 +451,10 @@ void launch_batch_bulk(const Params& p, cudaStream_t stream) {
   }
 }
 
-void set_batch_bulk_config(int cfg, int ksplit) {
+void set_batch_bulk_config(int cfg, int ksplit, int producers) {
+  GYRE_CHECK(producers >= 0 && producers <= kMaxProducers, "qlinear bulk: producer warps 0..",
+             kMaxProducers);
+  g_producers = producers;
   GYRE_CHECK(cfg >= 0 && cfg <= kBulkConfigs, "qlinear bulk: config 0..", kBulkConfigs);
   GYRE_CHECK(ksplit == 0 || ksplit == 1 || ksplit == 2 || ksplit == 4 || ksplit == 8,
              "qlinear bulk: split-K 0, 1, 2, 4 or 8");
