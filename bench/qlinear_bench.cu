@@ -119,11 +119,11 @@ void bench_bulk(__half* x, __half* y, double copy_gbs) {
       report(
           n, "matmul",
           time_ms([&](int i) { qlinear_matmul(ws[i % copies].w, x, y, n, nullptr, nullptr); }, 40));
-      const int kernels[][2] = {{4, 'o'}, {3, 'c'}, {1, 'r'}};
+      const int kernels[][2] = {{0, 'o'}, {3, 'c'}, {1, 'r'}};
       for (const auto& k : kernels) {
         qlinear_detail::set_batch_kernel(k[0]);
         char name[16];
-        std::snprintf(name, sizeof name, "%s", k[1] == 'o' ? "round3" : k[1] == 'c' ? "c" : "r");
+        std::snprintf(name, sizeof name, "%s", k[1] == 'o' ? "auto" : k[1] == 'c' ? "c" : "r");
         report(n, name, batch(n));
       }
       qlinear_detail::set_batch_kernel(2);

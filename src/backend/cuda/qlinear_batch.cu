@@ -326,17 +326,13 @@ bool batch_prefers_gemm(const Params& p) {
 void launch_batch(const Params& p, cudaStream_t stream) {
   // Choices measured on H100 with the Llama-3-8B shapes (bench/qlinear_notes.md, round 3).
   if (p.bits == 4) {
-    // Bulk-copy kernel (qlinear_batch_bulk.cu) for n = 9..64 without act-order (round 4);
-    // else the cp.async / cluster kernel, except 2048..6143 rows at n <= 32, where the
-    // register-fed kernel's many warps win.
-    const bool bulk_ok = p.perm == nullptr;
-    if (g_batch_kernel == 2 && bulk_ok) return launch_batch_bulk(p, stream);
+    // Automatic: the cp.async / cluster kernel, except 2048..6143 rows at n <= 32, where the
+    // register-fed kernel's many warps win. The bulk-copy kernel (qlinear_batch_bulk.cu) is
+    // opt-in only: on H100 it lost to these at every Llama shape and n (notes, round 4).
+    if (g_batch_kernel == 2 && p.perm == nullptr) return launch_batch_bulk(p, stream);
     if (g_batch_kernel == 3) return launch_batch4(p, stream);
-    if (g_batch_kernel == 0 || g_batch_kernel == 4) {  // 4: the round-3 choice, for comparison
-      if (g_batch_kernel == 0 && bulk_ok && p.n > 8 && p.n <= 64)
-        return launch_batch_bulk(p, stream);
-      if (!(p.n <= 32 && p.tiles >= 128 && p.tiles < 384)) return launch_batch4(p, stream);
-    }
+    if (g_batch_kernel == 0 && !(p.n <= 32 && p.tiles >= 128 && p.tiles < 384))
+      return launch_batch4(p, stream);
   }
   // One 16-row tile per warp up to 32 tokens; two beyond (x reuse), with a 2-way split-K on
   // large weights (more warps would each hold 64 accumulators).

@@ -1,21 +1,25 @@
-// 4-bit serving-batch matmul (n = 9..128) fed by Hopper bulk copies (cp.async.bulk + mbarrier).
+// 4-bit serving-batch matmul (n = 1..128) fed by a warp-specialised copy pipeline: producer
+// warps fill a shared-memory ring (weights by Hopper bulk copies, cp.async.bulk + mbarrier
+// byte counts, or by cp.async; x and scale runs by cp.async), consumer warps wait on a per-stage
+// "full" mbarrier, compute, and release the stage through an "empty" mbarrier. EXPERIMENTAL and
+// opt-in (set_batch_kernel(2)): measured on H100 it lost to qlinear_batch4.cu / qlinear_batch.cu
+// at every Llama-3-8B shape and n (bench/qlinear_notes.md, round 4); kept, tested, for the next
+// round's profiling.
 //
-// Why (bench/qlinear_notes.md, rounds 3-4): the cp.async kernel (qlinear_batch4.cu) spends
-// ~1700 cycles per 8 KB stage on per-thread copy issue, a block-wide barrier and 2 warps per
-// scheduler, so it is issue/latency-bound at 25-37% of bandwidth. Here one producer warp issues
-// a few bulk copies per stage (one per 16-row tile: in the tiled layout a tile's column blocks
-// are contiguous, so KB blocks of a tile are one KB x 512-byte copy; one per scale run; one per
-// token row of x) and signals a per-stage "full" mbarrier through the copy engine's byte count;
-// CW consumer warps wait on it, compute, and release the stage through an "empty" mbarrier. No
-// block-wide barrier in the loop, no per-thread copy issue, and each stage carries
-// CW x MT x KB x 512 bytes of weights (16-32 KB), so the fixed cost per stage is amortised.
+// Why it was tried (round 3): the cp.async kernel spends ~1700 cycles per 8 KB stage; the guess
+// was per-thread copy issue and the block-wide barrier. Here no block-wide barrier runs in the
+// loop, copy issue is one bulk copy per 16-row tile and stage (in the tiled layout a tile's
+// column blocks are contiguous, so KB blocks of a tile are one KB x 512-byte copy), and a stage
+// carries CW x MT x KB x 512 bytes of weights (16-64 KB). Outcome: one block still streams only
+// ~10-16 GB/s whatever the copy mechanism (all bulk, bulk + cp.async, all cp.async; 1-4
+// producer warps), like the round-3 kernels, so the issue cost was not the bound.
 //
 // A consumer warp owns MT tiles and NT n8 token tiles (8 NT tokens of one token group, grid z);
 // x of the stage's columns is staged once per block (row stride KB x 128 + 64 bytes, so a
 // quarter-warp's rows g, g + 1 fall on disjoint banks). The k-range is split over the KS blocks
 // of a thread-block cluster that sum partials through distributed shared memory in chunks
 // before the epilogue (bias, split outputs, SwiGLU), as in qlinear_batch4.cu. Act-order weights
-// (perm) are not handled here (x needs a gather): the dispatch sends them to batch4.
+// (perm) are not handled here (x needs a gather).
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -37,7 +41,7 @@ constexpr int kMaxStages = 8;
 constexpr int kRingBudget = 110 * 1024;        // two blocks per SM
 constexpr int kMaxDynamicShared = 227 * 1024;  // sm_90 opt-in limit per block
 constexpr int kMaxProducers = 4;
-constexpr int kDefaultProducers = 2;
+constexpr int kDefaultProducers = 4;  // best of 1, 2, 4 on H100 (round 4)
 int g_cfg = 0, g_ks = 0, g_producers = 0;
 
 // Runtime stage layout (bytes; offsets inside one stage).
