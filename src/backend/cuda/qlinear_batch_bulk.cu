@@ -1,10 +1,10 @@
 // 4-bit serving-batch matmul (n = 1..128) fed by a warp-specialised copy pipeline: producer
 // warps fill a shared-memory ring (weights by Hopper bulk copies, cp.async.bulk + mbarrier
 // byte counts, or by cp.async; x and scale runs by cp.async), consumer warps wait on a per-stage
-// "full" mbarrier, compute, and release the stage through an "empty" mbarrier. EXPERIMENTAL and
-// opt-in (set_batch_kernel(2)): measured on H100 it lost to qlinear_batch4.cu / qlinear_batch.cu
-// at every Llama-3-8B shape and n (bench/qlinear_notes.md, round 4); kept, tested, for the next
-// round's profiling.
+// "full" mbarrier, compute, and release the stage through an "empty" mbarrier. The dispatch uses
+// it only where it measured faster on H100 (batch_bulk_preferred: the largest weights at 9..16
+// and 33..64 tokens, 3-14%); elsewhere qlinear_batch4.cu / qlinear_batch.cu stay faster
+// (bench/qlinear_notes.md, round 4).
 //
 // Why it was tried (round 3): the cp.async kernel spends ~1700 cycles per 8 KB stage; the guess
 // was per-thread copy issue and the block-wide barrier. Here no block-wide barrier runs in the
@@ -375,12 +375,23 @@ constexpr int fitting_kb() {
   return kBarrierBytes + 2 * worst_stage(CW, MT, NT, KB) <= kMaxDynamicShared ? KB : KB / 2;
 }
 
+// Split-K for 33..64 tokens (measured, round 4): the fewest blocks of the cluster that give at
+// least 64 blocks (1 for 28672 rows, 2 for 14336, 4 for 4096 x 14336).
+int auto_split_64(const Params& p, int tiles_per_block) {
+  const int row_blocks = (p.tiles + tiles_per_block - 1) / tiles_per_block;
+  int ks = 1;
+  while (ks < 8 && row_blocks * ks < 64) ks *= 2;
+  return ks;
+}
+
 template <int CW, int MT, int KB>
 void launch_cfg(const Params& p, bool bulk_weights, cudaStream_t stream) {
   const int row_blocks = (p.tiles + CW * MT - 1) / (CW * MT);
   const int token_groups = (p.n + 63) / 64;
   int ks = g_ks;
-  if (ks == 0) {
+  if (ks == 0 && p.n > 32 && p.n <= 64) {
+    ks = auto_split_64(p, CW * MT);
+  } else if (ks == 0) {
     // About one block per SM (132 SMs), keeping at least 2 stages per block.
     ks = 1;
     while (ks < 8 && row_blocks * token_groups * ks < 132 && p.kblocks / (2 * ks) >= 2 * KB)
@@ -435,6 +446,18 @@ void prepare_batch_bulk() {
 // Configurations (consumer warps / tiles per warp / column blocks per stage; 1..5 with the
 // weights by bulk copy, 6..10 the same by cp.async) for the benchmark knob; 0 = measured default.
 constexpr int kBulkConfigs = 10;
+// Where the automatic dispatch takes this kernel (default configuration 8/2/4, 4 producer
+// warps), from the H100 sweep of round 4 (bench/qlinear_notes.md): 9..16 tokens on >= 24576
+// rows (fused gate/up: 41 vs 44 us), and 33..64 tokens where the split-K above leaves each
+// block >= 32 column blocks (28672x4096: 83 vs 97 us, 14336x4096: 51 vs 54, 4096x14336: 67 vs
+// 75). Everywhere else the round-3 kernels were faster.
+bool batch_bulk_preferred(const Params& p) {
+  if (p.bits != 4 || p.perm != nullptr) return false;
+  if (p.n > 8 && p.n <= 16) return p.tiles >= 1536;
+  if (p.n > 32 && p.n <= 64) return p.kblocks / auto_split_64(p, 16) >= 32;
+  return false;
+}
+
 void launch_batch_bulk(const Params& p, cudaStream_t stream) {
   GYRE_CHECK(p.bits == 4 && p.perm == nullptr, "qlinear bulk: 4-bit weights without perm only");
   prepare_batch_bulk();
