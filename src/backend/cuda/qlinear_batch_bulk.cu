@@ -329,19 +329,27 @@ Shape shape_for(const Params& p, int ring_budget) {
   return s;
 }
 
+// Registers per thread of an instantiation, queried once (first at weight upload, through
+// prepare_batch_bulk, so that no query happens inside a graph capture).
+template <bool G32, int CW, int MT, int NT, int KB>
+int kernel_registers() {
+  static int regs = 0;
+  if (regs == 0) {
+    cudaFuncAttributes fa{};
+    check_cuda(cudaFuncGetAttributes(&fa, bulk_kernel<G32, CW, MT, NT, KB>),
+               "cudaFuncGetAttributes (qlinear bulk)");
+    regs = fa.numRegs;
+  }
+  return regs;
+}
+
 template <bool G32, int CW, int MT, int NT, int KB>
 void launch_one(const Params& p, int ks, bool bulk_weights, cudaStream_t stream) {
   auto kernel = bulk_kernel<G32, CW, MT, NT, KB>;
   // Two blocks per SM where the registers allow it, else one with the whole shared memory.
   const int producers = g_producers == 0 ? kDefaultProducers : g_producers;
-  static int budgets[kMaxProducers + 1] = {};
-  int& ring_budget = budgets[producers];
-  if (ring_budget == 0) {
-    cudaFuncAttributes fa{};
-    check_cuda(cudaFuncGetAttributes(&fa, kernel), "cudaFuncGetAttributes (qlinear bulk)");
-    const int regs = (fa.numRegs + 7) / 8 * 8 * (CW + producers) * 32;
-    ring_budget = 2 * regs <= 65536 ? kRingBudget : kMaxDynamicShared - 8 * 1024;
-  }
+  const int regs = (kernel_registers<G32, CW, MT, NT, KB>() + 7) / 8 * 8 * (CW + producers) * 32;
+  const int ring_budget = 2 * regs <= 65536 ? kRingBudget : kMaxDynamicShared - 8 * 1024;
   Shape sh = shape_for<CW, MT, NT, KB>(p, ring_budget);
   sh.bulk_weights = bulk_weights;
   sh.producers = producers;
@@ -411,9 +419,11 @@ void launch_cfg(const Params& p, bool bulk_weights, cudaStream_t stream) {
 
 template <bool G32, int CW, int MT, int NT, int KB>
 void allow_one() {
-  check_cuda(cudaFuncSetAttribute(bulk_kernel<G32, CW, MT, NT, fitting_kb<CW, MT, NT, KB>()>,
+  constexpr int kKB = fitting_kb<CW, MT, NT, KB>();
+  check_cuda(cudaFuncSetAttribute(bulk_kernel<G32, CW, MT, NT, kKB>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynamicShared),
              "cudaFuncSetAttribute (qlinear bulk)");
+  kernel_registers<G32, CW, MT, NT, kKB>();
 }
 template <int CW, int MT, int KB>
 void allow_shared_memory() {
