@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/qlinear.h"
@@ -87,7 +88,67 @@ float time_ms(F&& f, int iters) {
   return runs[runs.size() / 2];
 }
 
-int main() {
+// `qlinear_bench bulk`: 4-bit serving batches only (round 4): the dispatched path, the round-3
+// choice, the cp.async ("c") and register-fed ("r") kernels and the bulk-copy kernel's
+// configurations ("b<config>/<split-K>", 0 = auto) on the six Llama-3-8B shapes.
+void bench_bulk(__half* x, __half* y, double copy_gbs) {
+  const int shapes[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336},
+                           {1024, 4096}, {6144, 4096},  {28672, 4096}};
+  std::printf("\nBULK (4-bit g128 sym)\n%-14s %3s %9s %9s %8s %7s\n", "shape", "n", "path", "us",
+              "GB/s", "%copy");
+  for (const auto& sh : shapes) {
+    QWeightDesc d;
+    d.bits = 4;
+    d.group_size = 128;
+    d.rows = sh[0];
+    d.cols = sh[1];
+    const double bytes = double(d.qweight_bytes()) + d.scale_count() * 2.0;
+    const int copies = std::max(1, int(std::ceil(300e6 / bytes)));
+    std::vector<Weight> ws;
+    for (int c = 0; c < copies; ++c) ws.push_back(make(sh[0], sh[1], 4, 128, 31 + c));
+    auto report = [&](int n, const char* path, float ms) {
+      const double moved = bytes + 2.0 * n * (sh[0] + sh[1]);
+      std::printf("%6dx%-7d %3d %9s %9.2f %8.0f %6.1f%%\n", sh[0], sh[1], n, path, ms * 1e3,
+                  moved / ms / 1e6, 100.0 * moved / ms / 1e6 / copy_gbs);
+    };
+    auto batch = [&](int n) {
+      return time_ms([&](int i) { qlinear_batch(ws[i % copies].w, x, y, n, nullptr, nullptr); },
+                     40);
+    };
+    for (const int n : {9, 16, 32, 48, 64, 128}) {
+      report(
+          n, "matmul",
+          time_ms([&](int i) { qlinear_matmul(ws[i % copies].w, x, y, n, nullptr, nullptr); }, 40));
+      const int kernels[][2] = {{0, 'o'}, {3, 'c'}, {1, 'r'}};
+      for (const auto& k : kernels) {
+        qlinear_detail::set_batch_kernel(k[0]);
+        char name[16];
+        std::snprintf(name, sizeof name, "%s", k[1] == 'o' ? "auto" : k[1] == 'c' ? "c" : "r");
+        report(n, name, batch(n));
+      }
+      qlinear_detail::set_batch_kernel(2);
+      for (const int cfg : {0, 1, 3, 5, 6}) {
+        for (const int ks : {0, 1, 2, 4, 8}) {
+          for (const int prod : {0, 1, 2, 4}) {
+            if ((cfg == 0 && ks != 0) || (cfg == 0) != (prod == 0)) continue;
+            if ((n == 9 || n == 48 || n == 128) && cfg != 0) continue;
+            qlinear_detail::set_batch_bulk_config(cfg, ks, prod);
+            char name[24];
+            std::snprintf(name, sizeof name, "b%d/%d/%d", cfg, ks, prod);
+            report(n, name, batch(n));
+          }
+        }
+      }
+      qlinear_detail::set_batch_bulk_config(0, 0);
+      qlinear_detail::set_batch_kernel(0);
+    }
+    CK(cudaGetLastError());
+    for (auto& w : ws) CK(cudaFree(w.mem));
+  }
+}
+
+int main(int argc, char** argv) {
+  const bool bulk_only = argc > 1 && std::string(argv[1]) == "bulk";
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
@@ -113,6 +174,11 @@ int main() {
   CK(cudaMalloc(&x, 2048 * 14336 * 2));
   CK(cudaMalloc(&y, 2048 * 128256 * 2));
   fill_halves<<<1024, 256>>>(x, 2048 * 14336, -1.0f, 2.0f, 5);
+  if (bulk_only) {
+    bench_bulk(x, y, copy_gbs);
+    CK(cudaDeviceSynchronize());
+    return 0;
+  }
   std::printf(
       "\nGEMV (g128 sym, f16 scales); 4-bit: cfg = ksplit/unroll (0 = auto: ksplit by tile count, "
       "unroll 2), 8-bit: rows\n"
@@ -194,7 +260,7 @@ int main() {
         for (const auto& c : cfgs) {
           if (bits == 8 && c[0] == 0) continue;
           if (n <= 8 && c[1] == 2) continue;
-          qlinear_detail::set_batch_kernel(c[0]);
+          qlinear_detail::set_batch_kernel(c[0] == 0 ? 3 : c[0]);
           qlinear_detail::set_batch_tiles_per_warp(c[0] == 1 ? c[1] : 0);
           qlinear_detail::set_batch_ksplit(c[0] == 1 ? c[2] : 0);
           qlinear_detail::set_batch4_tiles_per_warp(c[0] == 0 ? c[1] : 0);

@@ -327,12 +327,74 @@ TEST(CudaQlinear, BatchMatchesFloat64) {
   }
 }
 
+// The bulk-copy batch kernel (qlinear_batch_bulk.cu) forced for every configuration and split-K:
+// 4-bit layouts without act-order (f16 and f32 scales, sym and asym, groups 32/64/128), row
+// counts that leave partial 16-row tiles and partial blocks of tiles, a half 64-column block
+// (160 columns at group 32), k-ranges that do not divide into whole stages, n across the
+// 8/16/32/64-token tile shapes and two token groups.
+TEST(CudaQlinear, BatchBulkMatchesFloat64) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Layout layouts[] = {
+      {"q4_g128_sym", 4, 128, false, false, DType::F32},
+      {"q4_g64_asym", 4, 64, true, false, DType::F32},
+      {"q4_g32_sym", 4, 32, false, false, DType::F32},
+      {"gguf_q4_0", 4, 32, false, false, DType::Q4_0},
+      {"gguf_q4_k", 4, 32, true, false, DType::Q4_K},
+  };
+  const int shapes[][2] = {{17, 1280}, {300, 768}, {45, 2560}, {200, 160}};
+  const int ns[] = {9, 17, 33, 63, 64, 100};
+  // {configuration, split-K, producer warps}; 0 = automatic.
+  const int configs[][3] = {{0, 0, 0}, {1, 1, 1}, {1, 8, 4}, {2, 2, 2}, {3, 0, 3},
+                            {4, 4, 1}, {5, 0, 4}, {5, 2, 2}, {6, 1, 1}, {7, 8, 4},
+                            {8, 0, 2}, {9, 2, 4}, {10, 4, 1}};
+  constexpr int kMaxN = 100;
+  uint32_t seed = 2500;
+  for (const Layout& l : layouts) {
+    for (const auto& s : shapes) {
+      if (s[1] % 256 != 0 && (l.group != 32 || l.gguf == DType::Q4_K)) continue;
+      const QWeightHost w = make_weight(l, s[0], s[1], seed++);
+      const int rows = w.desc.rows, cols = w.desc.cols;
+      const std::vector<uint16_t> xh = to_halves(random_floats(size_t(kMaxN) * cols, 1.0f, seed++));
+      const std::vector<uint16_t> bh = to_halves(random_floats(rows, 0.5f, seed++));
+      std::vector<double> mag;
+      const std::vector<double> ref_all = reference_matmul(w, xh, bh, kMaxN, &mag);
+      QWeightDevice dw = qweight_upload(w);
+      DeviceHalves x(size_t(kMaxN) * cols), y(size_t(kMaxN) * rows), bias(rows);
+      x.upload(xh);
+      bias.upload(bh);
+      qlinear_detail::set_batch_kernel(2);
+      for (const auto& cfg : configs) {
+        qlinear_detail::set_batch_bulk_config(cfg[0], cfg[1], cfg[2]);
+        for (const int n : ns) {
+          SCOPED_TRACE(l.name + " rows " + std::to_string(rows) + " cols " + std::to_string(cols) +
+                       " n " + std::to_string(n) + " bulk cfg " + std::to_string(cfg[0]) + "/" +
+                       std::to_string(cfg[1]) + "/" + std::to_string(cfg[2]));
+          y.poison();
+          qlinear_batch(dw, x.p, y.p, n, bias.p, nullptr);
+          CUDA_OK(cudaDeviceSynchronize());
+          std::vector<uint16_t> got = y.download();
+          got.resize(size_t(n) * rows);
+          const std::vector<double> ref(ref_all.begin(), ref_all.begin() + size_t(n) * rows);
+          const std::vector<double> m(mag.begin(), mag.begin() + size_t(n) * rows);
+          expect_close(got, ref, m);
+          if (HasFatalFailure()) break;
+        }
+      }
+      qlinear_detail::set_batch_bulk_config(0, 0);
+      qlinear_detail::set_batch_kernel(0);
+      qweight_free(dw);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
 // SwiGLU epilogue of the batch kernel (4- and 8-bit) and the split output through
 // qlinear_matmul_split, against float64.
 TEST(CudaQlinear, BatchSwigluAndSplitMatchFloat64) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const Layout layouts[] = {
       {"q4_g32_asym_perm", 4, 32, true, true, DType::F32},
+      {"q4_g64_sym", 4, 64, false, false, DType::F32},  // n 9..64: the bulk-copy kernel
       {"q8_g64_sym", 8, 64, false, false, DType::F32},
   };
   const int hidden = 37, rows = 2 * 40, cols = 512, n_max = 100;
@@ -346,7 +408,7 @@ TEST(CudaQlinear, BatchSwigluAndSplitMatchFloat64) {
     QWeightDevice dw = qweight_upload(w);
     DeviceHalves x(size_t(n_max) * cols), out(size_t(n_max) * rows);
     x.upload(xh);
-    for (const int n : {5, 20, 100}) {
+    for (const int n : {5, 20, 33, 63, 100}) {
       SCOPED_TRACE(l.name + " n " + std::to_string(n));
       out.poison();
       ASSERT_TRUE(qlinear_gemv_swiglu(dw, x.p, out.p, n, hidden, nullptr));

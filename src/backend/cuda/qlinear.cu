@@ -26,6 +26,7 @@ void launch_dequant4(const Params& p, __half* out, cudaStream_t stream);
 void launch_batch(const Params& p, cudaStream_t stream);  // qlinear_batch.cu
 bool batch_prefers_gemm(const Params& p);                 // qlinear_batch.cu
 void prepare_batch4();                                    // qlinear_batch4.cu
+void prepare_batch_bulk();                                // qlinear_batch_bulk.cu
 void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("CUDA error in ", what, ": ", cudaGetErrorString(e));
 }
@@ -289,6 +290,7 @@ QWeightDevice qweight_upload(const QWeightHost& w) {
   try {
     if (d.bits == 4) {
       qlinear_detail::prepare_batch4();
+      qlinear_detail::prepare_batch_bulk();
       const Params p = layout_params(out);
       qlinear_detail::tile_int4_upload(
           w.qweight.data(), w.scales.data(), d.asymmetric ? w.mins.data() : nullptr, p,

@@ -90,11 +90,16 @@ void set_gemv_ring(int stage_blocks, int depth);
 // (1 or 2; 0 = auto).
 void set_batch_ksplit(int ksplit);
 void set_batch_tiles_per_warp(int tiles);
-// Batch kernel choice for 4-bit: 0 = auto (qlinear_batch4.cu), 1 = register-fed
-// (qlinear_batch.cu, the 8-bit one); batch4's own split-K (1..8, 0 = auto) and tiles per warp.
+// Batch kernel choice for 4-bit: 0 = auto (by n and shape), 1 = register-fed (qlinear_batch.cu,
+// the 8-bit one), 2 = bulk-copy (qlinear_batch_bulk.cu; not for act-order weights), 3 = cp.async
+// (qlinear_batch4.cu); batch4's own split-K (1..8, 0 = auto) and tiles per warp; the bulk
+// kernel's configuration (1..10: consumer warps / tiles per warp / column blocks per stage
+// 8/2/4, 16/1/4, 8/1/8, 8/2/8, 4/2/8 with the weights by bulk copy, 6..10 the same by
+// cp.async; 0 = auto), split-K (1, 2, 4, 8; 0 = auto) and producer warps (1..4; 0 = auto).
 void set_batch_kernel(int kernel);
 void set_batch4_ksplit(int ksplit);
 void set_batch4_tiles_per_warp(int tiles);
+void set_batch_bulk_config(int config, int ksplit, int producers = 0);
 }  // namespace qlinear_detail
 
 }  // namespace gyre

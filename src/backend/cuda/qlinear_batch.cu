@@ -1,7 +1,8 @@
 // Quantized matmul for serving batches (n = 1..128 rows) on the tensor cores, register-fed: one
 // pass over the weight per 64 tokens, each weight fragment reused for several n8 column tiles.
 // Used for 8-bit weights and for 4-bit ones of 2048..6143 rows at n <= 32 (launch_batch); other
-// 4-bit cases go to the cp.async / cluster kernel of qlinear_batch4.cu.
+// 4-bit cases go to the cp.async / cluster kernel of qlinear_batch4.cu or, where it measured
+// faster, the bulk-copy kernel of qlinear_batch_bulk.cu.
 //
 // A warp owns MT 16-row tiles and NT n8 token tiles (so 8 * NT tokens) and walks the 64-column
 // blocks ks, ks + ksplit, ...; ksplit warps of one block split the columns of the same tiles
@@ -24,8 +25,10 @@
 
 namespace gyre::qlinear_detail {
 
-void check_cuda(cudaError_t e, const char* what);          // qlinear.cu
-void launch_batch4(const Params& p, cudaStream_t stream);  // qlinear_batch4.cu
+void check_cuda(cudaError_t e, const char* what);              // qlinear.cu
+void launch_batch4(const Params& p, cudaStream_t stream);      // qlinear_batch4.cu
+void launch_batch_bulk(const Params& p, cudaStream_t stream);  // qlinear_batch_bulk.cu
+bool batch_bulk_preferred(const Params& p);                    // qlinear_batch_bulk.cu
 
 namespace {
 
@@ -324,10 +327,14 @@ bool batch_prefers_gemm(const Params& p) {
 
 void launch_batch(const Params& p, cudaStream_t stream) {
   // Choices measured on H100 with the Llama-3-8B shapes (bench/qlinear_notes.md, round 3).
-  if (g_batch_kernel == 0) {
-    // 4-bit: the cp.async / cluster kernel, except 2048..6143 rows at n <= 32, where the
-    // register-fed kernel's many warps win.
-    if (p.bits == 4 && !(p.n <= 32 && p.tiles >= 128 && p.tiles < 384))
+  if (p.bits == 4) {
+    // Automatic: the bulk-copy kernel where it measured faster (batch_bulk_preferred), else the
+    // cp.async / cluster kernel, except 2048..6143 rows at n <= 32, where the register-fed
+    // kernel's many warps win.
+    if (g_batch_kernel == 2 && p.perm == nullptr) return launch_batch_bulk(p, stream);
+    if (g_batch_kernel == 3) return launch_batch4(p, stream);
+    if (g_batch_kernel == 0 && batch_bulk_preferred(p)) return launch_batch_bulk(p, stream);
+    if (g_batch_kernel == 0 && !(p.n <= 32 && p.tiles >= 128 && p.tiles < 384))
       return launch_batch4(p, stream);
   }
   // One 16-row tile per warp up to 32 tokens; two beyond (x reuse), with a 2-way split-K on
