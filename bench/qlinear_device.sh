@@ -11,7 +11,8 @@ flags=(-std=c++20 -O3 -arch=sm_"$arch" -Isrc -DGYRE_HAVE_CUDA=1 --expt-relaxed-c
        -Xcompiler=-Wall,-Wextra,-Werror --Werror all-warnings -lineinfo -cudart static)
 core=(src/backend/cpu/qlinear_ref.cc src/core/dtype.cc)
 cuda=(src/backend/cuda/qlinear.cu src/backend/cuda/qlinear_gemm.cu src/backend/cuda/qlinear_tiled.cu
-      src/backend/cuda/qlinear_batch.cu src/backend/cuda/qlinear_batch4.cu)
+      src/backend/cuda/qlinear_batch.cu src/backend/cuda/qlinear_batch4.cu
+      src/backend/cuda/qlinear_bits.cu)
 for f in "${core[@]}" "${cuda[@]}"; do
   nvcc "${flags[@]}" -c "$f" -o "$out/$(basename "$f").o" &
 done
@@ -19,7 +20,10 @@ wait
 mkdir -p "$out/main"
 nvcc "${flags[@]}" -x cu -c bench/qlinear_bench.cu -o "$out/main/bench.o" &
 nvcc "${flags[@]}" -x cu -c tests/test_cuda_qlinear.cc -o "$out/main/tests.o" &
+nvcc "${flags[@]}" -x cu -c bench/qlinear_bits_bench.cu -o "$out/main/bits_bench.o" &
+nvcc "${flags[@]}" -x cu -c tests/test_cuda_qbits.cc -o "$out/main/bits_tests.o" &
 wait
 nvcc "${flags[@]}" "$out/main/bench.o" "$out"/*.o -o "$out/qlinear_bench"
-nvcc "${flags[@]}" "$out/main/tests.o" "$out"/*.o -lgtest -lgtest_main -lpthread \
-  -o "$out/qlinear_tests"
+nvcc "${flags[@]}" "$out/main/bits_bench.o" "$out"/*.o -o "$out/qlinear_bits_bench"
+nvcc "${flags[@]}" "$out/main/tests.o" "$out/main/bits_tests.o" "$out"/*.o -lgtest -lgtest_main \
+  -lpthread -o "$out/qlinear_tests"
