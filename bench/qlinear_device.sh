@@ -9,7 +9,7 @@ arch=${2:-90}
 mkdir -p "$out"
 flags=(-std=c++20 -O3 -arch=sm_"$arch" -Isrc -DGYRE_HAVE_CUDA=1 --expt-relaxed-constexpr
        -Xcompiler=-Wall,-Wextra,-Werror --Werror all-warnings -lineinfo -cudart static)
-core=(src/backend/cpu/qlinear_ref.cc src/core/dtype.cc)
+core=(src/backend/cpu/qlinear_ref.cc src/core/dtype.cc src/core/tensor.cc src/core/quant_blocks.cc)
 cuda=(src/backend/cuda/qlinear.cu src/backend/cuda/qlinear_gemm.cu src/backend/cuda/qlinear_tiled.cu
       src/backend/cuda/qlinear_batch.cu src/backend/cuda/qlinear_batch4.cu
       src/backend/cuda/qlinear_bits.cu)
