@@ -98,7 +98,7 @@ void set_batch_tiles_per_warp(int tiles);
 void set_batch_kernel(int kernel);
 void set_batch4_ksplit(int ksplit);
 void set_batch4_tiles_per_warp(int tiles);
-// 2/3/5/6-bit GEMV (qlinear_bits.cu): weight rows per warp, 2 or 4 (0 = auto: 2).
+// 2/3/5/6-bit GEMV (qlinear_bits.cu): weight rows per warp, 2 or 4 (0 = auto: 4 from n = 4).
 void set_bits_rows(int rows);
 }  // namespace qlinear_detail
 

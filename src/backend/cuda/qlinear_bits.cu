@@ -3,13 +3,13 @@
 // host's split-plane layout (backend/cpu/qlinear_ref.h, "Narrow widths"), uploaded as it is.
 //
 // GEMV work split (as the 8-bit GEMV in qlinear.cu): a block of kWarps warps; each group of
-// p.ksplit warps owns R weight rows, and each warp of the group walks the rows' 1024-column tiles
-// with a stride of the group. Lane u of a warp decodes unit u (32 columns = BITS u32 words) of the
-// tile: word j of the 32 units is contiguous, so each of the BITS loads of a warp is one
-// coalesced 128-byte read. Decoding a column pair is a shift and a mask of the low-plane word, the
-// same of the high-plane word shifted into place, the 0x6400 magic number (half 1024 + q) and one
-// subtraction, then one FMA with the group's scale and min. Products go through FP16 in runs of
-// 16 before a float accumulator takes them, as the 8-bit GEMV does.
+// p.ksplit warps owns R (2 or 4) weight rows, and each warp of the group walks the rows'
+// 1024-column tiles with a stride of the group. Lane u of a warp decodes unit u (32 columns = BITS
+// u32 words) of the tile: word j of the 32 units is contiguous, so each of the BITS loads of a warp
+// is one coalesced 128-byte read. Decoding a column pair is a shift and a mask of the low-plane
+// word, the same of the high-plane word shifted into place, the 0x6400 magic number (half 1024 + q)
+// and one subtraction, then one FMA with the group's scale and min. Products go through FP16 in
+// runs of 16 before a float accumulator takes them, as the 8-bit GEMV does.
 #include <algorithm>
 
 #include "backend/cuda/qlinear_kernels.cuh"
@@ -20,9 +20,12 @@ namespace gyre::qlinear_detail {
 namespace {
 
 constexpr int kWarps = 4;
-// Weight rows per warp group (each x load serves all of them): 2 by default, 4 through the
-// benchmark knob set_bits_rows (more reuse of x, more registers).
+// Weight rows per warp group (each x load serves all of them). Measured on H100
+// (bench/qlinear_notes.md, round 4): n = 1 is fastest with 2 (more warps in flight; 4096x14336
+// 5-bit 27 us against 37 us), n = 8 with 4 (x reuse; 37 -> 23 us at 4096x4096 5-bit), so auto
+// takes 4 from n = 4 on. set_bits_rows overrides it for benchmarks (0 = auto).
 int g_rows = 0;
+constexpr int kAutoFourRowsFromN = 4;
 
 template <int BITS>
 struct Planes {
@@ -184,7 +187,8 @@ void launch_rows(const Params& p, cudaStream_t stream) {
 
 template <int BITS>
 void launch_bits(const Params& p, cudaStream_t stream) {
-  if (g_rows == 4) return launch_rows<BITS, 4>(p, stream);
+  if (g_rows == 4 || (g_rows == 0 && p.n >= kAutoFourRowsFromN))
+    return launch_rows<BITS, 4>(p, stream);
   launch_rows<BITS, 2>(p, stream);
 }
 
