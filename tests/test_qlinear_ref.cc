@@ -95,7 +95,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(RtnCase{4, 32, false, false}, RtnCase{4, 64, true, false},
                       RtnCase{4, 128, false, true}, RtnCase{4, 128, true, true},
                       RtnCase{8, 16, false, false}, RtnCase{8, 32, true, false},
-                      RtnCase{8, 128, false, true}));
+                      RtnCase{8, 128, false, true}, RtnCase{2, 32, false, false},
+                      RtnCase{3, 64, true, false}, RtnCase{5, 128, false, true},
+                      RtnCase{6, 32, true, true}));
 
 TEST(QlinearRef, BitsPerWeightCountsScales) {
   QWeightDesc d;
@@ -166,7 +168,7 @@ INSTANTIATE_TEST_SUITE_P(Types, QlinearRefGguf,
 
 TEST(QlinearRef, RejectsBadInput) {
   std::vector<float> w(64 * 4, 0.1f);
-  EXPECT_THROW(qweight_pack_from_f32(w.data(), 4, 64, 3, 32, false), Error);
+  EXPECT_THROW(qweight_pack_from_f32(w.data(), 4, 64, 7, 32, false), Error);
   EXPECT_THROW(qweight_pack_from_f32(w.data(), 4, 64, 4, 16, false), Error);  // < one chunk
   EXPECT_THROW(qweight_pack_from_f32(w.data(), 2, 96, 4, 64, false), Error);  // partial group
   EXPECT_THROW(qweight_pack_from_f32(w.data(), 0, 64, 4, 32, false), Error);

@@ -171,8 +171,8 @@ TEST(QuantGptq, RelativeErrorIsTheQuadraticForm) {
   EXPECT_NEAR(relative_error(w.data(), q, h, 2), num / den, 1e-12 * (num / den) + 1e-15);
 }
 
-// Every bit width and group size: pack, write, load through the model loader (QPACKED for 4 and
-// 8 bits, floats otherwise) and compare with the quantizer's own dequantized values bit for bit;
+// Every bit width and group size: pack, write, load through the model loader (QPACKED at every
+// width) and compare with the quantizer's own dequantized values bit for bit;
 // the error of each value is within half a step.
 TEST(QuantGptq, PackLoadRoundTripEveryWidth) {
   const std::string dir = ::testing::TempDir() + "/gyre_quant_roundtrip";
@@ -202,13 +202,12 @@ TEST(QuantGptq, PackLoadRoundTripEveryWidth) {
         cfg["quantization_config"]["layers"]["x"] = layer;
         gyre_quant_load(cfg, raw, out, path);
         const TensorView& t = out.get("x.weight");
-        if (bits == 4 || bits == 8) {
-          ASSERT_EQ(t.dtype, DType::QPACKED) << st.str();
-          const QWeightDesc& d = qweight_of_view(t).desc;
-          EXPECT_EQ(d.group_size, g) << st.str();  // the file's groups, not expanded to 32
-          EXPECT_EQ(d.asymmetric, !sym) << st.str();
-          EXPECT_DOUBLE_EQ(d.bits_per_weight(), st.bits_per_weight()) << st.str();
-        }
+        ASSERT_EQ(t.dtype, DType::QPACKED) << st.str();
+        const QWeightDesc& d = qweight_of_view(t).desc;
+        EXPECT_EQ(d.bits, bits) << st.str();
+        EXPECT_EQ(d.group_size, g) << st.str();  // the file's groups, not expanded to 32
+        EXPECT_EQ(d.asymmetric, !sym) << st.str();
+        EXPECT_DOUBLE_EQ(d.bits_per_weight(), st.bits_per_weight()) << st.str();
         const std::vector<float> back = tensor_to_f32(t);
         ASSERT_EQ(back.size(), q.dequant.size());
         for (size_t i = 0; i < back.size(); ++i)

@@ -79,9 +79,11 @@ void unpack_row(const TensorView& qw, int64_t r, int64_t words, int64_t cols, in
   for (int64_t c = 0; c < cols; ++c) q[c] = quant_unpack(row_words.data(), c, bits);
 }
 
-// 4 and 8 bits: Gyre's kernel layout (QPACKED, backend/cpu/qlinear_ref.h) with the same group
-// size, symmetry and f16 scales/mins, so the values are the file's exactly and the memory cost is
-// the file's bits per weight. Other widths: F32 (no kernels for them yet).
+// Every width (2, 3, 4, 5, 6, 8 bits) becomes Gyre's kernel layout (QPACKED,
+// backend/cpu/qlinear_ref.h) with the same group size, symmetry and f16 scales/mins, so the values
+// are the file's exactly and the memory cost is the file's bits per weight. The file's bit stream
+// is repacked here (rather than read by the kernels) because a plain stream makes 3/5/6-bit
+// values straddle words; the split-plane layout keeps every GPU extraction one shift and mask.
 void materialize(const Layer& l, const WeightSet& raw, WeightSet& out, const std::string& where) {
   const int64_t groups = l.cols / l.st.group_size, words = l.cols * l.st.bits / 32;
   const TensorView& qw = part(raw, l.name + ".qweight", DType::I32, {l.rows, words}, where);
@@ -92,44 +94,23 @@ void materialize(const Layer& l, const WeightSet& raw, WeightSet& out, const std
     GYRE_CHECK(!raw.has(l.name + ".mins"), where, ": symmetric layer '", l.name, "' has mins");
   std::vector<uint32_t> row_words(static_cast<size_t>(words));
   std::vector<int> q(static_cast<size_t>(l.cols));
-  if (l.st.bits == 4 || l.st.bits == 8) {
-    QWeightDesc d;
-    d.bits = l.st.bits;
-    d.group_size = l.st.group_size;
-    d.asymmetric = !l.st.sym;
-    d.rows = static_cast<int>(l.rows);
-    d.cols = static_cast<int>(l.cols);
-    auto w = std::make_shared<QWeightHost>(qweight_allocate(d));
-    for (int64_t r = 0; r < l.rows; ++r) {
-      unpack_row(qw, r, words, l.cols, l.st.bits, row_words, q);
-      for (int64_t c = 0; c < l.cols; ++c) qweight_set_q(*w, r, c, q[c]);
-      // f16 values through f32 back to f16: unchanged.
-      for (int64_t g = 0; g < groups; ++g)
-        qweight_set_scale(*w, r, g, f16_to_f32(half_at(sc, r * groups + g)),
-                          mn ? f16_to_f32(half_at(*mn, r * groups + g)) : 0.0f);
-    }
-    out.add(qweight_view(l.name + ".weight", *w));
-    out.keep_owner(std::move(w));
-    return;
-  }
-  auto buf = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(l.rows * l.cols) * 4);
+  QWeightDesc d;
+  d.bits = l.st.bits;
+  d.group_size = l.st.group_size;
+  d.asymmetric = !l.st.sym;
+  d.rows = static_cast<int>(l.rows);
+  d.cols = static_cast<int>(l.cols);
+  auto w = std::make_shared<QWeightHost>(qweight_allocate(d));
   for (int64_t r = 0; r < l.rows; ++r) {
     unpack_row(qw, r, words, l.cols, l.st.bits, row_words, q);
-    for (int64_t c = 0; c < l.cols; ++c) {
-      const int64_t g = r * groups + c / l.st.group_size;
-      const float v = quant_dequant_value(l.st, q[c], f16_to_f32(half_at(sc, g)),
-                                          mn ? f16_to_f32(half_at(*mn, g)) : 0.0f);
-      std::memcpy(buf->data() + (r * l.cols + c) * 4, &v, 4);
-    }
+    for (int64_t c = 0; c < l.cols; ++c) qweight_set_q(*w, r, c, q[c]);
+    // f16 values through f32 back to f16: unchanged.
+    for (int64_t g = 0; g < groups; ++g)
+      qweight_set_scale(*w, r, g, f16_to_f32(half_at(sc, r * groups + g)),
+                        mn ? f16_to_f32(half_at(*mn, r * groups + g)) : 0.0f);
   }
-  TensorView t;
-  t.name = l.name + ".weight";
-  t.dtype = DType::F32;
-  t.shape = {l.rows, l.cols};
-  t.data = buf->data();
-  t.nbytes = buf->size();
-  out.add(t);
-  out.keep(buf);
+  out.add(qweight_view(l.name + ".weight", *w));
+  out.keep_owner(std::move(w));
 }
 
 }  // namespace

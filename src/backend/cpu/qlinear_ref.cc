@@ -34,12 +34,52 @@ void locate(const QWeightDesc& d, int64_t r, int64_t c, int64_t& byte, int& shif
   shift = bit % 8;
 }
 
+// Narrow widths (2/3/5/6 bits, the split-plane layout in the header): where plane `plane` (0 =
+// low, 1 = high) of packed column c of row r lives, and that plane's bits per value. A field
+// never straddles a byte (its bit offset is a multiple of its 1, 2 or 4 bits).
+struct Field {
+  int64_t byte;
+  int shift, bits;
+};
+
+int low_plane_bits(int bits) {
+  return bits >= 5 ? 4 : 2;
+}
+
+Field narrow_field(const QWeightDesc& d, int64_t r, int64_t c, int plane) {
+  const int lo = low_plane_bits(d.bits);
+  const int pbits = plane == 0 ? lo : d.bits - lo;
+  const int64_t units = d.cols / 32, unit = c / 32, in_unit = c % 32;
+  const int per_word = 32 / pbits;
+  const int64_t j = (plane == 0 ? 0 : lo) + in_unit / per_word;  // word within the unit
+  const int e = static_cast<int>(in_unit % per_word);
+  const int64_t tile = unit / 32, u = unit % 32, m = std::min<int64_t>(32, units - 32 * tile);
+  const int64_t word = r * units * d.bits + 32 * d.bits * tile + j * m + u;
+  const int bit = (e % 2) * 16 + pbits * (e / 2);
+  return {word * 4 + bit / 8, bit % 8, pbits};
+}
+
+void put_field(std::vector<uint8_t>& q, const Field& f, int v) {
+  const int mask = ((1 << f.bits) - 1) << f.shift;
+  q[f.byte] = static_cast<uint8_t>((q[f.byte] & ~mask) | ((v << f.shift) & mask));
+}
+
+int get_field(const std::vector<uint8_t>& q, const Field& f) {
+  return (q[f.byte] >> f.shift) & ((1 << f.bits) - 1);
+}
+
 void put_q(QWeightHost& w, int64_t r, int64_t c, int q) {
+  const QWeightDesc& d = w.desc;
+  if (d.narrow()) {
+    const int lo = low_plane_bits(d.bits);
+    put_field(w.qweight, narrow_field(d, r, c, 0), q & ((1 << lo) - 1));
+    if (d.bits > lo) put_field(w.qweight, narrow_field(d, r, c, 1), q >> lo);
+    return;
+  }
   int64_t byte;
   int shift;
-  locate(w.desc, r, c, byte, shift);
-  const int mask = (w.desc.bits == 8 ? 0xff : 0x0f) << shift;
-  w.qweight[byte] = static_cast<uint8_t>((w.qweight[byte] & ~mask) | ((q << shift) & mask));
+  locate(d, r, c, byte, shift);
+  put_field(w.qweight, {byte, shift, d.bits}, q);
 }
 
 void put_scalar(std::vector<uint8_t>& v, bool f32, int64_t i, float x) {
@@ -163,7 +203,8 @@ void repack_block(DType t, const uint8_t* b, QWeightHost& w, int64_t r, int64_t 
 }  // namespace
 
 void qweight_validate(const QWeightDesc& d) {
-  GYRE_CHECK(d.bits == 4 || d.bits == 8, "quantized weight: bits must be 4 or 8, got ", d.bits);
+  GYRE_CHECK(d.bits == 2 || d.bits == 3 || d.bits == 4 || d.bits == 5 || d.bits == 6 || d.bits == 8,
+             "quantized weight: bits must be 2, 3, 4, 5, 6 or 8, got ", d.bits);
   const int g = d.group_size;
   GYRE_CHECK(g == 16 || g == 32 || g == 64 || g == 128 || g == 256,
              "quantized weight: group size must be 16, 32, 64, 128 or 256, got ", g);
@@ -176,10 +217,16 @@ void qweight_validate(const QWeightDesc& d) {
 }
 
 int QWeightHost::q(int64_t r, int64_t packed_col) const {
+  if (desc.narrow()) {
+    const int lo = low_plane_bits(desc.bits);
+    int v = get_field(qweight, narrow_field(desc, r, packed_col, 0));
+    if (desc.bits > lo) v |= get_field(qweight, narrow_field(desc, r, packed_col, 1)) << lo;
+    return v;
+  }
   int64_t byte;
   int shift;
   locate(desc, r, packed_col, byte, shift);
-  return (qweight[byte] >> shift) & (desc.bits == 8 ? 0xff : 0x0f);
+  return get_field(qweight, {byte, shift, desc.bits});
 }
 
 float QWeightHost::scale(int64_t r, int64_t group) const {
@@ -361,15 +408,47 @@ void qweight_set_scale(QWeightHost& w, int64_t r, int64_t group, float scale, fl
   if (w.desc.asymmetric) put_scalar(w.mins, w.desc.scale_f32, i, min);
 }
 
+namespace {
+
+// Every stored integer of row r of a narrow-width weight, decoded a unit (32 columns, `bits`
+// words) at a time: the fast path of the dequantizer (one word read per plane word, not per value).
+void narrow_row_q(const QWeightHost& w, int64_t r, std::vector<int>& q) {
+  const QWeightDesc& d = w.desc;
+  const int lo = low_plane_bits(d.bits), hi = d.bits - lo;
+  const int64_t units = d.cols / 32;
+  const uint8_t* row = w.qweight.data() + r * units * d.bits * 4;
+  q.resize(static_cast<size_t>(d.cols));
+  uint32_t words[8];
+  for (int64_t unit = 0; unit < units; ++unit) {
+    const int64_t tile = unit / 32, m = std::min<int64_t>(32, units - 32 * tile);
+    for (int j = 0; j < d.bits; ++j)
+      std::memcpy(&words[j], row + (32 * d.bits * tile + j * m + unit % 32) * 4, 4);
+    auto field = [&](int first, int p, int e) {
+      const int per_word = 32 / p, k = e % per_word;
+      return static_cast<int>((words[first + e / per_word] >> ((k % 2) * 16 + p * (k / 2))) &
+                              ((1u << p) - 1));
+    };
+    for (int e = 0; e < 32; ++e) {
+      int v = field(0, lo, e);
+      if (hi > 0) v |= field(lo, hi, e) << lo;
+      q[static_cast<size_t>(unit * 32 + e)] = v;
+    }
+  }
+}
+
+}  // namespace
+
 void qweight_dequantize_row(const QWeightHost& w, int64_t r, float* out) {
   const QWeightDesc& d = w.desc;
   const int offset = 1 << (d.bits - 1);
+  thread_local std::vector<int> narrow_q;
+  if (d.narrow()) narrow_row_q(w, r, narrow_q);
   for (int64_t grp = 0; grp < d.groups_per_row(); ++grp) {
     const float s = w.scale(r, grp);
     const float m = d.asymmetric ? w.min(r, grp) : 0.0f;
     for (int64_t i = 0; i < d.group_size; ++i) {
       const int64_t c = grp * d.group_size + i;
-      const int q = w.q(r, c);
+      const int q = d.narrow() ? narrow_q[static_cast<size_t>(c)] : w.q(r, c);
       // Symmetric: one product, no "+ 0" (it would turn -0 into +0 and break bit-exactness).
       const float v =
           d.asymmetric ? s * static_cast<float>(q) + m : s * static_cast<float>(q - offset);

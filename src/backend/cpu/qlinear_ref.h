@@ -10,6 +10,7 @@
 //            (word >> 4k) & 0x000F000F holds the adjacent pair (2k, 2k+1) in the two 16-bit
 //            halves (the input of the 0x6400 magic-number int->half conversion).
 //            8-bit: bytes in column order.
+//            2/3/5/6-bit: see "Narrow widths" below (no 16-byte chunks; row bytes = cols*bits/8).
 //   scales:  [rows, cols/group] of f16 (or f32 when scale_f32: exact K-quant repacks).
 //   mins:    same shape, only when asymmetric.
 //   perm:    optional [cols] int32 (act-order): packed column j holds W[:, perm[j]], so
@@ -18,6 +19,22 @@
 //   symmetric:  w = s * (q - 2^(bits-1))       (Q4_0: offset 8; Q8_0/Q6_K: offset 128)
 //   asymmetric: w = s * q + m                  (Q4_1; Q4_K/Q5_K with m = -dmin*min)
 // Both are computed in float exactly as GGUF's dequantization does, so repacks are bit-exact.
+//
+// Narrow widths (2, 3, 5, 6 bits; groups of 32..256; written by `gyre convert`): each value is
+// split into a low part of L = 4 (5/6-bit) or 2 (2/3-bit) bits and a high part of H = bits - L
+// (0, 1 or 2) bits, and a row is a sequence of units of 32 columns = exactly `bits` u32 words:
+// L words of the low plane, then H words of the high plane. In a plane of p bits per value a
+// word holds 32/p columns; its column e sits at bit (e % 2) * 16 + p * (e / 2), so
+// (word >> p*k) & mask selects the adjacent pair (2k, 2k+1) in the two 16-bit halves: the GPU
+// ORs the high pair (shifted by L) into the low pair and converts both columns at once with the
+// 0x6400 magic number, as the 4-bit kernels do. Why planes and not a plain bit stream: a 3/5/6-bit
+// value in a bit stream straddles word boundaries (a funnel shift per value); split planes
+// keep every extraction a shift and a mask of one register, and the 4-bit low plane of 5/6 bits
+// is bit-for-bit the 4-bit chunk word above.
+// Units are grouped in tiles of 32 units (1024 columns; a row's last tile may be shorter, m
+// units): word j of unit u of a tile sits at word 32*bits*tile + j*m + u (m = 32 for full
+// tiles). A warp whose lane u reads word j of unit u thus reads contiguous bytes, and no padding
+// is needed for any cols that is a multiple of 32.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -29,14 +46,16 @@
 namespace gyre {
 
 struct QWeightDesc {
-  int bits = 4;        // 4 or 8
-  int group_size = 0;  // 4-bit: 32, 64, 128, 256; 8-bit: also 16
+  int bits = 4;        // 2, 3, 4, 5, 6 or 8
+  int group_size = 0;  // 4-bit (and 2/3/5/6): 32, 64, 128, 256; 8-bit: also 16
   bool asymmetric = false;
   bool scale_f32 = false;  // scales (and mins) are f32 instead of f16
   bool has_perm = false;
   int rows = 0, cols = 0;
 
-  int chunk_cols() const { return bits == 4 ? 32 : 16; }
+  // Columns per 16-byte chunk (4/8-bit) or per unit of `bits` words (narrow widths).
+  int chunk_cols() const { return bits == 8 ? 16 : 32; }
+  bool narrow() const { return bits != 4 && bits != 8; }  // the split-plane layout
   int64_t groups_per_row() const { return cols / group_size; }
   int64_t qweight_bytes() const { return int64_t{rows} * cols * bits / 8; }
   int64_t scale_count() const { return int64_t{rows} * groups_per_row(); }

@@ -148,7 +148,8 @@ void CudaBackend::matmul_split(const std::vector<Tensor*>& outs, const Tensor& x
     GYRE_CHECK(bias->rows * bias->cols == o, "CUDA matmul_split: bias size mismatch");
     b = static_cast<const half*>(bias->data);
   }
-  if (is_quantized_tensor(w) && n < kDequantGemmMinRows) {
+  if (is_quantized_tensor(w) && n < kDequantGemmMinRows &&
+      n <= qlinear_direct_max_rows(qweight_of(w).desc)) {
     qlinear_matmul_split(qweight_of(w), static_cast<const half*>(x.data), split, n, b, stream_);
     return;
   }
@@ -187,7 +188,8 @@ void CudaBackend::matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_ga
   }
   // No fused epilogue for this path: the fused [n, rows] output, then one SwiGLU kernel.
   half* fused = fused_scratch(static_cast<size_t>(n) * rows);
-  if (is_quantized_tensor(w_gate_up) && n < kDequantGemmMinRows) {
+  if (is_quantized_tensor(w_gate_up) && n < kDequantGemmMinRows &&
+      n <= qlinear_direct_max_rows(qweight_of(w_gate_up).desc)) {
     qlinear_matmul(qweight_of(w_gate_up), xd, fused, n, nullptr, stream_);
   } else {
     const half* wd = dense_weight(w_gate_up);

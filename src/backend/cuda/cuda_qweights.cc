@@ -1,9 +1,9 @@
 // Quantized linear weights of the CUDA backend, through qlinear (qlinear.h): GGUF blocks are
-// repacked exactly, QPACKED weights (GPTQ) are uploaded as they are, F16/BF16/F32 weights are
-// requantized when BackendOptions::weight_bits is 4 or 8, and synthetic benchmark weights get
-// random packed bytes and scales made on the GPU. Such a Tensor has dtype Q4_0 (4-bit) or Q8_0
-// (8-bit) as a marker, data pointing at the QWeightDevice that its owner keeps alive; matmul()
-// dispatches on that dtype.
+// repacked exactly, QPACKED weights (GPTQ, `gyre convert` output at 2/3/4/5/6/8 bits) are uploaded
+// as they are, F16/BF16/F32 weights are requantized when BackendOptions::weight_bits is set, and
+// synthetic benchmark weights get random packed bytes and scales made on the GPU. Such a Tensor has
+// dtype Q4_0 (4-bit) or Q8_0 (every other width) as a marker, data pointing at the QWeightDevice
+// that its owner keeps alive; matmul() dispatches on that marker and then on the descriptor's bits.
 #include <algorithm>
 #include <string>
 #include <vector>

@@ -27,6 +27,9 @@ void launch_batch(const Params& p, cudaStream_t stream);  // qlinear_batch.cu
 bool batch_prefers_gemm(const Params& p);                 // qlinear_batch.cu
 void prepare_batch4();                                    // qlinear_batch4.cu
 void prepare_batch_bulk();                                // qlinear_batch_bulk.cu
+// qlinear_bits.cu: 2/3/5/6 bits (any n, eight tokens per pass) and their dequantization.
+void launch_gemv_bits(const Params& p, cudaStream_t stream);
+void launch_dequant_bits(const Params& p, __half* out, cudaStream_t stream);
 void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("CUDA error in ", what, ": ", cudaGetErrorString(e));
 }
@@ -228,8 +231,8 @@ size_t align256(size_t v) {
   return (v + 255) / 256 * 256;
 }
 
-// Byte sizes of the device qweight and scale arrays: the host layout for 8-bit, the tiled layout
-// (qlinear_tiled.cu) for 4-bit.
+// Byte sizes of the device qweight and scale arrays: the host layout for 8-bit and the narrow
+// widths (qlinear_bits.cu), the tiled layout (qlinear_tiled.cu) for 4-bit.
 void device_sizes(const QWeightDesc& d, size_t& qbytes, size_t& scale_bytes) {
   if (d.bits == 4) {
     QWeightDevice w;
@@ -320,7 +323,9 @@ void qlinear_gemv(const QWeightDevice& w, const __half* x, __half* y, int n, con
   const Params p = make_params(w, x, y, n, bias);
   int rpb = g_rows_per_block;
   if (rpb == 0) rpb = 2;
-  if (w.desc.bits == 4) {
+  if (w.desc.narrow()) {
+    qlinear_detail::launch_gemv_bits(p, stream);
+  } else if (w.desc.bits == 4) {
     qlinear_detail::launch_gemv4(p, stream);
   } else {
     dispatch_gemv<8>(p, rpb, stream);
@@ -335,7 +340,9 @@ void qlinear_matmul_split(const QWeightDevice& w, const __half* x, const cuda::O
              "qlinear: split outputs do not cover the weight's ", w.desc.rows, " rows");
   Params p = make_params(w, x, outs.out[0], n, bias);
   p.split = outs;
-  if (n <= 8 && (w.desc.bits == 4 || n <= kGemv8MaxRows)) {
+  if (w.desc.narrow()) {
+    qlinear_detail::launch_gemv_bits(p, stream);
+  } else if (n <= 8 && (w.desc.bits == 4 || n <= kGemv8MaxRows)) {
     if (w.desc.bits == 4) {
       qlinear_detail::launch_gemv4(p, stream);
     } else {
@@ -353,7 +360,9 @@ bool qlinear_gemv_swiglu(const QWeightDevice& w, const __half* x, __half* out, i
                          cudaStream_t stream) {
   // 8-bit decode: the CUDA-core GEMV + SwiGLU kernel beats the batch kernel at n <= 4 (28672
   // rows, n = 1: 47 + ~3 us against 72 us on H100).
-  if (n < 1 || n > kQlinearBatchMaxRows || (w.desc.bits == 8 && n <= kGemv8MaxRows)) return false;
+  if (n < 1 || n > kQlinearBatchMaxRows || (w.desc.bits == 8 && n <= kGemv8MaxRows) ||
+      w.desc.narrow())  // narrow widths: the caller's GEMV + SwiGLU kernel
+    return false;
   GYRE_CHECK(w.desc.rows == 2 * ((hidden + 7) / 8 * 8), "qlinear swiglu: weight of ", w.desc.rows,
              " rows for a hidden size of ", hidden);
   Params p = make_params(w, x, out, n, nullptr);
@@ -372,19 +381,30 @@ void qlinear_batch(const QWeightDevice& w, const __half* x, __half* y, int n, co
                    cudaStream_t stream) {
   GYRE_CHECK(n >= 1 && n <= kQlinearBatchMaxRows, "qlinear_batch: n must be 1..",
              kQlinearBatchMaxRows, ", got ", n);
-  qlinear_detail::launch_batch(make_params(w, x, y, n, bias), stream);
+  if (w.desc.narrow()) {
+    qlinear_detail::launch_gemv_bits(make_params(w, x, y, n, bias), stream);
+  } else {
+    qlinear_detail::launch_batch(make_params(w, x, y, n, bias), stream);
+  }
   check_cuda(cudaGetLastError(), "qlinear_batch launch");
 }
 
 void qlinear_gemm(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
                   cudaStream_t stream) {
-  qlinear_detail::launch_gemm(make_params(w, x, y, n, bias), stream);
+  if (w.desc.narrow()) {
+    qlinear_detail::launch_gemv_bits(make_params(w, x, y, n, bias), stream);
+  } else {
+    qlinear_detail::launch_gemm(make_params(w, x, y, n, bias), stream);
+  }
   check_cuda(cudaGetLastError(), "qlinear_gemm launch");
 }
 
 void qlinear_matmul(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
                     cudaStream_t stream) {
-  if (n <= 8 && (w.desc.bits == 4 || n <= kGemv8MaxRows)) {
+  if (w.desc.narrow()) {
+    qlinear_detail::launch_gemv_bits(make_params(w, x, y, n, bias), stream);
+    check_cuda(cudaGetLastError(), "qlinear narrow launch");
+  } else if (n <= 8 && (w.desc.bits == 4 || n <= kGemv8MaxRows)) {
     qlinear_gemv(w, x, y, n, bias, stream);
   } else if (n <= kQlinearBatchMaxRows &&
              !qlinear_detail::batch_prefers_gemm(make_params(w, x, y, n, bias))) {
@@ -399,7 +419,9 @@ void qlinear_dequantize(const QWeightDevice& w, __half* out, cudaStream_t stream
   GYRE_CHECK(reinterpret_cast<uintptr_t>(out) % 16 == 0,
              "qlinear_dequantize: out must be 16-byte aligned");
   const Params p = layout_params(w);
-  if (w.desc.bits == 4) {
+  if (w.desc.narrow()) {
+    qlinear_detail::launch_dequant_bits(p, out, stream);
+  } else if (w.desc.bits == 4) {
     qlinear_detail::launch_dequant4(p, out, stream);
   } else {
     const int64_t chunks = static_cast<int64_t>(w.desc.rows) * (w.desc.cols / w.desc.chunk_cols());

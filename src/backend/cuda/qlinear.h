@@ -18,9 +18,9 @@
 namespace gyre {
 
 // A packed weight in device memory. Views: copying it does not copy the memory.
-// 8-bit weights keep the host layout; 4-bit weights are tiled for the tensor cores at upload
-// (16-row tiles, fragment-ordered nibbles, scales per tile: see qlinear_tiled.cu), so only
-// qweight_upload / qweight_device_view know the byte layout.
+// 8-bit and 2/3/5/6-bit weights keep the host layout; 4-bit weights are tiled for the tensor cores
+// at upload (16-row tiles, fragment-ordered nibbles, scales per tile: see qlinear_tiled.cu), so
+// only qweight_upload / qweight_device_view know the byte layout.
 struct QWeightDevice {
   QWeightDesc desc;
   const uint8_t* qweight = nullptr;  // device layout, 16-byte aligned
@@ -49,6 +49,9 @@ void qweight_free(QWeightDevice& w);  // frees and nulls; safe on an empty weigh
 // qlinear_matmul: picks one by n and shape as measured on H100 (bench/qlinear_notes.md,
 // round 3): gemv for n <= 8 (8-bit: n <= 4), batch up to 128, gemm beyond and for n > 64 on
 // the largest weights.
+// 2/3/5/6 bits (qlinear_bits.cu): every entry point runs the narrow-width GEMV, eight tokens per
+// pass over the weight (bandwidth-bound at n <= 8); callers with a cuBLAS handle should
+// dequantize to FP16 beyond qlinear_direct_max_rows (the CUDA backend does).
 // x must be 16-byte aligned; bias may be null.
 void qlinear_gemv(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
                   cudaStream_t stream);
@@ -59,6 +62,12 @@ void qlinear_gemm(const QWeightDevice& w, const __half* x, __half* y, int n, con
                   cudaStream_t stream);
 void qlinear_matmul(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
                     cudaStream_t stream);
+// The largest n for which qlinear_matmul beats qlinear_dequantize + an FP16 GEMM: 8 for the
+// narrow widths (one GEMV pass per 8 tokens), kQlinearBatchMaxRows for 4/8 bits.
+constexpr int kQlinearNarrowMaxRows = 8;
+inline int qlinear_direct_max_rows(const QWeightDesc& d) {
+  return d.narrow() ? kQlinearNarrowMaxRows : kQlinearBatchMaxRows;
+}
 
 // qlinear_matmul with the output rows split over up to three tensors (fused Q|K|V).
 void qlinear_matmul_split(const QWeightDevice& w, const __half* x, const cuda::OutSplit& outs,
@@ -100,6 +109,8 @@ void set_batch_kernel(int kernel);
 void set_batch4_ksplit(int ksplit);
 void set_batch4_tiles_per_warp(int tiles);
 void set_batch_bulk_config(int config, int ksplit, int producers = 0);
+// 2/3/5/6-bit GEMV (qlinear_bits.cu): weight rows per warp, 2 or 4 (0 = auto: 4 from n = 4).
+void set_bits_rows(int rows);
 }  // namespace qlinear_detail
 
 }  // namespace gyre

@@ -1,0 +1,222 @@
+// 2/3/5/6-bit quantized weights on the GPU (qlinear_bits.cu) against the CPU reference
+// dequantizer (qlinear_ref) in float64: GEMV at every n through qlinear_matmul (awkward row and
+// column counts, short tiles), split outputs, and the FP16 dequantization. Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#ifdef GYRE_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/qlinear_ref.h"
+#include "backend/cuda/qlinear.h"
+#include "core/half.h"
+
+namespace gyre {
+namespace {
+
+bool gpu_present() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+struct Halves {
+  __half* p = nullptr;
+  size_t n = 0;
+  explicit Halves(size_t count) : n(count) {
+    if (cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(count, 1) * 2) != cudaSuccess)
+      p = nullptr;
+  }
+  ~Halves() { cudaFree(p); }
+  void upload(const std::vector<uint16_t>& h) {
+    cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice);
+  }
+  std::vector<uint16_t> download() const {
+    std::vector<uint16_t> h(n);
+    cudaMemcpy(h.data(), p, n * 2, cudaMemcpyDeviceToHost);
+    return h;
+  }
+  void poison() { cudaMemset(p, 0xff, n * 2); }  // NaN in FP16
+};
+
+std::vector<uint16_t> random_halves(size_t n, float scale, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<uint16_t> h(n);
+  for (auto& x : h) x = f32_to_f16(u(rng));
+  return h;
+}
+
+QWeightHost make_weight(int bits, int group, bool asym, bool perm, int rows, int cols,
+                        uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 0.03f);
+  std::vector<float> w(static_cast<size_t>(rows) * cols);
+  for (float& x : w) x = nd(rng);
+  std::vector<int32_t> p(cols);
+  std::iota(p.begin(), p.end(), 0);
+  std::shuffle(p.begin(), p.end(), rng);
+  return qweight_pack_from_f32(w.data(), rows, cols, bits, group, asym, perm ? p.data() : nullptr);
+}
+
+std::vector<double> dequantized(const QWeightHost& w) {
+  std::vector<float> row(w.desc.cols);
+  std::vector<double> out;
+  for (int r = 0; r < w.desc.rows; ++r) {
+    qweight_dequantize_row(w, r, row.data());
+    out.insert(out.end(), row.begin(), row.end());
+  }
+  return out;
+}
+
+// y from the GPU (n tokens, all rows) against float64 x W^T + bias.
+void expect_close(const QWeightHost& w, const std::vector<uint16_t>& xh,
+                  const std::vector<uint16_t>& bh, const std::vector<uint16_t>& yh, int n) {
+  const int rows = w.desc.rows, cols = w.desc.cols;
+  const std::vector<double> wf = dequantized(w);
+  for (int t = 0; t < n; ++t)
+    for (int r = 0; r < rows; ++r) {
+      double ref = bh.empty() ? 0.0 : f16_to_f32(bh[r]), mag = std::fabs(ref);
+      for (int c = 0; c < cols; ++c) {
+        const double p = f16_to_f32(xh[size_t(t) * cols + c]) * wf[size_t(r) * cols + c];
+        ref += p;
+        mag += std::fabs(p);
+      }
+      const double got = f16_to_f32(yh[size_t(t) * rows + r]);
+      ASSERT_FALSE(std::isnan(got)) << "unwritten y[" << t << ", " << r << "]";
+      ASSERT_NEAR(got, ref, 4e-3 * mag + 1e-3 * std::fabs(ref) + 1e-6)
+          << w.desc.bits << "b y[" << t << ", " << r << "] n " << n;
+    }
+}
+
+void check_matmul(const QWeightHost& w, int n, uint32_t seed) {
+  const int rows = w.desc.rows, cols = w.desc.cols;
+  const std::vector<uint16_t> xh = random_halves(size_t(n) * cols, 1.0f, seed);
+  const std::vector<uint16_t> bh = random_halves(rows, 0.5f, seed + 1);
+  QWeightDevice dw = qweight_upload(w);
+  Halves x(size_t(n) * cols), y(size_t(n) * rows), b(rows);
+  x.upload(xh);
+  b.upload(bh);
+  y.poison();
+  qlinear_matmul(dw, x.p, y.p, n, b.p, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<uint16_t> yh = y.download();
+  qweight_free(dw);
+  expect_close(w, xh, bh, yh, n);
+}
+
+struct Narrow {
+  int bits, group;
+  bool asym, perm;
+};
+
+const Narrow kLayouts[] = {{2, 32, false, false}, {2, 128, true, false},  {3, 64, false, false},
+                           {3, 32, true, true},   {5, 128, false, false}, {5, 64, true, false},
+                           {6, 32, false, true},  {6, 128, true, false}};
+
+// Rows not multiples of 2/16/64; 96 columns (one short tile of 3 units), 1056 (a full tile and a
+// short one of 1 unit), 2560 (2.5 tiles, split-K across warps).
+TEST(CudaQbits, MatmulMatchesFloat64AtEveryN) {
+  if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
+  const int shapes[][2] = {{1, 96}, {77, 1056}, {301, 2560}};
+  uint32_t seed = 1;
+  for (const Narrow& l : kLayouts)
+    for (const auto& s : shapes) {
+      if (s[1] % l.group != 0) continue;
+      const QWeightHost w = make_weight(l.bits, l.group, l.asym, l.perm, s[0], s[1], seed++);
+      for (const int n : {1, 3, 8, 9, 33}) {
+        SCOPED_TRACE(std::to_string(l.bits) + "b g" + std::to_string(l.group) + " rows " +
+                     std::to_string(s[0]) + " cols " + std::to_string(s[1]) + " n " +
+                     std::to_string(n));
+        check_matmul(w, n, seed++);
+      }
+    }
+}
+
+// The benchmark knob's other configuration (4 weight rows per warp) on odd row counts.
+TEST(CudaQbits, FourRowsPerWarpMatchesFloat64) {
+  if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
+  qlinear_detail::set_bits_rows(4);
+  uint32_t seed = 500;
+  for (const Narrow& l : kLayouts) {
+    const QWeightHost w = make_weight(l.bits, l.group, l.asym, l.perm, 75, 1152, seed++);
+    for (const int n : {1, 5, 8}) check_matmul(w, n, seed++);
+  }
+  qlinear_detail::set_bits_rows(0);
+}
+
+// Enough rows for the no-split-K configuration (>= 4096 rows).
+TEST(CudaQbits, TallWeightMatchesFloat64) {
+  if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
+  for (const int bits : {3, 6}) {
+    const QWeightHost w = make_weight(bits, 128, false, false, 4099, 256, 40u + bits);
+    for (const int n : {1, 8}) check_matmul(w, n, 50u + n);
+  }
+}
+
+TEST(CudaQbits, SplitOutputsMatchTheWholeWeight) {
+  if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
+  const QWeightHost w = make_weight(5, 32, false, false, 70, 1056, 7);
+  for (const int n : {3, 9}) {
+    const int cols = w.desc.cols;
+    const std::vector<uint16_t> xh = random_halves(size_t(n) * cols, 1.0f, 70u + n);
+    QWeightDevice dw = qweight_upload(w);
+    Halves x(size_t(n) * cols), a(size_t(n) * 21), b(size_t(n) * 8), c(size_t(n) * 41);
+    x.upload(xh);
+    a.poison();
+    b.poison();
+    c.poison();
+    cuda::OutSplit s;
+    s.out[0] = a.p;
+    s.out[1] = b.p;
+    s.out[2] = c.p;
+    s.end[0] = 21;
+    s.end[1] = 29;
+    s.end[2] = 70;
+    s.parts = 3;
+    qlinear_matmul_split(dw, x.p, s, n, nullptr, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto ah = a.download(), bh = b.download(), ch = c.download();
+    qweight_free(dw);
+    std::vector<uint16_t> y(size_t(n) * 70);
+    for (int t = 0; t < n; ++t) {
+      std::copy_n(ah.begin() + t * 21, 21, y.begin() + t * 70);
+      std::copy_n(bh.begin() + t * 8, 8, y.begin() + t * 70 + 21);
+      std::copy_n(ch.begin() + t * 41, 41, y.begin() + t * 70 + 29);
+    }
+    expect_close(w, xh, {}, y, n);
+  }
+}
+
+// The FP16 dequantization (prefill path): each value is the reference's float value rounded to
+// FP16 (the GPU rounds s*q+m once; the reference in float, then to FP16: at most one FP16 ulp).
+TEST(CudaQbits, DequantizeMatchesReference) {
+  if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 300;
+  for (const Narrow& l : kLayouts) {
+    const QWeightHost w = make_weight(l.bits, l.group, l.asym, l.perm, 37, 1152, seed++);
+    QWeightDevice dw = qweight_upload(w);
+    Halves out(size_t(37) * 1152);
+    out.poison();
+    qlinear_dequantize(dw, out.p, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto got = out.download();
+    qweight_free(dw);
+    const std::vector<double> ref = dequantized(w);
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double g = f16_to_f32(got[i]);
+      ASSERT_NEAR(g, ref[i], std::fabs(ref[i]) * 0x1p-10 + 1e-7) << l.bits << "b at " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gyre
+#endif  // GYRE_HAVE_CUDA
