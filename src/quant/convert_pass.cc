@@ -209,7 +209,7 @@ void write_output(const QuantContext& ctx, const ConvertOptions& o, const Plan& 
   fs::create_directories(o.out, ec);
   write_safetensors(o.out + "/model.safetensors", tensors);
   nlohmann::json cfg = in_config;
-  if (head_q) cfg["tie_word_embeddings"] = false;
+  if (head_q || !m.config.tie_embeddings) cfg["tie_word_embeddings"] = false;  // --rotate unties
   nlohmann::json qc = {{"quant_method", "gyre"},
                        {"version", 1},
                        {"bits_per_weight", qnumel > 0 ? qbits / qnumel : 16.0},
@@ -219,6 +219,7 @@ void write_output(const QuantContext& ctx, const ConvertOptions& o, const Plan& 
                        {"method", ctx.rtn ? "rtn" : "gptq"},
                        {"act_order", ctx.act_order},
                        {"damp", ctx.damp},
+                       {"rotated", o.rotate},
                        {"calibration_rows", ctx.rows.size()},
                        {"calibration_length", ctx.rows[0].size()},
                        {"layers", plan_layers_json(plan, m.weights)}};
