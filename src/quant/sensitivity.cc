@@ -65,14 +65,16 @@ std::map<std::string, UnitSensitivity> measure_sensitivity(const QuantContext& c
       runner.run(h, w, [&](Unit at, const std::vector<float>& x, int64_t tokens, BlockWeights& bw) {
         if (at != unit) return;
         const int in = static_cast<int>(static_cast<int64_t>(x.size()) / tokens);
-        if (in % probe.group_size != 0) return;
+        QuantSetting st = probe;  // the widest group up to the probe's that fits this width
+        while (st.group_size > 32 && in % st.group_size != 0) st.group_size /= 2;
+        if (in % st.group_size != 0) return;
         const std::vector<double> hess = hessian_of(x, tokens, in, ctx.threads);
         const GptqPrep prep = gptq_prepare(hess, in, ctx.damp, ctx.act_order);
         for (const std::string& name : unit_linears(unit)) {
           std::vector<float>& wt = bw.t[name];
           const int r = static_cast<int>(static_cast<int64_t>(wt.size()) / in);
-          QuantizedWeight q = ctx.rtn ? rtn_quantize(wt.data(), r, in, probe)
-                                      : gptq_quantize(wt.data(), r, in, prep, probe, ctx.threads);
+          QuantizedWeight q = ctx.rtn ? rtn_quantize(wt.data(), r, in, st)
+                                      : gptq_quantize(wt.data(), r, in, prep, st, ctx.threads);
           s.probe_error += relative_error(wt.data(), q, hess, ctx.threads);
           wt = std::move(q.dequant);
         }

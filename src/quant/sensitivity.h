@@ -22,7 +22,9 @@ namespace gyre::quant {
 inline constexpr QuantSetting kSensitivityProbe{3, 128, true};
 inline constexpr int kSensitivityRows = 8;
 
-// Keyed by the unit's first layer name ("model.layers.3.mlp.gate_proj"). Uses the first
+// Keyed by the unit's first layer name ("model.layers.3.mlp.gate_proj"); a unit whose width the
+// probe's group does not divide is probed at the widest of its group / 2 / 4 (down to 32) that
+// does, and left out when none does. Uses the first
 // `max_rows` calibration rows of ctx (fewer when ctx has fewer).
 std::map<std::string, UnitSensitivity> measure_sensitivity(const QuantContext& ctx,
                                                            const QuantSetting& probe, int max_rows);
