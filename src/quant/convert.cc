@@ -174,8 +174,10 @@ void convert_model(const ConvertOptions& o) {
   auto model = load_model(o.model);
   if (o.rotate) rotate_model(*model, kRotationSeed);
   if (o.uniform.empty() && !o.measurement.empty())
-    GYRE_CHECK(meas.meta.value("rotate", false) == o.rotate, "'", o.measurement, "' was measured ",
-               o.rotate ? "without" : "with", " --rotate; measure again");
+    GYRE_CHECK(meas.meta.value("rotate", false) == o.rotate &&
+                   meas.meta.value("clip_search", false) == o.clip_search,
+               "'", o.measurement,
+               "' was measured with other --rotate / --clip-search options; measure again");
   if (o.uniform.empty() && !o.measurement.empty())
     GYRE_CHECK(meas.blocks_done == model->config.n_layers, "'", o.measurement,
                "' is an unfinished measurement (", meas.blocks_done, " of ", model->config.n_layers,
@@ -188,6 +190,7 @@ void convert_model(const ConvertOptions& o) {
   ctx.damp = o.damp;
   ctx.act_order = o.act_order;
   ctx.rtn = o.rtn;
+  ctx.clip_search = o.clip_search;
   ctx.threads = o.threads > 0 ? o.threads
                               : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   ctx.progress = o.progress;
@@ -207,6 +210,7 @@ void convert_model(const ConvertOptions& o) {
                         {"measurement", o.measurement},
                         {"chooser", o.chooser},
                         {"rotate", o.rotate},
+                        {"clip_search", o.clip_search},
                         {"calibration_hash", std::to_string(std::hash<std::string>{}(text))}};
   if (file_exists(job + "/job.json")) {
     GYRE_CHECK(read_json_file(job + "/job.json") == sig, "'", job,
@@ -231,7 +235,7 @@ void convert_model(const ConvertOptions& o) {
       meas.meta = {{"model", sig["model"]},    {"rows", o.rows},
                    {"length", o.length},       {"damp", o.damp},
                    {"act_order", o.act_order}, {"method", o.rtn ? "rtn" : "gptq"},
-                   {"rotate", o.rotate}};
+                   {"rotate", o.rotate},       {"clip_search", o.clip_search}};
       measure(ctx, meas,
               [&](const Measurement& m) { write_file_atomic(mpath, m.to_json().dump(1)); });
     }

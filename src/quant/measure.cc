@@ -148,7 +148,8 @@ void measure(const QuantContext& ctx, Measurement& m,
                  const std::vector<double> h = hessian_of(x, tokens, in, ctx.threads);
                  const std::vector<QuantSetting> cands = settings_for(all, in);
                  if (cands.empty()) return;
-                 const GptqPrep prep = gptq_prepare(h, in, ctx.damp, ctx.act_order);
+                 GptqPrep prep = gptq_prepare(h, in, ctx.damp, ctx.act_order);
+                 prep.clip_search = ctx.clip_search;
                  for (const std::string& s : names) {
                    const std::vector<float>& wt = bw.t[s];
                    LayerErrors le;

@@ -52,7 +52,8 @@ struct QuantContext {
   std::vector<std::vector<int>> rows;  // calibration rows, equal lengths
   double damp = 0.01;
   bool act_order = true;
-  bool rtn = false;  // round to nearest instead of GPTQ (a baseline)
+  bool rtn = false;          // round to nearest instead of GPTQ (a baseline)
+  bool clip_search = false;  // GPTQ group parameters by a clipping search (gptq.h)
   int threads = 1;
   bool progress = true;
 };

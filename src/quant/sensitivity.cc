@@ -69,7 +69,8 @@ std::map<std::string, UnitSensitivity> measure_sensitivity(const QuantContext& c
         while (st.group_size > 32 && in % st.group_size != 0) st.group_size /= 2;
         if (in % st.group_size != 0) return;
         const std::vector<double> hess = hessian_of(x, tokens, in, ctx.threads);
-        const GptqPrep prep = gptq_prepare(hess, in, ctx.damp, ctx.act_order);
+        GptqPrep prep = gptq_prepare(hess, in, ctx.damp, ctx.act_order);
+        prep.clip_search = ctx.clip_search;
         for (const std::string& name : unit_linears(unit)) {
           std::vector<float>& wt = bw.t[name];
           const int r = static_cast<int>(static_cast<int64_t>(wt.size()) / in);
