@@ -29,8 +29,9 @@ void add_convert_command(CLI::App& app) {
   cmd->add_flag("--rotate", o->rotate,
                 "fold random orthogonal rotations into the weights first (better low-bit quality, "
                 "unties the LM head)");
-  cmd->add_flag("--clip-search", o->clip_search,
-                "choose each group's scale by a clipping search on the Hessian-weighted error");
+  cmd->add_flag("!--no-clip-search", o->clip_search,
+                "plain min/max group scales instead of the clipping search on the "
+                "Hessian-weighted error");
   cmd->add_option("--measurement", o->measurement, "reuse this measurement.json");
   cmd->add_option("--uniform", o->uniform,
                   "baseline: every layer at BITS:GROUP[:asym], no measurement");

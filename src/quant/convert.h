@@ -25,7 +25,7 @@ struct ConvertOptions {
   // Rotate the residual stream and each KV head's values by random orthogonal matrices folded
   // into the weights before measuring (quant/rotate.h); the output stays a plain Llama.
   bool rotate = false;
-  bool clip_search = false;  // GPTQ group scales by a clipping search (gptq.h)
+  bool clip_search = true;  // GPTQ group scales by a clipping search (gptq.h)
   // Baselines: every layer at one setting "BITS:GROUP[:asym]" (no measurement), and round to
   // nearest instead of GPTQ.
   std::string uniform;
