@@ -29,6 +29,9 @@ void add_convert_command(CLI::App& app) {
   cmd->add_flag("--rotate", o->rotate,
                 "fold random orthogonal rotations into the weights first (better low-bit quality, "
                 "unties the LM head)");
+  cmd->add_option("--sensitivity-rows", o->sensitivity_rows,
+                  "calibration rows the sensitivity pass runs on")
+      ->capture_default_str();
   cmd->add_flag("!--no-clip-search", o->clip_search,
                 "plain min/max group scales instead of the clipping search on the "
                 "Hessian-weighted error");

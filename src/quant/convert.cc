@@ -153,6 +153,7 @@ void convert_model(const ConvertOptions& o) {
              "--head-bits must be 0 (unquantized), 2, 3, 4, 5, 6 or 8, got ", o.head_bits);
   GYRE_CHECK(o.chooser == "kl" || o.chooser == "plain", "--chooser must be kl or plain, got '",
              o.chooser, "'");
+  GYRE_CHECK(o.sensitivity_rows >= 1, "--sensitivity-rows must be at least 1");
   GYRE_CHECK(o.damp >= 0.0 && o.damp <= 1.0, "--damp must be in [0, 1], got ", o.damp);
   GYRE_CHECK(!o.out.empty(), "convert needs an output folder (-o)");
   GYRE_CHECK(fs::is_directory(o.model) && file_exists(o.model + "/config.json"), "'", o.model,
@@ -209,6 +210,7 @@ void convert_model(const ConvertOptions& o) {
                         {"rtn", o.rtn},
                         {"measurement", o.measurement},
                         {"chooser", o.chooser},
+                        {"sensitivity_rows", o.sensitivity_rows},
                         {"rotate", o.rotate},
                         {"clip_search", o.clip_search},
                         {"calibration_hash", std::to_string(std::hash<std::string>{}(text))}};
@@ -240,7 +242,7 @@ void convert_model(const ConvertOptions& o) {
               [&](const Measurement& m) { write_file_atomic(mpath, m.to_json().dump(1)); });
     }
     if (o.chooser == "kl" && meas.sensitivity.empty()) {
-      meas.sensitivity = measure_sensitivity(ctx, kSensitivityProbe, kSensitivityRows);
+      meas.sensitivity = measure_sensitivity(ctx, kSensitivityProbe, o.sensitivity_rows);
       write_file_atomic(job + "/measurement.json", meas.to_json().dump(1));
     }
     plan = optimized_plan(*model, meas, o.bpw, o.chooser == "kl");

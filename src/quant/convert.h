@@ -22,6 +22,7 @@ struct ConvertOptions {
   // How the per-unit choice weighs the measured errors: "kl" (each unit's relative errors times
   // its measured effect on the output KL, sensitivity.h) or "plain" (the unweighted sum).
   std::string chooser = "kl";
+  int sensitivity_rows = 8;  // calibration rows the sensitivity pass runs on (its cost)
   // Rotate the residual stream and each KV head's values by random orthogonal matrices folded
   // into the weights before measuring (quant/rotate.h); the output stays a plain Llama.
   bool rotate = false;

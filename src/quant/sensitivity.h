@@ -18,9 +18,8 @@
 namespace gyre::quant {
 
 // The probe convert uses: 3 bits, group 128, symmetric (strong enough that every unit's KL is
-// well above rounding noise, small enough to stay near the first-order regime), on 8 rows.
+// well above rounding noise, small enough to stay near the first-order regime).
 inline constexpr QuantSetting kSensitivityProbe{3, 128, true};
-inline constexpr int kSensitivityRows = 8;
 
 // Keyed by the unit's first layer name ("model.layers.3.mlp.gate_proj"); a unit whose width the
 // probe's group does not divide is probed at the widest of its group / 2 / 4 (down to 32) that
