@@ -217,3 +217,53 @@ TEST(QuantGptq, PackLoadRoundTripEveryWidth) {
 
 }  // namespace
 }  // namespace gyre::quant
+
+namespace gyre::quant {
+namespace {
+
+// The clipping search against a naive float64 scan of the same grid: the chosen scale (and min)
+// reach the least weighted rounding error among range factors 1, 0.98, ..., 0.70, which is never
+// worse than the plain min/max parameters. Heavy-tailed groups make clipping pay off.
+TEST(QuantGptq, ClipSearchFindsTheBestRangeFactor) {
+  std::mt19937 rng(3);
+  std::student_t_distribution<double> heavy(2.0);
+  std::uniform_real_distribution<double> uni(0.1, 2.0);
+  int improved = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const QuantSetting st{2 + trial % 3, 32, trial % 2 == 0};
+    std::vector<double> v(32), h(32);
+    for (int i = 0; i < 32; ++i) v[i] = heavy(rng), h[i] = uni(rng);
+    auto err = [&](float s, float m) {
+      double e = 0;
+      for (int i = 0; i < 32; ++i) {
+        const double q =
+            st.sym ? std::clamp(std::nearbyint(v[i] / s) + st.offset(), 0.0, double(st.qmax()))
+                   : std::clamp(std::nearbyint((v[i] - m) / s), 0.0, double(st.qmax()));
+        const double d = v[i] - (st.sym ? s * (q - st.offset()) : s * q + m);
+        e += h[i] * d * d;
+      }
+      return e;
+    };
+    double lo = 1e300, hi = -1e300, amax = 0;
+    for (double x : v)
+      lo = std::min(lo, x), hi = std::max(hi, x), amax = std::max(amax, std::abs(x));
+    double best = 1e300;
+    for (int k = 0; k <= 15; ++k) {
+      const double a = 1.0 - 0.02 * k;
+      const float s = f16_to_f32(
+          f32_to_f16(float(st.sym ? a * amax / (st.offset() - 1) : a * (hi - lo) / st.qmax())));
+      const float m = st.sym ? 0.0f : f16_to_f32(f32_to_f16(float(a * lo)));
+      best = std::min(best, err(s, m));
+    }
+    float s0, m0, s1, m1;
+    choose_group_params(v.data(), 32, st, s0, m0);
+    choose_group_params_clipped(v.data(), h.data(), 32, st, s1, m1);
+    EXPECT_NEAR(err(s1, m1), best, 1e-6 * best) << trial;
+    EXPECT_LE(err(s1, m1), err(s0, m0)) << trial;
+    improved += err(s1, m1) < err(s0, m0);
+  }
+  EXPECT_GT(improved, 100);
+}
+
+}  // namespace
+}  // namespace gyre::quant

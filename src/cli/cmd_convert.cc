@@ -22,6 +22,19 @@ void add_convert_command(CLI::App& app) {
   cmd->add_option("--length", o->length, "tokens per calibration row")->capture_default_str();
   cmd->add_option("--damp", o->damp, "GPTQ damping, fraction of the mean Hessian diagonal")
       ->capture_default_str();
+  cmd->add_option("--chooser", o->chooser,
+                  "kl: weigh each unit's error by its measured effect on the output; plain: "
+                  "unweighted sum")
+      ->capture_default_str();
+  cmd->add_flag("--rotate", o->rotate,
+                "fold random orthogonal rotations into the weights first (better low-bit quality, "
+                "unties the LM head)");
+  cmd->add_option("--sensitivity-rows", o->sensitivity_rows,
+                  "calibration rows the sensitivity pass runs on")
+      ->capture_default_str();
+  cmd->add_flag("!--no-clip-search", o->clip_search,
+                "plain min/max group scales instead of the clipping search on the "
+                "Hessian-weighted error");
   cmd->add_option("--measurement", o->measurement, "reuse this measurement.json");
   cmd->add_option("--uniform", o->uniform,
                   "baseline: every layer at BITS:GROUP[:asym], no measurement");

@@ -169,4 +169,12 @@ std::vector<float> BlockRunner::final_norm(const std::vector<float>& hidden,
   return to_host(xn);
 }
 
+std::vector<float> BlockRunner::logits(const std::vector<float>& normed,
+                                       const std::vector<float>& head, int64_t vocab) {
+  const int64_t n = int64_t{rows_} * length_;
+  Tensor x = to_device(normed, n, c_.dim), out = be_.alloc(n, vocab);
+  be_.matmul(out, x, weight(head, vocab, c_.dim), nullptr);
+  return to_host(out);
+}
+
 }  // namespace gyre::quant

@@ -44,6 +44,9 @@ class BlockRunner {
   void run(std::vector<float>& hidden, BlockWeights& w, const UnitHook& hook);
   // The final norm of hidden (the LM head's input).
   std::vector<float> final_norm(const std::vector<float>& hidden, const std::vector<float>& norm);
+  // The logits [rows * length, vocab] of final_norm's output through head [vocab, dim].
+  std::vector<float> logits(const std::vector<float>& normed, const std::vector<float>& head,
+                            int64_t vocab);
 
  private:
   Tensor to_device(const std::vector<float>& host, int64_t rows, int64_t cols);

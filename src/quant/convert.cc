@@ -18,6 +18,8 @@
 #include "quant/measure.h"
 #include "quant/optimizer.h"
 #include "quant/progress.h"
+#include "quant/rotate.h"
+#include "quant/sensitivity.h"
 #include "quant/st_writer.h"
 
 namespace gyre::quant {
@@ -25,6 +27,9 @@ namespace gyre::quant {
 namespace fs = std::filesystem;
 
 namespace {
+
+// Fixed, so a conversion with --rotate is reproducible (and resumable).
+constexpr uint64_t kRotationSeed = 20261122;
 
 nlohmann::json read_json_file(const std::string& path) {
   const std::string text = read_text_file(path);
@@ -69,8 +74,22 @@ Plan uniform_plan(const LoadedModel& m, const QuantSetting& st) {
   return plan;
 }
 
+// Each unit's weight in the choice: its measured sensitivity (KL per unit of relative error);
+// units without one (none measured, or a width the probe's group does not divide) get the
+// mean of the others, or 1 when there are none.
+double unit_weight(const Measurement& meas, const std::string& first_layer, bool weighted) {
+  if (!weighted || meas.sensitivity.empty()) return 1.0;
+  const auto it = meas.sensitivity.find(first_layer);
+  if (it != meas.sensitivity.end()) return it->second.sensitivity();
+  double sum = 0;
+  for (const auto& [name, s] : meas.sensitivity) sum += s.sensitivity();
+  return sum / static_cast<double>(meas.sensitivity.size());
+}
+
+}  // namespace
+
 // One choice per unit (linears sharing an input get one setting, so they stay fusable).
-Plan optimized_plan(const LoadedModel& m, const Measurement& meas, double bpw) {
+Plan optimized_plan(const LoadedModel& m, const Measurement& meas, double bpw, bool weighted) {
   std::vector<std::vector<std::string>> units;
   std::vector<std::vector<Choice>> choices;
   std::vector<std::vector<QuantSetting>> settings;
@@ -90,6 +109,7 @@ Plan optimized_plan(const LoadedModel& m, const Measurement& meas, double bpw) {
       if (members.empty()) continue;
       std::vector<Choice> cs;
       std::vector<QuantSetting> ss;
+      const double weight = unit_weight(meas, members[0]->name, weighted);
       for (const auto& [st, err0] : members[0]->errors) {
         Choice c;
         bool everywhere = true;
@@ -97,7 +117,7 @@ Plan optimized_plan(const LoadedModel& m, const Measurement& meas, double bpw) {
           bool found = false;
           for (const auto& [st2, e] : le->errors)
             if (st2 == st) {
-              c.error += e;
+              c.error += weight * e;
               found = true;
             }
           everywhere = everywhere && found;
@@ -126,13 +146,14 @@ Plan optimized_plan(const LoadedModel& m, const Measurement& meas, double bpw) {
   return plan;
 }
 
-}  // namespace
-
 void convert_model(const ConvertOptions& o) {
   GYRE_CHECK(o.bpw >= 2.0 && o.bpw <= 16.0, "--bpw must be between 2 and 16, got ", o.bpw);
   GYRE_CHECK(o.head_bits == 0 || o.head_bits == 2 || o.head_bits == 3 || o.head_bits == 4 ||
                  o.head_bits == 5 || o.head_bits == 6 || o.head_bits == 8,
              "--head-bits must be 0 (unquantized), 2, 3, 4, 5, 6 or 8, got ", o.head_bits);
+  GYRE_CHECK(o.chooser == "kl" || o.chooser == "plain", "--chooser must be kl or plain, got '",
+             o.chooser, "'");
+  GYRE_CHECK(o.sensitivity_rows >= 1, "--sensitivity-rows must be at least 1");
   GYRE_CHECK(o.damp >= 0.0 && o.damp <= 1.0, "--damp must be in [0, 1], got ", o.damp);
   GYRE_CHECK(!o.out.empty(), "convert needs an output folder (-o)");
   GYRE_CHECK(fs::is_directory(o.model) && file_exists(o.model + "/config.json"), "'", o.model,
@@ -152,6 +173,12 @@ void convert_model(const ConvertOptions& o) {
   const std::string text =
       o.calibration.empty() ? default_calibration_text() : read_text_file(o.calibration);
   auto model = load_model(o.model);
+  if (o.rotate) rotate_model(*model, kRotationSeed);
+  if (o.uniform.empty() && !o.measurement.empty())
+    // A measurement of the rotated model says nothing about the unrotated one; one made with
+    // or without the clipping search still ranks the settings alike, so it may guide either.
+    GYRE_CHECK(meas.meta.value("rotate", false) == o.rotate, "'", o.measurement,
+               "' was measured with another --rotate option; measure again");
   if (o.uniform.empty() && !o.measurement.empty())
     GYRE_CHECK(meas.blocks_done == model->config.n_layers, "'", o.measurement,
                "' is an unfinished measurement (", meas.blocks_done, " of ", model->config.n_layers,
@@ -164,6 +191,7 @@ void convert_model(const ConvertOptions& o) {
   ctx.damp = o.damp;
   ctx.act_order = o.act_order;
   ctx.rtn = o.rtn;
+  ctx.clip_search = o.clip_search;
   ctx.threads = o.threads > 0 ? o.threads
                               : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   ctx.progress = o.progress;
@@ -181,6 +209,10 @@ void convert_model(const ConvertOptions& o) {
                         {"uniform", o.uniform},
                         {"rtn", o.rtn},
                         {"measurement", o.measurement},
+                        {"chooser", o.chooser},
+                        {"sensitivity_rows", o.sensitivity_rows},
+                        {"rotate", o.rotate},
+                        {"clip_search", o.clip_search},
                         {"calibration_hash", std::to_string(std::hash<std::string>{}(text))}};
   if (file_exists(job + "/job.json")) {
     GYRE_CHECK(read_json_file(job + "/job.json") == sig, "'", job,
@@ -204,11 +236,16 @@ void convert_model(const ConvertOptions& o) {
       if (file_exists(mpath)) meas = Measurement::from_json(read_json_file(mpath), mpath);
       meas.meta = {{"model", sig["model"]},    {"rows", o.rows},
                    {"length", o.length},       {"damp", o.damp},
-                   {"act_order", o.act_order}, {"method", o.rtn ? "rtn" : "gptq"}};
+                   {"act_order", o.act_order}, {"method", o.rtn ? "rtn" : "gptq"},
+                   {"rotate", o.rotate},       {"clip_search", o.clip_search}};
       measure(ctx, meas,
               [&](const Measurement& m) { write_file_atomic(mpath, m.to_json().dump(1)); });
     }
-    plan = optimized_plan(*model, meas, o.bpw);
+    if (o.chooser == "kl" && meas.sensitivity.empty()) {
+      meas.sensitivity = measure_sensitivity(ctx, kSensitivityProbe, o.sensitivity_rows);
+      write_file_atomic(job + "/measurement.json", meas.to_json().dump(1));
+    }
+    plan = optimized_plan(*model, meas, o.bpw, o.chooser == "kl");
   }
   quantize_pass(ctx, plan, job, o.head_bits);
   write_output(ctx, o, plan, job, in_config, measured ? &meas : nullptr);

@@ -19,6 +19,14 @@ struct ConvertOptions {
   int rows = 32, length = 256;
   double damp = 0.01;
   bool act_order = true;
+  // How the per-unit choice weighs the measured errors: "kl" (each unit's relative errors times
+  // its measured effect on the output KL, sensitivity.h) or "plain" (the unweighted sum).
+  std::string chooser = "kl";
+  int sensitivity_rows = 8;  // calibration rows the sensitivity pass runs on (its cost)
+  // Rotate the residual stream and each KV head's values by random orthogonal matrices folded
+  // into the weights before measuring (quant/rotate.h); the output stays a plain Llama.
+  bool rotate = false;
+  bool clip_search = true;  // GPTQ group scales by a clipping search (gptq.h)
   // Baselines: every layer at one setting "BITS:GROUP[:asym]" (no measurement), and round to
   // nearest instead of GPTQ.
   std::string uniform;

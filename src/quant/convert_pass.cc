@@ -142,6 +142,7 @@ void quantize_pass(const QuantContext& ctx, Plan& plan, const std::string& job, 
           const std::vector<double> h = hessian_of(x, tokens, in, ctx.threads);
           GptqPrep prep;
           if (!ctx.rtn) prep = gptq_prepare(h, in, ctx.damp, ctx.act_order);
+          prep.clip_search = ctx.clip_search;
           for (const std::string& s : names) {
             const std::string name = layer_tensor(b, s.c_str());
             QuantizedWeight q = quantize(name, bw.t[s], h, &prep);
@@ -159,6 +160,7 @@ void quantize_pass(const QuantContext& ctx, Plan& plan, const std::string& job, 
     const std::vector<double> h = hessian_of(x, tokens, c.dim, ctx.threads);
     GptqPrep prep;
     if (!ctx.rtn) prep = gptq_prepare(h, c.dim, ctx.damp, ctx.act_order);
+    prep.clip_search = ctx.clip_search;
     const QuantizedWeight q = quantize(kHead, tensor_to_f32(head_weight(m)), h, &prep);
     write_safetensors(head_path, pack_tensors(q, kHead));
   } else if (plan.count(kHead)) {
@@ -209,7 +211,7 @@ void write_output(const QuantContext& ctx, const ConvertOptions& o, const Plan& 
   fs::create_directories(o.out, ec);
   write_safetensors(o.out + "/model.safetensors", tensors);
   nlohmann::json cfg = in_config;
-  if (head_q) cfg["tie_word_embeddings"] = false;
+  if (head_q || !m.config.tie_embeddings) cfg["tie_word_embeddings"] = false;  // --rotate unties
   nlohmann::json qc = {{"quant_method", "gyre"},
                        {"version", 1},
                        {"bits_per_weight", qnumel > 0 ? qbits / qnumel : 16.0},
@@ -219,6 +221,8 @@ void write_output(const QuantContext& ctx, const ConvertOptions& o, const Plan& 
                        {"method", ctx.rtn ? "rtn" : "gptq"},
                        {"act_order", ctx.act_order},
                        {"damp", ctx.damp},
+                       {"rotated", o.rotate},
+                       {"clip_search", ctx.clip_search},
                        {"calibration_rows", ctx.rows.size()},
                        {"calibration_length", ctx.rows[0].size()},
                        {"layers", plan_layers_json(plan, m.weights)}};

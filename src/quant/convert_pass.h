@@ -16,6 +16,10 @@ namespace gyre::quant {
 // Linear layer name (no ".weight"; the LM head is "lm_head") -> its setting.
 using Plan = std::map<std::string, QuantSetting>;
 
+// The per-unit choice under bpw (optimizer.h): minimizes the summed relative errors, each unit's
+// weighted by its measured sensitivity when `weighted` and the measurement has them.
+Plan optimized_plan(const LoadedModel& m, const Measurement& meas, double bpw, bool weighted);
+
 // NAME.qweight / NAME.scales (/ NAME.mins) in the model/gyre_qformat.h layout.
 std::vector<StTensor> pack_tensors(const QuantizedWeight& q, const std::string& name);
 

@@ -49,6 +49,40 @@ void choose_group_params(const double* v, int n, const QuantSetting& st, float& 
   GYRE_CHECK(std::isfinite(s) && std::isfinite(m), "quantize: a group's scale overflows f16");
 }
 
+void choose_group_params_clipped(const double* v, const double* h, int n, const QuantSetting& st,
+                                 float& s, float& m) {
+  choose_group_params(v, n, st, s, m);
+  auto cost = [&](float sc, float mn) {
+    double e = 0;
+    for (int i = 0; i < n; ++i) {
+      const double d = v[i] - quant_dequant_value(st, quantize_value(v[i], st, sc, mn), sc, mn);
+      e += h[i] * d * d;
+    }
+    return e;
+  };
+  double best = cost(s, m);
+  double lo = INFINITY, hi = -INFINITY, amax = 0.0;
+  for (int i = 0; i < n; ++i) {
+    lo = std::min(lo, v[i]);
+    hi = std::max(hi, v[i]);
+    amax = std::max(amax, std::fabs(v[i]));
+  }
+  for (int k = 1; k <= 15; ++k) {
+    const double a = 1.0 - 0.02 * k;
+    float sc, mn;
+    if (st.sym) {
+      sc = round_f16(a * amax / (st.offset() - 1));
+      mn = 0.0f;
+    } else {
+      sc = round_f16(a * (hi - lo) / st.qmax());
+      mn = round_f16(a * lo);
+    }
+    if (!std::isfinite(sc) || !std::isfinite(mn)) continue;
+    const double c = cost(sc, mn);
+    if (c < best) best = c, s = sc, m = mn;
+  }
+}
+
 int quantize_value(double w, const QuantSetting& st, float s, float m) {
   if (s == 0.0f) return st.sym ? st.offset() : 0;
   const double q = st.sym ? std::nearbyint(w / s) + st.offset() : std::nearbyint((w - m) / s);
@@ -93,6 +127,7 @@ GptqPrep gptq_prepare(const std::vector<double>& h_in, int cols, double damp, bo
     mean += diag[i];
   }
   mean /= cols;
+  p.hdiag = diag;
   p.order.resize(static_cast<size_t>(cols));
   std::iota(p.order.begin(), p.order.end(), 0);
   if (act_order)
@@ -146,7 +181,11 @@ QuantizedWeight gptq_quantize(const float* w, int rows, int cols, const GptqPrep
                   x -= err[r * block + jj - i1] * u[int64_t{jj} * cols + p];
               v[i] = x;
             }
-            choose_group_params(v.data(), gs, st, s[r * groups + g], m[r * groups + g]);
+            if (prep.clip_search)
+              choose_group_params_clipped(v.data(), prep.hdiag.data() + g * gs, gs, st,
+                                          s[r * groups + g], m[r * groups + g]);
+            else
+              choose_group_params(v.data(), gs, st, s[r * groups + g], m[r * groups + g]);
           }
         }
         const double d = u[int64_t{j} * cols + j];

@@ -31,6 +31,13 @@ struct QuantizedWeight {
 // A group's f16 scale and min (min 0 when symmetric) for values v[0..n): symmetric
 // s = max|v| / (2^(bits-1) - 1); asymmetric s = (max - min) / (2^bits - 1), m = min.
 void choose_group_params(const double* v, int n, const QuantSetting& st, float& s, float& m);
+// As choose_group_params, then the range shrunk by a factor a in {1, 0.98, ..., 0.70} (symmetric:
+// max|v| * a; asymmetric: min and max * a) keeping the a with the least weighted rounding error
+// sum_i h_i (v_i - deq(q(v_i)))^2 (h: the Hessian's diagonal over the group's columns, the
+// part of GPTQ's objective one group controls alone). Clipping a few large values often costs
+// less than the coarser step they force on all the others.
+void choose_group_params_clipped(const double* v, const double* h, int n, const QuantSetting& st,
+                                 float& s, float& m);
 // The stored integer for value w (round to nearest, clamped).
 int quantize_value(double w, const QuantSetting& st, float s, float m);
 
@@ -40,10 +47,12 @@ QuantizedWeight rtn_quantize(const float* w, int rows, int cols, const QuantSett
 // What GPTQ needs from H, shared by every setting measured on one input.
 struct GptqPrep {
   int cols = 0;
-  std::vector<int> order;  // visiting order: order[j] = original column
-  std::vector<double> u;   // [cols x cols] upper factor, in visiting order
-  std::vector<bool> dead;  // original columns with H_ii == 0
-  double damp_used = 0.0;  // damping fraction actually used
+  std::vector<int> order;     // visiting order: order[j] = original column
+  std::vector<double> u;      // [cols x cols] upper factor, in visiting order
+  std::vector<bool> dead;     // original columns with H_ii == 0
+  double damp_used = 0.0;     // damping fraction actually used
+  std::vector<double> hdiag;  // H_ii in original column order (dead columns: 1)
+  bool clip_search = false;   // group parameters by choose_group_params_clipped
 };
 
 // h [cols x cols] symmetric. Throws gyre::Error when H cannot be factored even after raising the

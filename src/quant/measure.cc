@@ -1,5 +1,6 @@
 #include "quant/measure.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 
@@ -46,6 +47,12 @@ nlohmann::json Measurement::to_json() const {
       e.push_back({{"bits", s.bits}, {"group_size", s.group_size}, {"sym", s.sym}, {"error", err}});
     j["layers"].push_back({{"name", l.name}, {"shape", {l.rows, l.cols}}, {"errors", e}});
   }
+  if (!sensitivity.empty()) {
+    nlohmann::json s = nlohmann::json::object();
+    for (const auto& [name, u] : sensitivity)
+      s[name] = {{"kl", u.kl}, {"probe_error", u.probe_error}};
+    j["sensitivity"] = s;
+  }
   return j;
 }
 
@@ -72,6 +79,14 @@ Measurement Measurement::from_json(const nlohmann::json& j, const std::string& w
       }
       m.layers.push_back(std::move(le));
     }
+    if (j.contains("sensitivity"))
+      for (const auto& [name, u] : j.at("sensitivity").items()) {
+        UnitSensitivity us{u.at("kl").get<double>(), u.at("probe_error").get<double>()};
+        GYRE_CHECK(std::isfinite(us.kl) && us.kl >= 0 && std::isfinite(us.probe_error) &&
+                       us.probe_error >= 0,
+                   where, ": bad sensitivity for ", name);
+        m.sensitivity[name] = us;
+      }
     return m;
   } catch (const nlohmann::json::exception& e) {
     fail(where, ": malformed measurement: ", e.what());
@@ -133,7 +148,8 @@ void measure(const QuantContext& ctx, Measurement& m,
                  const std::vector<double> h = hessian_of(x, tokens, in, ctx.threads);
                  const std::vector<QuantSetting> cands = settings_for(all, in);
                  if (cands.empty()) return;
-                 const GptqPrep prep = gptq_prepare(h, in, ctx.damp, ctx.act_order);
+                 GptqPrep prep = gptq_prepare(h, in, ctx.damp, ctx.act_order);
+                 prep.clip_search = ctx.clip_search;
                  for (const std::string& s : names) {
                    const std::vector<float>& wt = bw.t[s];
                    LayerErrors le;

@@ -4,6 +4,7 @@
 // interrupted measurement resumes, and reusable by a later conversion (--measurement).
 #pragma once
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -26,10 +27,19 @@ struct LayerErrors {
   std::vector<std::pair<QuantSetting, double>> errors;
 };
 
+// One unit's effect on the model output (sensitivity.h).
+struct UnitSensitivity {
+  double kl = 0;           // mean KL (nats per token) with only this unit quantized at the probe
+  double probe_error = 0;  // summed relative error of the unit's layers at the probe
+  double sensitivity() const { return probe_error > 0 ? kl / probe_error : 0.0; }
+};
+
 struct Measurement {
   nlohmann::json meta;  // model, rows, length, damp, act_order, method
   int blocks_done = 0;
   std::vector<LayerErrors> layers;
+  // By the unit's first layer name; empty when not measured (older files, --chooser plain).
+  std::map<std::string, UnitSensitivity> sensitivity;
 
   const LayerErrors* find(const std::string& name) const;
   nlohmann::json to_json() const;
@@ -42,7 +52,8 @@ struct QuantContext {
   std::vector<std::vector<int>> rows;  // calibration rows, equal lengths
   double damp = 0.01;
   bool act_order = true;
-  bool rtn = false;  // round to nearest instead of GPTQ (a baseline)
+  bool rtn = false;          // round to nearest instead of GPTQ (a baseline)
+  bool clip_search = false;  // GPTQ group parameters by a clipping search (gptq.h)
   int threads = 1;
   bool progress = true;
 };
