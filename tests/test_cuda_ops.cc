@@ -171,6 +171,16 @@ TEST_F(CudaOps, RopeVariants) {
     cpu->rope(x.cpu, heads, c.head_dim, pos.data(), table);
     gpu->rope(x.gpu, heads, c.head_dim, pos.data(), table);
     expect_close(x, 2e-3, "rope");
+    // q and k in one launch (GQA: k has fewer heads) vs the CPU's two rope calls.
+    const int kv_heads = 2;
+    Pair q = upload(*cpu, *gpu, random_f16(n * heads * c.head_dim, rng), n, heads * c.head_dim);
+    Pair k =
+        upload(*cpu, *gpu, random_f16(n * kv_heads * c.head_dim, rng), n, kv_heads * c.head_dim);
+    cpu->rope(q.cpu, heads, c.head_dim, pos.data(), table);
+    cpu->rope(k.cpu, kv_heads, c.head_dim, pos.data(), table);
+    gpu->rope_qk(q.gpu, heads, k.gpu, kv_heads, c.head_dim, pos.data(), table);
+    expect_close(q, 2e-3, "rope_qk q");
+    expect_close(k, 2e-3, "rope_qk k");
   }
 }
 

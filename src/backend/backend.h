@@ -158,6 +158,10 @@ class Backend {
   // Rotates each head of x [n, n_heads * head_dim] in place; token i is at positions[i].
   virtual void rope(Tensor& x, int n_heads, int head_dim, const int32_t* positions,
                     const RopeTable& table) = 0;
+  // rope of q [n, n_heads * head_dim] and k [n, n_kv_heads * head_dim] at the same positions.
+  // Default: two rope calls; a backend may do both in one launch.
+  virtual void rope_qk(Tensor& q, int n_heads, Tensor& k, int n_kv_heads, int head_dim,
+                       const int32_t* positions, const RopeTable& table);
   // Stores k, v [n, n_kv_heads * head_dim] at positions pos0.. of layer `layer` in the cache, then
   // out[i] = causal attention of q[i] (position pos0 + i) over cache positions 0..pos0+i.
   virtual void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,

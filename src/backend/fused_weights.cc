@@ -123,6 +123,12 @@ Tensor Backend::upload_fused(const std::vector<TensorView>& parts, FusedKind kin
   return t;
 }
 
+void Backend::rope_qk(Tensor& q, int n_heads, Tensor& k, int n_kv_heads, int head_dim,
+                      const int32_t* positions, const RopeTable& table) {
+  rope(q, n_heads, head_dim, positions, table);
+  rope(k, n_kv_heads, head_dim, positions, table);
+}
+
 void Backend::matmul_split(const std::vector<Tensor*>& outs, const Tensor& x, const Tensor& w,
                            const Tensor* bias) {
   const FusedParts& parts = fused_parts(w, "matmul_split");

@@ -105,8 +105,7 @@ void Transformer::run_layers(const int32_t* tokens, int n, const int32_t* positi
   for (size_t li = 0; li < layers_.size(); ++li) {
     Layer& l = layers_[li];
     backend_.matmul_split({&q, &k, &v}, xn, l.wqkv, c.qkv_bias ? &l.bqkv : nullptr);
-    backend_.rope(q, c.n_heads, c.head_dim, positions, rope_);
-    backend_.rope(k, c.n_kv_heads, c.head_dim, positions, rope_);
+    backend_.rope_qk(q, c.n_heads, k, c.n_kv_heads, c.head_dim, positions, rope_);
     attend(att, q, k, v, static_cast<int>(li));
     backend_.matmul(ffn, att, l.wo, nullptr);
     backend_.add_rmsnorm(x, xn, ffn, l.ffn_norm, c.norm_eps);

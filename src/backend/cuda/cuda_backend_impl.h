@@ -80,6 +80,8 @@ class CudaBackend final : public Backend {
   void add_rmsnorm(Tensor& residual, Tensor& out, const Tensor& delta, const Tensor& w,
                    float eps) override;
   void matmul(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias) override;
+  void rope_qk(Tensor& q, int n_heads, Tensor& k, int n_kv_heads, int head_dim,
+               const int32_t* positions, const RopeTable& table) override;
   void rope(Tensor& x, int n_heads, int head_dim, const int32_t* positions,
             const RopeTable& table) override;
   void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, KvCache& cache,
@@ -143,6 +145,9 @@ class CudaBackend final : public Backend {
   // out [n, o] (leading dimension ldo) = x [n, in] . w [o, in]^T through cuBLAS.
   void gemm(half* out, int ldo, const half* x, const half* w, int n, int o, int in);
   const float* rope_table(const std::vector<float>& inv_freq);
+  // rope and rope_qk: x2 (n_heads2 heads) rotated in the same launch when not null.
+  void rope_launch(Tensor& x, int n_heads, Tensor* x2, int n_heads2, int head_dim,
+                   const int32_t* positions, const RopeTable& table);
 
   int device_ = 0;
   std::string name_;

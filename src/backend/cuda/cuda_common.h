@@ -48,10 +48,13 @@ void rmsnorm(half* out, half* residual, const half* x, const half* w, int64_t ro
 // ---- rope.cu ----
 struct RopeArgs {
   int n_tokens = 0, n_heads = 0, head_dim = 0, rot_dim = 0;
+  int n_heads2 = 0;  // heads of the second tensor (k of rope_qk), 0 when there is none
   bool interleaved = false;
   float attn_factor = 1.0f;
 };
-void rope(half* x, const int32_t* positions, const float* inv_freq, const RopeArgs& a,
+// x2 (may be null when a.n_heads2 == 0): a second tensor [n_tokens, n_heads2 * head_dim] rotated
+// in the same launch (q and k).
+void rope(half* x, half* x2, const int32_t* positions, const float* inv_freq, const RopeArgs& a,
           cudaStream_t s);
 
 // ---- attention.cu ----

@@ -118,9 +118,25 @@ void CudaBackend::matmul(Tensor& out, const Tensor& x, const Tensor& w, const Te
 
 void CudaBackend::rope(Tensor& x, int n_heads, int head_dim, const int32_t* positions,
                        const RopeTable& table) {
+  rope_launch(x, n_heads, nullptr, 0, head_dim, positions, table);
+}
+
+void CudaBackend::rope_qk(Tensor& q, int n_heads, Tensor& k, int n_kv_heads, int head_dim,
+                          const int32_t* positions, const RopeTable& table) {
+  rope_launch(q, n_heads, &k, n_kv_heads, head_dim, positions, table);
+}
+
+void CudaBackend::rope_launch(Tensor& x, int n_heads, Tensor* x2, int n_heads2, int head_dim,
+                              const int32_t* positions, const RopeTable& table) {
   check_act(x, "rope");
   GYRE_CHECK(static_cast<int64_t>(n_heads) * head_dim == x.cols, "CUDA rope: ", n_heads, " x ",
              head_dim, " does not match a row of ", x.cols);
+  if (x2 != nullptr) {
+    check_act(*x2, "rope");
+    GYRE_CHECK(static_cast<int64_t>(n_heads2) * head_dim == x2->cols && x2->rows == x.rows,
+               "CUDA rope: the second tensor [", x2->rows, ", ", x2->cols, "] is not ", x.rows,
+               " rows of ", n_heads2, " x ", head_dim);
+  }
   GYRE_CHECK(table.rot_dim > 0 && table.rot_dim <= head_dim && table.rot_dim % 2 == 0 &&
                  static_cast<int>(table.inv_freq.size()) >= table.rot_dim / 2,
              "CUDA rope: bad rotary table (rot_dim ", table.rot_dim, ")");
@@ -129,11 +145,12 @@ void CudaBackend::rope(Tensor& x, int n_heads, int head_dim, const int32_t* posi
   RopeArgs a;
   a.n_tokens = static_cast<int>(x.rows);
   a.n_heads = n_heads;
+  a.n_heads2 = x2 != nullptr ? n_heads2 : 0;
   a.head_dim = head_dim;
   a.rot_dim = table.rot_dim;
   a.interleaved = table.interleaved;
   a.attn_factor = table.attn_factor;
-  cuda::rope(h(x), dev_pos, inv_freq, a, stream_);
+  cuda::rope(h(x), x2 != nullptr ? h(*x2) : nullptr, dev_pos, inv_freq, a, stream_);
 }
 
 // Device copies of the rotary tables seen, found by content: several models may share the

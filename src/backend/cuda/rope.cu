@@ -12,16 +12,20 @@ namespace gyre::cuda {
 
 namespace {
 
-__global__ void rope_kernel(half* x, const int32_t* positions, const float* inv_freq, RopeArgs a) {
+__global__ void rope_kernel(half* x, half* x2, const int32_t* positions, const float* inv_freq,
+                            RopeArgs a) {
   pdl_begin();
   const int half_rot = a.rot_dim / 2;
-  const int64_t total = static_cast<int64_t>(a.n_tokens) * a.n_heads * half_rot;
+  const int heads = a.n_heads + a.n_heads2;
+  const int64_t total = static_cast<int64_t>(a.n_tokens) * heads * half_rot;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int i = static_cast<int>(idx % half_rot);
-    const int64_t th = idx / half_rot;  // token * n_heads + head
-    const int token = static_cast<int>(th / a.n_heads);
-    half* head = x + th * a.head_dim;
+    const int64_t th = idx / half_rot;  // token * heads + head (x's heads, then x2's)
+    const int token = static_cast<int>(th / heads), hd = static_cast<int>(th % heads);
+    half* head = hd < a.n_heads ? x + (static_cast<int64_t>(token) * a.n_heads + hd) * a.head_dim
+                                : x2 + (static_cast<int64_t>(token) * a.n_heads2 + hd - a.n_heads) *
+                                           a.head_dim;
     float sn, cs;
     sincosf(static_cast<float>(positions[token]) * inv_freq[i], &sn, &cs);
     cs *= a.attn_factor;
@@ -36,13 +40,14 @@ __global__ void rope_kernel(half* x, const int32_t* positions, const float* inv_
 
 }  // namespace
 
-void rope(half* x, const int32_t* positions, const float* inv_freq, const RopeArgs& a,
+void rope(half* x, half* x2, const int32_t* positions, const float* inv_freq, const RopeArgs& a,
           cudaStream_t s) {
-  const int64_t total = static_cast<int64_t>(a.n_tokens) * a.n_heads * (a.rot_dim / 2);
+  const int64_t total =
+      static_cast<int64_t>(a.n_tokens) * (a.n_heads + a.n_heads2) * (a.rot_dim / 2);
   if (total <= 0) return;
   constexpr int kThreads = 256;
   const int64_t blocks = (total + kThreads - 1) / kThreads;
-  launch(rope_kernel, static_cast<unsigned>(blocks < 65536 ? blocks : 65536), kThreads, 0, s, x,
+  launch(rope_kernel, static_cast<unsigned>(blocks < 65536 ? blocks : 65536), kThreads, 0, s, x, x2,
          positions, inv_freq, a);
   GYRE_CUDA_LAUNCHED();
 }
