@@ -147,8 +147,57 @@ void bench_bulk(__half* x, __half* y, double copy_gbs) {
   }
 }
 
+// The LM head (128256x4096, 4-bit g128) at serving batch sizes: the dispatched path against
+// every batch kernel forced, to choose the head's kernel at n = 9..128.
+void bench_head(const __half* x, __half* y, double copy_gbs) {
+  QWeightDesc d;
+  d.bits = 4;
+  d.group_size = 128;
+  d.rows = 128256;
+  d.cols = 4096;
+  const double bytes = double(d.qweight_bytes()) + d.scale_count() * 2.0;
+  const int copies = 2;
+  std::vector<Weight> ws;
+  for (int c = 0; c < copies; ++c) ws.push_back(make(d.rows, d.cols, 4, 128, 91 + c));
+  std::printf("\nHEAD 128256x4096 4-bit g128: kernel (0 dispatch, 1 register-fed, 2 bulk, 3 "
+              "cp.async) / config / split-K\n");
+  for (const int n : {16, 32, 64, 128}) {
+    auto run = [&](int kernel, int cfg, int ks) {
+      qlinear_detail::set_batch_kernel(kernel);
+      qlinear_detail::set_batch_tiles_per_warp(0);
+      qlinear_detail::set_batch_ksplit(0);
+      qlinear_detail::set_batch4_ksplit(0);
+      qlinear_detail::set_batch_bulk_config(0, 0);
+      if (kernel == 1) qlinear_detail::set_batch_tiles_per_warp(cfg);
+      if (kernel == 2) qlinear_detail::set_batch_bulk_config(cfg, ks);
+      if (kernel == 3) {
+        qlinear_detail::set_batch4_tiles_per_warp(cfg);
+        qlinear_detail::set_batch4_ksplit(ks);
+      }
+      const float ms = time_ms(
+          [&](int i) { qlinear_matmul(ws[i % copies].w, x, y, n, nullptr, nullptr); }, 20);
+      CK(cudaGetLastError());
+      const double moved = bytes + 2.0 * n * (d.rows + d.cols);
+      std::printf("n=%3d k%d cfg %2d ks %d %9.2f us %6.1f%%\n", n, kernel, cfg, ks, ms * 1e3,
+                  100.0 * moved / ms / 1e6 / copy_gbs);
+    };
+    run(0, 0, 0);
+    for (const int mt : {1, 2}) run(1, mt, 0);
+    for (int cfg = 1; cfg <= 10; ++cfg) run(2, cfg, 0);
+    for (const int mt : {1, 2})
+      for (const int ks : {0, 1, 2}) run(3, mt, ks);
+  }
+  qlinear_detail::set_batch_kernel(0);
+  qlinear_detail::set_batch_tiles_per_warp(0);
+  qlinear_detail::set_batch4_tiles_per_warp(0);
+  qlinear_detail::set_batch4_ksplit(0);
+  qlinear_detail::set_batch_bulk_config(0, 0);
+  for (auto& w : ws) CK(cudaFree(w.mem));
+}
+
 int main(int argc, char** argv) {
   const bool bulk_only = argc > 1 && std::string(argv[1]) == "bulk";
+  const bool head_only = argc > 1 && std::string(argv[1]) == "head";
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
@@ -174,6 +223,11 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&x, 2048 * 14336 * 2));
   CK(cudaMalloc(&y, 2048 * 128256 * 2));
   fill_halves<<<1024, 256>>>(x, 2048 * 14336, -1.0f, 2.0f, 5);
+  if (head_only) {
+    bench_head(x, y, copy_gbs);
+    CK(cudaDeviceSynchronize());
+    return 0;
+  }
   if (bulk_only) {
     bench_bulk(x, y, copy_gbs);
     CK(cudaDeviceSynchronize());
