@@ -165,27 +165,8 @@ __global__ void __launch_bounds__(kWarps * 32) batch4_kernel(Params p, int ks_bl
         if (p.asym) staged_pair(run + L::kS, p.scale_f32, G32 ? h : 0, g, m_lo[mt], m_hi[mt]);
       }
 #pragma unroll
-      for (int jj = 0; jj < 2; ++jj) {
-        const int j = 2 * h + jj;
-        uint32_t a[MT][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          const uint32_t words[4] = {q[mt].x, q[mt].y, q[mt].z, q[mt].w};
-          uint32_t raw[4];
-          int4_word_to_fragment(words[j], lo_base, hi_base, raw);
-          const __half2 v[4] = {__hfma2(as_half2(raw[0]), s_lo[mt], m_lo[mt]),
-                                __hfma2(as_half2(raw[1]), s_hi[mt], m_hi[mt]),
-                                __hfma2(as_half2(raw[2]), s_lo[mt], m_lo[mt]),
-                                __hfma2(as_half2(raw[3]), s_hi[mt], m_hi[mt])};
-          memcpy(a[mt], v, 16);
-        }
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const uint32_t b0 = jj ? x[nt].z : x[nt].x, b1 = jj ? x[nt].w : x[nt].y;
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) mma_16816(&acc[(mt * NT + nt) * 4], a[mt], b0, b1);
-        }
-      }
+      for (int jj = 0; jj < 2; ++jj)
+        mma_scaled_step<MT, NT>(acc, q, 2 * h + jj, x, s_lo, s_hi, m_lo, m_hi, lo_base, hi_base);
     }
   }
   cp_async_wait<0>();
@@ -208,25 +189,15 @@ __global__ void __launch_bounds__(kWarps * 32) batch4_kernel(Params p, int ks_bl
     const int w = th >> 5, l = th & 31, gg = l >> 2, tt = l & 3;
     const int mt = e / (NT * 4), nt = (e / 4) % NT, i = e % 4;
     const int tile = tile0 + w * MT + mt;
-    if (tile >= p.tiles) continue;
     const int tok = tok0 + 8 * nt + 2 * tt + (i % 2);
-    if (tok >= p.n) continue;
-    if (p.swiglu_hidden > 0) {
-      // Gate row gg (i = 0, 1) and up row gg + 8 (i = 2, 3): the gate's reducer also sums the
-      // up row (element e + 2) and stores silu(gate) * up.
-      if (i >= 2) continue;
-      const int hrow = 8 * tile + gg;
-      if (hrow >= p.swiglu_hidden) continue;
+    if (tile >= p.tiles || tok >= p.n) continue;
+    // SwiGLU: the gate's reducer also sums the up row (element e + 2).
+    store_batch_element(p, tile, gg, i, tok, v, [&] {
       float up = 0.f;
       for (int q = 0; q < ks_blocks; ++q)
         up += cluster.map_shared_rank(part, q)[idx + 2 * kWarps * 32];
-      p.y[int64_t{tok} * p.swiglu_hidden + hrow] = __float2half_rn(cuda::silu_times(v, up));
-      continue;
-    }
-    const int row = 16 * tile + gg + 8 * (i / 2);
-    if (row >= p.rows) continue;
-    if (p.bias != nullptr) v += __half2float(p.bias[row]);
-    store_out(p, tok, row, v);
+      return up;
+    });
   }
   cluster.sync();  // no block leaves while others read its shared memory
 }

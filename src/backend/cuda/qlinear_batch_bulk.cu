@@ -242,27 +242,9 @@ __global__ void __launch_bounds__((CW + kMaxProducers) * 32)
             }
           }
 #pragma unroll
-          for (int jj = 0; jj < 2; ++jj) {
-            const int j = 2 * h + jj;
-            uint32_t a[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-              const uint32_t words[4] = {q[mt].x, q[mt].y, q[mt].z, q[mt].w};
-              uint32_t raw[4];
-              int4_word_to_fragment(words[j], lo_base, hi_base, raw);
-              const __half2 v[4] = {__hfma2(as_half2(raw[0]), s_lo[mt], m_lo[mt]),
-                                    __hfma2(as_half2(raw[1]), s_hi[mt], m_hi[mt]),
-                                    __hfma2(as_half2(raw[2]), s_lo[mt], m_lo[mt]),
-                                    __hfma2(as_half2(raw[3]), s_hi[mt], m_hi[mt])};
-              memcpy(a[mt], v, 16);
-            }
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-              const uint32_t b0 = jj ? x[nt].z : x[nt].x, b1 = jj ? x[nt].w : x[nt].y;
-#pragma unroll
-              for (int mt = 0; mt < MT; ++mt) mma_16816(&acc[(mt * NT + nt) * 4], a[mt], b0, b1);
-            }
-          }
+          for (int jj = 0; jj < 2; ++jj)
+            mma_scaled_step<MT, NT>(acc, q, 2 * h + jj, x, s_lo, s_hi, m_lo, m_hi, lo_base,
+                                    hi_base);
         }
       }
       __syncwarp();
@@ -294,20 +276,12 @@ __global__ void __launch_bounds__((CW + kMaxProducers) * 32)
         const int tile = tile0 + w * MT + mt;
         const int tok = tok0 + 8 * nt + 2 * tt + (i % 2);
         if (tile >= p.tiles || tok >= p.n) continue;
-        if (p.swiglu_hidden > 0) {
-          // Gate row gg (i = 0, 1) and up row gg + 8 (i = 2, 3, two entries further).
-          if (i >= 2) continue;
-          const int hrow = 8 * tile + gg;
-          if (hrow >= p.swiglu_hidden) continue;
+        // SwiGLU: the up row gg + 8 is two entries further.
+        store_batch_element(p, tile, gg, i, tok, v, [&] {
           float up = 0.f;
           for (int r = 0; r < ks_blocks; ++r) up += cluster.map_shared_rank(part, r)[idx + 2 * kCT];
-          p.y[int64_t{tok} * p.swiglu_hidden + hrow] = __float2half_rn(cuda::silu_times(v, up));
-          continue;
-        }
-        const int row = 16 * tile + gg + 8 * (i / 2);
-        if (row >= p.rows) continue;
-        if (p.bias != nullptr) v += __half2float(p.bias[row]);
-        store_out(p, tok, row, v);
+          return up;
+        });
       }
     }
     cluster.sync();  // the chunk is read everywhere before it is overwritten (or the block exits)

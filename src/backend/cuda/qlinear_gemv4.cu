@@ -266,29 +266,7 @@ __global__ void __launch_bounds__(512) gemv4_ring_kernel(Params p, int kb_per, R
       acc[3] += v.w;
     }
   }
-  if (tile >= p.tiles) return;
-  if (p.swiglu_hidden > 0) {
-    // Gate/up interleaved by 8 rows: this thread holds gate row g (acc 0, 1) and its up row
-    // g + 8 (acc 2, 3) of hidden row 8 * tile + g for tokens 2t, 2t + 1.
-    const int hrow = 8 * tile + g;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int tok = 2 * t + i;
-      if (hrow < p.swiglu_hidden && tok < p.n)
-        p.y[int64_t{tok} * p.swiglu_hidden + hrow] =
-            __float2half_rn(cuda::silu_times(acc[i], acc[2 + i]));
-    }
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int row = 16 * tile + g + 8 * (i / 2), tok = 2 * t + (i % 2);
-    if (row < p.rows && tok < p.n) {
-      float v = acc[i];
-      if (p.bias != nullptr) v += __half2float(p.bias[row]);
-      store_out(p, tok, row, v);
-    }
-  }
+  store_gemv_tile(p, tile, g, t, acc);
 }
 
 int g_ring_stage = 0, g_ring_depth = 0, g_sms = 0, g_smem_optin = 0;

@@ -154,4 +154,67 @@ __device__ __forceinline__ float2 load_tile_pair(const void* base, bool f32, int
   return __half22float2(as_half2(v));
 }
 
+// Step j (0..3) of one 64-column block for MT 16-row tiles x NT 8-token tiles: each tile's
+// 4-bit word j becomes an A fragment scaled (and shifted by the min) in FP16, one HFMA2 per
+// register, then multiplied with the tokens' B fragments (words jj*2, jj*2+1 of x, jj = j % 2).
+// Shared by the serving-batch kernels (qlinear_batch4.cu, qlinear_batch_bulk.cu).
+template <int MT, int NT>
+__device__ __forceinline__ void mma_scaled_step(float* acc, const uint4 (&q)[MT], int j,
+                                                const uint4 (&x)[NT], const __half2 (&s_lo)[MT],
+                                                const __half2 (&s_hi)[MT],
+                                                const __half2 (&m_lo)[MT],
+                                                const __half2 (&m_hi)[MT], __half2 lo_base,
+                                                __half2 hi_base) {
+  const int jj = j & 1;
+  uint32_t a[MT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const uint32_t words[4] = {q[mt].x, q[mt].y, q[mt].z, q[mt].w};
+    uint32_t raw[4];
+    int4_word_to_fragment(words[j], lo_base, hi_base, raw);
+    const __half2 v[4] = {__hfma2(as_half2(raw[0]), s_lo[mt], m_lo[mt]),
+                          __hfma2(as_half2(raw[1]), s_hi[mt], m_hi[mt]),
+                          __hfma2(as_half2(raw[2]), s_lo[mt], m_lo[mt]),
+                          __hfma2(as_half2(raw[3]), s_hi[mt], m_hi[mt])};
+    memcpy(a[mt], v, 16);
+  }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const uint32_t b0 = jj ? x[nt].z : x[nt].x, b1 = jj ? x[nt].w : x[nt].y;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) mma_16816(&acc[(mt * NT + nt) * 4], a[mt], b0, b1);
+  }
+}
+
+// Stores one reduced accumulator of a serving-batch kernel: fragment element i (0..3) of row
+// gg of `tile` for token tok. SwiGLU weights (gate/up interleaved by 8 rows): the gate element
+// (i = 0, 1) stores silu(v) * up(), the up element (i = 2, 3) stores nothing.
+template <class Up>
+__device__ __forceinline__ void store_batch_element(const Params& p, int tile, int gg, int i,
+                                                    int tok, float v, Up&& up) {
+  if (p.swiglu_hidden > 0) {
+    const int hrow = 8 * tile + gg;
+    if (i < 2 && hrow < p.swiglu_hidden)
+      p.y[int64_t{tok} * p.swiglu_hidden + hrow] = __float2half_rn(cuda::silu_times(v, up()));
+    return;
+  }
+  const int row = 16 * tile + gg + 8 * (i / 2);
+  if (row >= p.rows) return;
+  if (p.bias != nullptr) v += __half2float(p.bias[row]);
+  store_out(p, tok, row, v);
+}
+
+// The n <= 8 GEMVs' epilogue (qlinear_tiled.cu, qlinear_gemv4.cu): lane (g, t) holds rows g,
+// g + 8 of `tile` for tokens 2t, 2t + 1 (acc[2 * (row half) + token]).
+__device__ __forceinline__ void store_gemv_tile(const Params& p, int tile, int g, int t,
+                                                const float (&acc)[4]) {
+  if (tile >= p.tiles) return;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int tok = 2 * t + (i % 2);
+    if (tok < p.n)
+      store_batch_element(p, tile, g, i, tok, acc[i], [&] { return acc[(2 + i) & 3]; });
+  }
+}
+
 }  // namespace gyre::qlinear_detail
