@@ -15,56 +15,7 @@
 
 using namespace gyre;
 
-#define CK(call)                                                                           \
-  do {                                                                                     \
-    cudaError_t e_ = (call);                                                               \
-    if (e_ != cudaSuccess) {                                                               \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
-
-__global__ void fill_bytes(uint8_t* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = uint8_t(h);
-  }
-}
-__global__ void fill_halves(__half* p, size_t n, float lo, float span, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 16;
-    h *= 2246822519u;
-    p[i] = __float2half(lo + span * float(h & 0xffff) / 65536.0f);
-  }
-}
-
-template <typename F>
-float time_ms(F&& f, int iters) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) f(i);
-  CK(cudaDeviceSynchronize());
-  std::vector<float> runs;
-  for (int rep = 0; rep < 7; ++rep) {
-    CK(cudaEventRecord(a));
-    for (int i = 0; i < iters; ++i) f(i);
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    runs.push_back(ms / iters);
-  }
-  CK(cudaGetLastError());
-  std::sort(runs.begin(), runs.end());
-  return runs[runs.size() / 2];
-}
+#include "bench_common.cuh"
 
 struct Cfg {
   int kernel, stage, depth, ksplit;
@@ -88,7 +39,7 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&t, big));
   CK(cudaMemset(s, 1, big));
   const float copy_ms =
-      time_ms([&](int) { CK(cudaMemcpyAsync(t, s, big, cudaMemcpyDeviceToDevice)); }, 10);
+      time_ms([&](int) { CK(cudaMemcpyAsync(t, s, big, cudaMemcpyDeviceToDevice)); }, 10, 7);
   const double copy_gbs = 2.0 * big / copy_ms / 1e6;
   std::printf("copy bandwidth: %.0f GB/s\n", copy_gbs);
   CK(cudaFree(s));
@@ -114,24 +65,14 @@ int main(int argc, char** argv) {
     d.rows = sh[0];
     d.cols = sh[1];
     const double bytes = double(d.qweight_bytes()) + d.scale_count() * 2.0;
-    const size_t total = qweight_device_bytes(d);
     const int copies = std::max(1, int(std::ceil(300e6 / bytes)));
-    std::vector<void*> mem(copies);
-    std::vector<QWeightDevice> ws(copies);
-    for (int c = 0; c < copies; ++c) {
-      CK(cudaMalloc(&mem[c], total));
-      ws[c] = qweight_device_view(d, mem[c]);
-      auto* p = static_cast<uint8_t*>(mem[c]);
-      const size_t qb = static_cast<const uint8_t*>(ws[c].scales) - p;
-      fill_bytes<<<1024, 256>>>(p, qb, 17 + c);
-      fill_halves<<<1024, 256>>>(reinterpret_cast<__half*>(p + qb), (total - qb) / 2, 0.001f, 0.01f,
-                                 17 + c);
-    }
+    std::vector<Weight> ws;
+    for (int c = 0; c < copies; ++c) ws.push_back(make_weight(d, 17 + c));
     CK(cudaDeviceSynchronize());
     auto run = [&](int n, const Cfg& c) {
       set(c);
       const float ms =
-          time_ms([&](int i) { qlinear_gemv(ws[i % copies], x, y, n, nullptr, nullptr); }, 40);
+          time_ms([&](int i) { qlinear_gemv(ws[i % copies].w, x, y, n, nullptr, nullptr); }, 40, 7);
       const double moved = bytes + 2.0 * n * (sh[0] + sh[1]);
       const double pct = 100.0 * moved / ms / 1e6 / copy_gbs;
       std::printf("%6dx%-7d %2d %3d/%d/%d/%-3d %9.2f %8.0f %6.1f%%\n", sh[0], sh[1], n, c.kernel,
@@ -176,7 +117,7 @@ int main(int argc, char** argv) {
     }
     set({0, 0, 0, 0});
     summary.push_back(sm);
-    for (void* m : mem) CK(cudaFree(m));
+    for (auto& w : ws) CK(cudaFree(w.mem));
   }
   std::printf(
       "\nSUMMARY (us; %% of copy %.0f GB/s) old = register-fed (default), ring = cp.async ring "

@@ -14,39 +14,7 @@
 
 using namespace gyre;
 
-#define CK(call)                                                                           \
-  do {                                                                                     \
-    cudaError_t e_ = (call);                                                               \
-    if (e_ != cudaSuccess) {                                                               \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
-
-__global__ void fill_bytes(uint8_t* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = uint8_t(h);
-  }
-}
-__global__ void fill_halves(__half* p, size_t n, float lo, float span, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 16;
-    h *= 2246822519u;
-    p[i] = __float2half(lo + span * float(h & 0xffff) / 65536.0f);
-  }
-}
-
-struct Weight {
-  QWeightDevice w;
-  void* mem;
-};
+#include "bench_common.cuh"
 
 Weight make(int rows, int cols, int bits, int group, uint32_t seed) {
   QWeightDesc d;
@@ -54,38 +22,7 @@ Weight make(int rows, int cols, int bits, int group, uint32_t seed) {
   d.group_size = group;
   d.rows = rows;
   d.cols = cols;
-  Weight out{};
-  const size_t total = qweight_device_bytes(d);
-  CK(cudaMalloc(&out.mem, total));
-  out.w = qweight_device_view(d, out.mem);
-  auto* p = static_cast<uint8_t*>(out.mem);
-  const size_t qb = static_cast<const uint8_t*>(out.w.scales) - p;  // incl. alignment padding
-  fill_bytes<<<1024, 256>>>(p, qb, seed);
-  fill_halves<<<1024, 256>>>(reinterpret_cast<__half*>(p + qb), (total - qb) / 2, 0.001f, 0.01f,
-                             seed);
-  CK(cudaGetLastError());
-  return out;
-}
-
-template <typename F>
-float time_ms(F&& f, int iters) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) f(i);
-  CK(cudaDeviceSynchronize());
-  std::vector<float> runs;
-  for (int rep = 0; rep < 5; ++rep) {
-    CK(cudaEventRecord(a));
-    for (int i = 0; i < iters; ++i) f(i);
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    runs.push_back(ms / iters);
-  }
-  std::sort(runs.begin(), runs.end());
-  return runs[runs.size() / 2];
+  return make_weight(d, seed);
 }
 
 // `qlinear_bench bulk`: 4-bit serving batches only (round 4): the dispatched path, the round-3
@@ -159,8 +96,9 @@ void bench_head(const __half* x, __half* y, double copy_gbs) {
   const int copies = 2;
   std::vector<Weight> ws;
   for (int c = 0; c < copies; ++c) ws.push_back(make(d.rows, d.cols, 4, 128, 91 + c));
-  std::printf("\nHEAD 128256x4096 4-bit g128: kernel (0 dispatch, 1 register-fed, 2 bulk, 3 "
-              "cp.async) / config / split-K\n");
+  std::printf(
+      "\nHEAD 128256x4096 4-bit g128: kernel (0 dispatch, 1 register-fed, 2 bulk, 3 "
+      "cp.async) / config / split-K\n");
   for (const int n : {16, 32, 64, 128}) {
     auto run = [&](int kernel, int cfg, int ks) {
       qlinear_detail::set_batch_kernel(kernel);
@@ -174,8 +112,8 @@ void bench_head(const __half* x, __half* y, double copy_gbs) {
         qlinear_detail::set_batch4_tiles_per_warp(cfg);
         qlinear_detail::set_batch4_ksplit(ks);
       }
-      const float ms = time_ms(
-          [&](int i) { qlinear_matmul(ws[i % copies].w, x, y, n, nullptr, nullptr); }, 20);
+      const float ms =
+          time_ms([&](int i) { qlinear_matmul(ws[i % copies].w, x, y, n, nullptr, nullptr); }, 20);
       CK(cudaGetLastError());
       const double moved = bytes + 2.0 * n * (d.rows + d.cols);
       std::printf("n=%3d k%d cfg %2d ks %d %9.2f us %6.1f%%\n", n, kernel, cfg, ks, ms * 1e3,
