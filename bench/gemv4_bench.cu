@@ -104,13 +104,13 @@ int main(int argc, char** argv) {
       auto o = run(ns[i], {1, 0, 0, 0});
       sm.old_us[i] = o.first;
       if (i == 0) sm.pct_old = o.second;
-      auto r = run(ns[i], {4, 0, 8, 0});
+      auto r = run(ns[i], {4, 0, 0, 0});
       sm.ring_us[i] = r.first;
       sm.pct_ring[i] = r.second;
     }
     sm.best_us = sm.ring_us[0];
     sm.pct_best = sm.pct_ring[0];
-    sm.best = {4, 0, 8, 0};
+    sm.best = {4, 0, 0, 0};
     if (sweep) {
       for (const int depth : {4, 8, 16}) {
         for (const int ks : {1, 2, 4, 8, 16}) {

@@ -6,7 +6,9 @@
 // the block, reduced in shared memory). ksplit is 1 when there are rows enough to fill the GPU,
 // more for short matrices. Each lane keeps U * R chunk loads in flight before using any.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "backend/cuda/qlinear.h"
 #include "backend/cuda/qlinear_kernels.cuh"
@@ -138,7 +140,7 @@ void launch_gemv(const Params& p, cudaStream_t stream) {
   q.ksplit = row_groups >= 2048 ? 1 : row_groups >= 1024 ? 2 : 4;
   const int per_block = R * (kGemvWarps / q.ksplit);
   const int blocks = (p.rows + per_block - 1) / per_block;
-  cuda::launch(gemv_kernel<BITS, NT, R>, blocks, kGemvWarps * 32, 0, stream, q);
+  qlaunch(gemv_kernel<BITS, NT, R>, blocks, kGemvWarps * 32, 0, stream, q);
 }
 
 template <int BITS>
@@ -466,6 +468,14 @@ void qlinear_dequantize(const QWeightDevice& w, __half* out, cudaStream_t stream
 }
 
 namespace qlinear_detail {
+bool qlinear_pdl() {
+  static const bool on = [] {
+    const char* e = std::getenv("GYRE_QLINEAR_PDL");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return on;
+}
+
 void set_gemv_rows_per_block(int rows) {
   GYRE_CHECK(rows == 0 || rows == 1 || rows == 2 || rows == 4,
              "qlinear: rows per block must be 0, 1, 2 or 4");

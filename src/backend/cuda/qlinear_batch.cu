@@ -305,11 +305,9 @@ void launch(const Params& p, int ks_knob, cudaStream_t stream) {
   const unsigned blocks =
       static_cast<unsigned>((tile_groups + per_block - 1) / per_block * token_groups);
   if (BITS == 4 && p.group == 32)
-    cuda::launch(batch_kernel<BITS, true, MT, NT, U>, blocks, kWarps * 32, 0, stream, q,
-                 token_groups);
+    qlaunch(batch_kernel<BITS, true, MT, NT, U>, blocks, kWarps * 32, 0, stream, q, token_groups);
   else
-    cuda::launch(batch_kernel<BITS, false, MT, NT, U>, blocks, kWarps * 32, 0, stream, q,
-                 token_groups);
+    qlaunch(batch_kernel<BITS, false, MT, NT, U>, blocks, kWarps * 32, 0, stream, q, token_groups);
 }
 
 template <int BITS, int MT>

@@ -265,7 +265,7 @@ void launch(const Params& p, cudaStream_t stream) {
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  cuda::add_pdl(cfg, attr);
+  if (qlinear_pdl()) cuda::add_pdl(cfg, attr);
   check_cuda(cudaLaunchKernelEx(&cfg, kernel, p, ks), "qlinear batch4 launch");
 }
 

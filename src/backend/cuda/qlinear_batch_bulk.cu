@@ -346,7 +346,7 @@ void launch_one(const Params& p, int ks, bool bulk_weights, cudaStream_t stream)
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  cuda::add_pdl(cfg, attr);
+  if (qlinear_pdl()) cuda::add_pdl(cfg, attr);
   check_cuda(cudaLaunchKernelEx(&cfg, kernel, p, sh, ks), "qlinear bulk launch");
 }
 

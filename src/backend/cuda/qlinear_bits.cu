@@ -161,7 +161,7 @@ void launch_nt(Params p, cudaStream_t stream) {
   p.ksplit = row_groups >= 2048 || tiles == 1 ? 1 : row_groups >= 1024 || tiles == 2 ? 2 : 4;
   const int per_block = kRows * (kWarps / p.ksplit);
   const int blocks = (p.rows + per_block - 1) / per_block;
-  cuda::launch(gemv_bits_kernel<BITS, NT, kRows>, blocks, kWarps * 32, 0, stream, p);
+  qlaunch(gemv_bits_kernel<BITS, NT, kRows>, blocks, kWarps * 32, 0, stream, p);
 }
 
 template <int BITS, int R>

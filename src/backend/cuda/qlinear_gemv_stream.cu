@@ -226,7 +226,7 @@ void launch_d(const Params& q, int per, unsigned blocks, unsigned threads, int s
                "cudaFuncSetAttribute (gemv4 stream)");
     raised = true;
   }
-  cuda::launch(kernel, blocks, threads, static_cast<size_t>(smem), stream, q, per);
+  qlaunch(kernel, blocks, threads, static_cast<size_t>(smem), stream, q, per);
 }
 
 template <int D>

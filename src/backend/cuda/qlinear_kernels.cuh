@@ -35,6 +35,16 @@ struct Params {
   float norm_eps = 0.f;
 };
 
+// Launches with programmatic dependent launch (launch.h) unless GYRE_QLINEAR_PDL=0 (an A/B knob
+// for benchmarks; qlinear.cu).
+bool qlinear_pdl();
+template <typename... KernelArgs, typename... Args>
+void qlaunch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+             Args&&... args) {
+  if (qlinear_pdl()) return cuda::launch(kernel, grid, block, smem, s, std::forward<Args>(args)...);
+  kernel<<<grid, block, smem, s>>>(std::forward<Args>(args)...);
+}
+
 // Output row `row` of token `tok`: into y [n, rows], or into the split outputs.
 __device__ __forceinline__ void store_out(const Params& p, int tok, int row, float v) {
   if (p.split.parts == 0) {

@@ -313,7 +313,7 @@ void launch_gemv4(const Params& p, cudaStream_t stream) {
   const unsigned threads = warps * 32;
   const bool g32 = q.group == 32;
   auto go = [&](auto kernel_g32, auto kernel) {
-    cuda::launch(g32 ? kernel_g32 : kernel, blocks, threads, 0, stream, q);
+    qlaunch(g32 ? kernel_g32 : kernel, blocks, threads, 0, stream, q);
   };
   if (unroll == 4) return go(gemv4_kernel<true, 4>, gemv4_kernel<false, 4>);
   return go(gemv4_kernel<true, 2>, gemv4_kernel<false, 2>);
