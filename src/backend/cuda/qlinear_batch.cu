@@ -175,6 +175,7 @@ __device__ __forceinline__ void fragment(const Params& p, const Piece<BITS>& d, 
 
 template <int BITS, bool G32, int MT, int NT, int U>
 __global__ void __launch_bounds__(kWarps * 32) batch_kernel(Params p, int token_groups) {
+  cuda::pdl_begin();  // launched with PDL (launch.h)
   __shared__ float4 red[kWarps][kRedFloats / 4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -190,19 +191,13 @@ __global__ void __launch_bounds__(kWarps * 32) batch_kernel(Params p, int token_
   for (int i = 0; i < MT * NT * 4; ++i) acc[i] = 0.f;
 
   const int step = U * p.ksplit;
-  Piece<BITS> w[U][MT];
-  auto fetch = [&](int b0) {
+  for (int b0 = ks; b0 < p.kblocks; b0 += step) {
+    Piece<BITS> w[U][MT];
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
         fetch_piece<BITS, G32>(p, tiles[mt], min(b0 + u * p.ksplit, p.kblocks - 1), lane, w[u][mt]);
-  };
-  // The first weights travel while the previous kernel finishes (PDL, launch.h); x after.
-  fetch(ks);
-  cuda::pdl_begin();
-  for (int b0 = ks; b0 < p.kblocks; b0 += step) {
-    if (b0 != ks) fetch(b0);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int b = b0 + u * p.ksplit;

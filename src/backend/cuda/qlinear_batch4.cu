@@ -54,18 +54,14 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 
-// Parts of a stage: x (written by the previous kernel) and the weights with their scale runs
-// (constant), which the prologue issues before the PDL wait.
-enum StagePart { kStageX = 1, kStageWeights = 2, kStageAll = 3 };
-
-template <bool G32, int MT, int NT, int PART = kStageAll>
+template <bool G32, int MT, int NT>
 __device__ __forceinline__ void issue_stage(const Params& p, uint8_t* stage, int b, int tok0,
                                             const int (&tiles)[MT]) {
   using L = Layout<MT, NT>;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // x: 8 NT rows x 8 pieces of 16 bytes.
   uint8_t* xs = stage;
-  for (int piece = tid; (PART & kStageX) && piece < NT * 64; piece += kWarps * 32) {
+  for (int piece = tid; piece < NT * 64; piece += kWarps * 32) {
     const int r = piece >> 3, u = piece & 7, c = 64 * b + 8 * u;
     const __half* row = p.x + int64_t{min(tok0 + r, p.n - 1)} * p.cols;
     uint8_t* dst = xs + r * 128 + ((u ^ ((r & 1) << 2)) << 4);
@@ -79,7 +75,6 @@ __device__ __forceinline__ void issue_stage(const Params& p, uint8_t* stage, int
       memcpy(dst, hx, 16);
     }
   }
-  if constexpr ((PART & kStageWeights) == 0) return;
   // Weights and scale runs of this warp's tiles.
   const int esize = p.scale_f32 ? 4 : 2;
   const int gi = G32 ? 2 * b : (64 * b) >> p.group_log2;
@@ -115,6 +110,7 @@ __device__ __forceinline__ void staged_pair(const uint8_t* run, bool f32, int k,
 
 template <bool G32, int MT, int NT>
 __global__ void __launch_bounds__(kWarps * 32) batch4_kernel(Params p, int ks_blocks) {
+  cuda::pdl_begin();  // launched with PDL (launch.h)
   using L = Layout<MT, NT>;
   extern __shared__ __align__(128) uint8_t smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -136,18 +132,9 @@ __global__ void __launch_bounds__(kWarps * 32) batch4_kernel(Params p, int ks_bl
 #pragma unroll
   for (int i = 0; i < MT * NT * 4; ++i) acc[i] = 0.f;
 
-    // The prologue's weights travel while the previous kernel finishes (PDL, launch.h); its x
-    // only after. Commit group 0 then holds every prologue weight, group s the x of stage s, so
-    // the loop's waits stay as they were.
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < count)
-      issue_stage<G32, MT, NT, kStageWeights>(p, smem + s * L::kStage, kb0 + s, tok0, tiles);
-  }
-  cuda::pdl_begin();
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < count) issue_stage<G32, MT, NT, kStageX>(p, smem + s * L::kStage, kb0 + s, tok0, tiles);
+    if (s < count) issue_stage<G32, MT, NT>(p, smem + s * L::kStage, kb0 + s, tok0, tiles);
     cp_async_commit();
   }
   for (int i = 0; i < count; ++i) {
