@@ -24,7 +24,6 @@ struct Cfg {
 
 void set(const Cfg& c) {
   qlinear_detail::set_gemv_kernel(c.kernel);
-  qlinear_detail::set_gemv_ring(c.stage, c.depth);
   qlinear_detail::set_gemv_depth(c.depth);
   qlinear_detail::set_gemv_ksplit(c.ksplit);
 }

@@ -101,14 +101,12 @@ void set_gemv_rows_per_block(int rows);  // 8-bit
 // and 16-byte loads in flight per lane (2 or 4; 0 = 2).
 void set_gemv_ksplit(int ksplit);
 void set_gemv_unroll(int unroll);
-// 4-bit GEMV kernel: 0 = auto (the register-fed kernel, qlinear_tiled.cu), 1 = register-fed,
-// 2 = shared-memory ring fed by bulk copies (TMA), 3 = ring fed by per-lane cp.async
-// (qlinear_gemv4.cu; slower on H100, see bench/qlinear_notes.md round 4);
-// the ring: column blocks per stage x stages, one of 1x8, 1x16, 2x4, 2x8, 4x2, 4x4 (0 = auto).
-// 4 = the register pipeline with x in shared memory (qlinear_gemv_stream.cu), whose depth
-// (column blocks in flight per warp: 4, 8 or 16; 0 = 8) set_gemv_depth sets.
+// 4-bit GEMV kernel: 0 = auto (the stream kernel at n <= 2, the register-fed one beyond),
+// 1 = register-fed (qlinear_tiled.cu), 4 = the stream kernel (qlinear_gemv_stream.cu: x in shared
+// memory, a register ring of column blocks), whose depth (blocks in flight per warp: 4, 8 or 16;
+// 0 = 4) set_gemv_depth sets. (Kernels 2 and 3, shared-memory rings, measured slower on H100
+// and were removed in round 5: bench/qlinear_notes.md.)
 void set_gemv_kernel(int kernel);
-void set_gemv_ring(int stage_blocks, int depth);
 void set_gemv_depth(int depth);
 // Batch kernel: warps splitting the columns (1, 2, 4, 8; 0 = auto) and 16-row tiles per warp
 // (1 or 2; 0 = auto).

@@ -191,22 +191,8 @@ __global__ void __launch_bounds__(512) gemv4_stream_kernel(Params p, int per) {
     }
   }
 
-  // Split-K partial sums meet in shared memory (after the x stage: reuse is not needed, the
-  // reduction has its own space).
   __shared__ float4 partial[16][32];
-  if (p.ksplit > 1) {
-    partial[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    __syncthreads();
-    if (ks != 0) return;
-    for (int i = 1; i < p.ksplit; ++i) {
-      const float4 v = partial[warp + i][lane];
-      acc[0] += v.x;
-      acc[1] += v.y;
-      acc[2] += v.z;
-      acc[3] += v.w;
-    }
-  }
-  store_gemv_tile(p, tile, g, t, acc);
+  reduce_store_gemv_tile(p, partial, warp, ks, tile, acc);
 }
 
 int g_depth = 0, g_sms = 0, g_smem_optin = 0;

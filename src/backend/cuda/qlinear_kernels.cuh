@@ -237,4 +237,25 @@ __device__ __forceinline__ void store_gemv_tile(const Params& p, int tile, int g
   }
 }
 
+// The n <= 8 GEMVs' end: the ksplit warps of a tile (consecutive warps of the block) add their
+// partial sums in shared memory and the first of them stores the tile.
+__device__ __forceinline__ void reduce_store_gemv_tile(const Params& p, float4 (&partial)[16][32],
+                                                       int warp, int ks, int tile,
+                                                       float (&acc)[4]) {
+  const int lane = threadIdx.x & 31;
+  if (p.ksplit > 1) {
+    partial[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    __syncthreads();
+    if (ks != 0) return;
+    for (int i = 1; i < p.ksplit; ++i) {
+      const float4 v = partial[warp + i][lane];
+      acc[0] += v.x;
+      acc[1] += v.y;
+      acc[2] += v.z;
+      acc[3] += v.w;
+    }
+  }
+  store_gemv_tile(p, tile, lane >> 2, lane & 3, acc);
+}
+
 }  // namespace gyre::qlinear_detail

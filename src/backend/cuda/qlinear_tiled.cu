@@ -175,19 +175,7 @@ __global__ void __launch_bounds__(512) gemv4_kernel(Params p) {
   }
 
   __shared__ float4 partial[16][32];
-  if (p.ksplit > 1) {
-    partial[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    __syncthreads();
-    if (ks != 0) return;
-    for (int i = 1; i < p.ksplit; ++i) {
-      const float4 v = partial[warp + i][lane];
-      acc[0] += v.x;
-      acc[1] += v.y;
-      acc[2] += v.z;
-      acc[3] += v.w;
-    }
-  }
-  store_gemv_tile(p, tile, g, t, acc);
+  reduce_store_gemv_tile(p, partial, warp, ks, tile, acc);
 }
 
 // One thread per 16-byte lane piece: rows g, g+8 x 16 columns, in float, original column order.
@@ -270,8 +258,7 @@ void tile_int4_upload(const uint8_t* host_q, const uint8_t* host_scales, const u
   cudaFree(stage);
 }
 
-// qlinear_gemv4.cu, qlinear_gemv_stream.cu
-void launch_gemv4_ring(const Params& p, int ksplit, bool ldgsts, cudaStream_t stream);
+// qlinear_gemv_stream.cu
 bool gemv4_stream_supported(const Params& p);
 void launch_gemv4_stream(const Params& p, int ksplit, cudaStream_t stream);
 
@@ -279,7 +266,6 @@ void launch_gemv4_stream(const Params& p, int ksplit, cudaStream_t stream);
 // set_gemv_kernel(2 or 3)) measured 5-25% slower on every Llama shape on H100 (round 4 in
 // bench/qlinear_notes.md) and stay as opt-in experiments.
 void launch_gemv4(const Params& p, cudaStream_t stream) {
-  if (g_kernel == 2 || g_kernel == 3) return launch_gemv4_ring(p, g_ksplit, g_kernel == 3, stream);
   // The stream kernel (qlinear_gemv_stream.cu) by default at n <= 2, where it measured faster
   // on every Llama shape on H100 (bench/qlinear_notes.md, round 5); the register-fed kernel
   // below for n = 3..8 (the stream kernel's x staging grows with n).
