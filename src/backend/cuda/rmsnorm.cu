@@ -81,9 +81,19 @@ constexpr int kVecThreads = 256, kMaxVec = 8;
 __global__ void __launch_bounds__(kVecThreads)
     rmsnorm_vec_kernel(half* out, half* residual, const half* x, const half* w, int cols,
                        float eps) {
+  // The weight is never written by a kernel, so it is read before the wait on the previous
+  // kernel (pdl_begin): its load overlaps that kernel's tail instead of following the reduction.
+  const int nvec = cols / 8;
+  const uint4* wv = reinterpret_cast<const uint4*>(w);
+  uint4 wvals[kMaxVec];
+#pragma unroll
+  for (int k = 0; k < kMaxVec; ++k) {
+    const int i = threadIdx.x + k * kVecThreads;
+    if (i >= nvec) break;
+    wvals[k] = wv[i];
+  }
   pdl_begin();
   const int64_t row = blockIdx.x;
-  const int nvec = cols / 8;
   const uint4* xr = reinterpret_cast<const uint4*>(x + row * cols);
   uint4* rr = residual ? reinterpret_cast<uint4*>(residual + row * cols) : nullptr;
   uint4 vals[kMaxVec];
@@ -124,12 +134,11 @@ __global__ void __launch_bounds__(kVecThreads)
   }
   __syncthreads();
   uint4* orow = reinterpret_cast<uint4*>(out + row * cols);
-  const uint4* wv = reinterpret_cast<const uint4*>(w);
 #pragma unroll
   for (int k = 0; k < kMaxVec; ++k) {
     const int i = threadIdx.x + k * kVecThreads;
     if (i >= nvec) break;
-    const uint4 wi = wv[i];
+    const uint4 wi = wvals[k];
     uint4 o;
     const half2* vh = reinterpret_cast<const half2*>(&vals[k]);
     const half2* wh = reinterpret_cast<const half2*>(&wi);
