@@ -96,17 +96,27 @@ __global__ void __launch_bounds__(kVecThreads)
   const int64_t row = blockIdx.x;
   const uint4* xr = reinterpret_cast<const uint4*>(x + row * cols);
   uint4* rr = residual ? reinterpret_cast<uint4*>(residual + row * cols) : nullptr;
-  uint4 vals[kMaxVec];
+  // Every load of the row is issued before the first residual store: a store may alias a later
+  // load as far as the compiler knows, so an interleaved loop would pay one memory round trip
+  // per chunk instead of one for the row.
+  uint4 vals[kMaxVec], res[kMaxVec];
+#pragma unroll
+  for (int k = 0; k < kMaxVec; ++k) {
+    const int i = threadIdx.x + k * kVecThreads;
+    if (i < nvec) {
+      vals[k] = xr[i];
+      if (rr) res[k] = rr[i];
+    }
+  }
   float sum = 0.0f;
 #pragma unroll
   for (int k = 0; k < kMaxVec; ++k) {
     const int i = threadIdx.x + k * kVecThreads;
     if (i >= nvec) break;
-    uint4 v = xr[i];
+    uint4 v = vals[k];
     if (rr) {
-      const uint4 r = rr[i];
       half2* vh = reinterpret_cast<half2*>(&v);
-      const half2* rh = reinterpret_cast<const half2*>(&r);
+      const half2* rh = reinterpret_cast<const half2*>(&res[k]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float2 a = __half22float2(vh[e]), b = __half22float2(rh[e]);
