@@ -9,7 +9,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
-#include <cstdlib>
 #include <iostream>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -77,10 +76,6 @@ struct Tracker {
   std::vector<double> first_token_s;  // seconds after its submission; -1 until then
   std::vector<Clock::time_point> submitted;
   std::string error;
-  const bool wake_per_token = [] {
-    const char* v = std::getenv("GYRE_BENCH_WAKE_PER_TOKEN");
-    return v && std::string(v) == "1";
-  }();
 
   EventCallback callback(size_t i) {
     return [this, i](const TokenEvent& e) {
@@ -95,10 +90,7 @@ struct Tracker {
         prefilled += e.prompt_tokens - e.cached_tokens;
         cached += e.cached_tokens;
       }
-      // The waiter needs only the ends. A wake per token made the engine's loop thread pay two
-      // futex calls per generated token between steps, while the GPU waited (measured:
-      // bench/NOTES.md); GYRE_BENCH_WAKE_PER_TOKEN=1 restores it for comparisons.
-      if (e.done || wake_per_token) cv.notify_all();
+      cv.notify_all();
     };
   }
   // Submits every prompt (as close together as the engine takes them) and waits for all.
