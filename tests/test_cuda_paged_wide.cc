@@ -1,11 +1,9 @@
-// Batched decode steps wide enough that every SM gets a block of the paged decode attention with
-// one split (rows x KV heads >= SMs: the CUDA backend then keeps shares of >= 256 keys and one
-// record for every context below that, cuda_paged.cc min_paged_share), on stories260K with 40
-// sequences: prompts prefilled together, then decode steps past 64 and 128 positions (the old
-// split-count classes) with the rotary embedding fused into the KV store. Run three ways: records
-// on, buckets padded but eager (what a record replays: logits identical to the bit), and the CPU
-// backend (the reference: within FP16 tolerance; its greedy tokens drive every runner). Skipped
-// when no GPU is present.
+// Batched decode steps wider than the engine tests' (40 sequences on stories260K: bucket 64, more
+// decode-attention blocks than the GPU has SMs): prompts prefilled together, then decode steps
+// past 64 and 128 positions (the split-count classes of the records) with the rotary embedding
+// fused into the KV store. Run three ways: records on, buckets padded but eager (what a record
+// replays: logits identical to the bit), and the CPU backend (the reference: within FP16
+// tolerance; its greedy tokens drive every runner). Skipped when no GPU is present.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -22,8 +22,6 @@ namespace {
 // Below this many rows a sequence's rows keep more blocks busy in the split kernel (the
 // single-sequence path switches at the same count).
 constexpr int kTileMinRows = 16;
-// Query heads of one block of the decode/split kernels (split_attn::kMaxGroup).
-constexpr int kHeadsPerSplitBlock = 8;
 
 class CudaPagedKvCache final : public PagedKvCache {
  public:
@@ -91,19 +89,6 @@ int forced_paged_splits() {
   return forced;
 }
 
-// Once a step's decode rows give every SM a block of their own (rows x KV heads >= SMs), a split
-// of the keys shorter than this costs more than it gains: the partial results go through memory
-// and one more kernel (split_combine) per layer. Measured (H100, Llama-3-8B 4-bit, 32 requests,
-// contexts 16..144): 1 split 6,144 tok/s against 5,897-5,943 with attention_splits' 4 (one run
-// each; bench/NOTES.md). GYRE_CUDA_PAGED_SHARE=N in the environment sets it (0: off).
-int min_paged_share() {
-  static const int share = [] {
-    const char* v = std::getenv("GYRE_CUDA_PAGED_SHARE");
-    return v && *v ? std::max(0, std::atoi(v)) : 256;
-  }();
-  return share;
-}
-
 CudaPagedKvCache& cuda_cache(PagedKvCache& cache) {
   auto* c = dynamic_cast<CudaPagedKvCache*>(&cache);
   GYRE_CHECK(c != nullptr, "paged attention: the KV cache was not made by the CUDA backend");
@@ -147,7 +132,7 @@ namespace {
 // Checks the batch, routes its rows, and copies everything the kernels read in one transfer.
 // Returns true when the device buffer was reallocated (records reading the old one are stale).
 bool upload_step(PagedStep& st, const CudaPagedKvCache& c, const PagedBatch& b, int head_dim,
-                 int window, int sm_count, cudaStream_t stream) {
+                 int window, cudaStream_t stream) {
   const std::vector<int32_t> row_seq = check_paged_batch(b, c.num_pages(), c.page_size());
   std::vector<int32_t> split_rows, tiles;
   st.max_split_span = 1;
@@ -190,10 +175,6 @@ bool upload_step(PagedStep& st, const CudaPagedKvCache& c, const PagedBatch& b, 
     int64_t limit = int64_t{b.max_pages} * c.page_size();
     if (window > 0) limit = std::min<int64_t>(limit, window);
     int64_t span = 64;
-    // Where every class below the minimum share gets one split anyway, they are one class: one
-    // record serves the first min_paged_share() positions instead of one per class.
-    if (int64_t{b.rows} * c.n_kv_heads >= sm_count)
-      span = std::max(span, int64_t{min_paged_share()});
     while (span < st.max_split_span) span *= 2;
     st.max_split_span = static_cast<int>(std::min(span, limit));
   }
@@ -343,8 +324,7 @@ void CudaBackend::attend_paged(Tensor& out, const Tensor& q, const Tensor& k, co
   if (!staged(st, cache, batch) || st.window != p.sliding_window) {
     // A record must read device arrays staged before it (stage_paged_step), not copy its own.
     GYRE_CHECK(!capturing_, "internal: paged attention recorded without its staged batch");
-    if (upload_step(st, c, batch, p.head_dim, p.sliding_window, sm_count_, stream_) &&
-        batch.bucketed)
+    if (upload_step(st, c, batch, p.head_dim, p.sliding_window, stream_) && batch.bucketed)
       drop_bucket_graphs(batch.rows);
   }
   if (n == 0) return;
@@ -402,9 +382,6 @@ void CudaBackend::attend_paged(Tensor& out, const Tensor& q, const Tensor& k, co
   a.n_tiles = st.n_tiles;
   a.splits = attention_splits(std::max(1, st.n_split_rows), p.n_heads, p.n_kv_heads, p.head_dim,
                               a.kv_type, st.max_split_span, sm_count_);
-  const int n_sub = (p.n_heads / p.n_kv_heads + kHeadsPerSplitBlock - 1) / kHeadsPerSplitBlock;
-  if (int64_t{st.n_split_rows} * p.n_kv_heads * n_sub >= sm_count_ && min_paged_share() > 0)
-    a.splits = std::min(a.splits, (st.max_split_span + min_paged_share() - 1) / min_paged_share());
   if (forced_paged_splits() > 0) a.splits = forced_paged_splits();
   if (a.splits > 1)
     a.partial = workspace(paged_workspace_floats(st.n_split_rows, p.n_heads, p.head_dim, a.splits));
@@ -423,7 +400,7 @@ void CudaBackend::stage_paged_step(const PagedBatch& batch, PagedKvCache& cache)
   GYRE_CHECK(!capturing_, "internal: stage_paged_step while capturing a CUDA graph");
   PagedStep& st = bucket_step(batch.rows);
   // The window only sets the split count; attention_paged restages when it differs.
-  if (upload_step(st, cuda_cache(cache), batch, 0, st.valid ? st.window : 0, sm_count_, stream_))
+  if (upload_step(st, cuda_cache(cache), batch, 0, st.valid ? st.window : 0, stream_))
     drop_bucket_graphs(batch.rows);
 }
 
