@@ -27,6 +27,14 @@ void Backend::attention_paged(Tensor&, const Tensor&, const Tensor&, const Tenso
   unsupported(*this);
 }
 
+void Backend::rope_attention_paged(Tensor& out, Tensor& q, Tensor& k, const Tensor& v,
+                                   PagedKvCache& cache, int layer, const PagedBatch& batch,
+                                   const AttentionParams& p, const RopeTable& table) {
+  GYRE_CHECK(batch.rows == 0 || batch.positions != nullptr, "paged attention: missing positions");
+  rope_qk(q, p.n_heads, k, p.n_kv_heads, p.head_dim, batch.positions, table);
+  attention_paged(out, q, k, v, cache, layer, batch, p);
+}
+
 std::vector<int32_t> check_paged_batch(const PagedBatch& b, int num_pages, int ps) {
   GYRE_CHECK(b.rows >= 0 && b.seqs >= 0 && b.max_pages >= 0, "paged attention: negative sizes");
   GYRE_CHECK(b.seqs == 0 || (b.seq_starts && b.context_lens && b.page_tables),

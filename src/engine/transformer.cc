@@ -94,8 +94,7 @@ AttentionParams Transformer::attention_params() const {
 }
 
 template <typename Attend>
-void Transformer::run_layers(const int32_t* tokens, int n, const int32_t* positions,
-                             Attend&& attend) {
+void Transformer::run_layers(const int32_t* tokens, int n, Attend&& attend) {
   const ModelConfig& c = config_;
   Tensor x = x_.slice_rows(0, n), xn = xn_.slice_rows(0, n), q = q_.slice_rows(0, n),
          k = k_.slice_rows(0, n), v = v_.slice_rows(0, n), att = att_.slice_rows(0, n),
@@ -114,7 +113,6 @@ void Transformer::run_layers(const int32_t* tokens, int n, const int32_t* positi
     } else {
       backend_.matmul_split({&q, &k, &v}, xn, l.wqkv, bqkv);
     }
-    backend_.rope_qk(q, c.n_heads, k, c.n_kv_heads, c.head_dim, positions, rope_);
     attend(att, q, k, v, static_cast<int>(li));
     if (fuse) {
       backend_.matmul_add(x, att, l.wo, ffn);
@@ -135,10 +133,10 @@ void Transformer::run_layers(const int32_t* tokens, int n, const int32_t* positi
 void Transformer::run_ops(const int32_t* tokens, int n, int pos, const int32_t* positions,
                           bool all_logits) {
   const AttentionParams ap = attention_params();
-  run_layers(tokens, n, positions,
-             [&](Tensor& att, const Tensor& q, const Tensor& k, const Tensor& v, int layer) {
-               backend_.attention(att, q, k, v, *cache_, layer, pos, ap);
-             });
+  run_layers(tokens, n, [&](Tensor& att, Tensor& q, Tensor& k, Tensor& v, int layer) {
+    backend_.rope_qk(q, config_.n_heads, k, config_.n_kv_heads, config_.head_dim, positions, rope_);
+    backend_.attention(att, q, k, v, *cache_, layer, pos, ap);
+  });
   const int first = all_logits ? 0 : n - 1;
   const int rows = n - first;
   Tensor out = logits_.slice_rows(0, rows);
@@ -244,10 +242,9 @@ void Transformer::forward_batch(const int32_t* tokens, const PagedBatch& batch, 
   } else {
     const AttentionParams ap = attention_params();
     ensure_scratch(n);
-    run_layers(tokens, n, batch.positions,
-               [&](Tensor& att, const Tensor& q, const Tensor& k, const Tensor& v, int layer) {
-                 backend_.attention_paged(att, q, k, v, kv, layer, batch, ap);
-               });
+    run_layers(tokens, n, [&](Tensor& att, Tensor& q, Tensor& k, Tensor& v, int layer) {
+      backend_.rope_attention_paged(att, q, k, v, kv, layer, batch, ap, rope_);
+    });
   }
   logit_rows_ = n_logit_rows;
   if (n_logit_rows == 0) return;
@@ -301,9 +298,9 @@ void Transformer::forward_decode_bucket(const int32_t* tokens, const PagedBatch&
   backend_.stage_paged_step(pb, kv);
   const AttentionParams ap = attention_params();
   auto ops = [&] {
-    run_layers(padded_tokens.data(), bucket, positions.data(),
-               [&](Tensor& att, const Tensor& q, const Tensor& k, const Tensor& v, int layer) {
-                 backend_.attention_paged(att, q, k, v, kv, layer, pb, ap);
+    run_layers(padded_tokens.data(), bucket,
+               [&](Tensor& att, Tensor& q, Tensor& k, Tensor& v, int layer) {
+                 backend_.rope_attention_paged(att, q, k, v, kv, layer, pb, ap, rope_);
                });
   };
   if (backend_.graph_capable()) {

@@ -47,9 +47,10 @@ class Transformer {
   };
   void ensure_scratch(int n);
   AttentionParams attention_params() const;
-  // Runs rows [0, n) of the scratch through every layer; attend(layer) fills att_ from q_/k_/v_.
+  // Runs rows [0, n) of the scratch through every layer; attend(att, q, k, v, layer) applies the
+  // rotary embedding to q and k and fills att (the paged path fuses the rotation with its store).
   template <typename Attend>
-  void run_layers(const int32_t* tokens, int n, const int32_t* positions, Attend&& attend);
+  void run_layers(const int32_t* tokens, int n, Attend&& attend);
   // Every backend op of one forward pass, up to the logits in logits_ (device side).
   void run_ops(const int32_t* tokens, int n, int pos, const int32_t* positions, bool all_logits);
   // Runs ops() as the backend's record for `bucket` (Backend::capture_begin): replayed when one

@@ -95,6 +95,8 @@ CudaBackend::CudaBackend(int device, const BackendOptions& options)
   GYRE_CUDA_CHECK(cudaSetDevice(device));
   if (const char* g = std::getenv("GYRE_CUDA_GRAPH"))
     graphs_enabled_ = buckets_enabled_ = std::string(g) != "0";
+  if (const char* f = std::getenv("GYRE_CUDA_FUSED_ROPE"))
+    fused_rope_store_ = std::string(f) != "0";
   cudaDeviceProp prop{};
   GYRE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   sm_count_ = prop.multiProcessorCount;

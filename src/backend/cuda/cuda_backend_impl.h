@@ -109,6 +109,11 @@ class CudaBackend final : public Backend {
   void attention_paged(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
                        PagedKvCache& cache, int layer, const PagedBatch& batch,
                        const AttentionParams& p) override;
+  // One kernel rotates q and k and stores k, v (GYRE_CUDA_FUSED_ROPE=0 in the environment: the
+  // default rope_qk + attention_paged, for comparisons).
+  void rope_attention_paged(Tensor& out, Tensor& q, Tensor& k, const Tensor& v, PagedKvCache& cache,
+                            int layer, const PagedBatch& batch, const AttentionParams& p,
+                            const RopeTable& table) override;
 
   // GYRE_CUDA_GRAPH=0 in the environment turns decode-step graphs and buckets off (for
   // comparisons); set_decode_graphs() sets each (cuda_backend.h).
@@ -140,6 +145,11 @@ class CudaBackend final : public Backend {
   void drop_graph();                    // every record: a buffer they may use is going away
   void drop_bucket_graphs(int bucket);  // the records of batched steps of `bucket` rows
   PagedStep& bucket_step(int rows);
+  // attention_paged, with q and k rotated by the store kernel when rope is not null (q is then
+  // written in place: the caller's tensor is non-const).
+  void attend_paged(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
+                    PagedKvCache& cache, int layer, const PagedBatch& batch,
+                    const AttentionParams& p, const RopeTable* rope);
   Tensor device_tensor(int64_t rows, int64_t cols, const std::string& what);
   void upload_converted(half* dst, const TensorView& w);
   bool try_upload_quantized(const TensorView& w, Tensor& out);
@@ -190,6 +200,7 @@ class CudaBackend final : public Backend {
   int capture_bucket_ = 0;
   bool capturing_ = false;
   bool graphs_enabled_ = true, buckets_enabled_ = true;
+  bool fused_rope_store_ = true;
   uint64_t graph_replays_ = 0;
   bool synthetic_ = false;
   uint64_t synthetic_seed_ = 0;

@@ -1,10 +1,12 @@
 // The CUDA backend's batched-serving ops: the paged KV cache, page copies (copy-on-write of a
-// shared prefix), and attention_paged. A step's PagedBatch is checked and uploaded once (one
+// shared prefix), and attention_paged (rope_attention_paged: the rotation of q and k fused with
+// the cache store, paged_rope_store.cu). A step's PagedBatch is checked and uploaded once (one
 // pinned copy of every array, at the first layer of a new generation); the other layers reuse it.
 // Rows are routed here: prefill chunks of >= kTileMinRows consecutive positions go to the
 // tensor-core tile kernel (where the head dim has one), every other row to the split kernel.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -75,6 +77,17 @@ class CudaPagedKvCache final : public PagedKvCache {
   size_t code_plane_ = 0, param_plane_ = 0;  // bytes of one layer's keys (or values)
   std::shared_ptr<void> codes_, params_;
 };
+
+// GYRE_CUDA_PAGED_SPLITS=N (1..64) in the environment fixes the split count of the paged decode
+// attention (for comparisons with the heuristic of attention_splits); 0: the heuristic.
+int forced_paged_splits() {
+  static const int forced = [] {
+    const char* v = std::getenv("GYRE_CUDA_PAGED_SPLITS");
+    const int n = v && *v ? std::atoi(v) : 0;
+    return n >= 1 && n <= 64 ? n : 0;
+  }();
+  return forced;
+}
 
 CudaPagedKvCache& cuda_cache(PagedKvCache& cache) {
   auto* c = dynamic_cast<CudaPagedKvCache*>(&cache);
@@ -266,6 +279,22 @@ void CudaBackend::copy_kv_page(PagedKvCache& cache, int src, int dst, int num_to
 void CudaBackend::attention_paged(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
                                   PagedKvCache& cache, int layer, const PagedBatch& batch,
                                   const AttentionParams& p) {
+  attend_paged(out, q, k, v, cache, layer, batch, p, nullptr);
+}
+
+void CudaBackend::rope_attention_paged(Tensor& out, Tensor& q, Tensor& k, const Tensor& v,
+                                       PagedKvCache& cache, int layer, const PagedBatch& batch,
+                                       const AttentionParams& p, const RopeTable& table) {
+  if (!fused_rope_store_) {  // GYRE_CUDA_FUSED_ROPE=0: rope_qk, then attention_paged
+    Backend::rope_attention_paged(out, q, k, v, cache, layer, batch, p, table);
+    return;
+  }
+  attend_paged(out, q, k, v, cache, layer, batch, p, &table);
+}
+
+void CudaBackend::attend_paged(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
+                               PagedKvCache& cache, int layer, const PagedBatch& batch,
+                               const AttentionParams& p, const RopeTable* rope) {
   CudaPagedKvCache& c = cuda_cache(cache);
   GYRE_CHECK(p.n_heads > 0 && p.n_kv_heads > 0 && p.n_heads % p.n_kv_heads == 0,
              "paged attention: ", p.n_heads, " query heads cannot share ", p.n_kv_heads,
@@ -284,6 +313,12 @@ void CudaBackend::attention_paged(Tensor& out, const Tensor& q, const Tensor& k,
   GYRE_CHECK(q.cols == q_cols && out.cols == q_cols && k.cols == kv_cols && v.cols == kv_cols,
              "paged attention: q/out need ", q_cols, " columns and k/v ", kv_cols);
 
+  if (rope)
+    GYRE_CHECK(rope->rot_dim > 0 && rope->rot_dim <= p.head_dim && rope->rot_dim % 2 == 0 &&
+                   static_cast<int>(rope->inv_freq.size()) >= rope->rot_dim / 2,
+               "CUDA rope: bad rotary table (rot_dim ", rope->rot_dim, ")");
+  // Before the step's upload: a new table synchronizes the stream once.
+  const float* inv_freq = rope ? rope_table(rope->inv_freq) : nullptr;
   if (!paged_step_) paged_step_ = std::make_shared<PagedStep>();
   PagedStep& st = batch.bucketed ? bucket_step(batch.rows) : *paged_step_;
   if (!staged(st, cache, batch) || st.window != p.sliding_window) {
@@ -303,8 +338,25 @@ void CudaBackend::attention_paged(Tensor& out, const Tensor& q, const Tensor& k,
   store.n = static_cast<int>(n);
   store.n_kv_heads = p.n_kv_heads;
   store.head_dim = p.head_dim;
-  paged_kv_store(store, st.slots, c.page_size(), static_cast<const half*>(k.data),
-                 static_cast<const half*>(v.data), stream_);
+  if (rope) {
+    PagedRopeStoreArgs rs;
+    rs.q = static_cast<half*>(q.data);  // q is the caller's non-const tensor (rope_attention_paged)
+    rs.k = static_cast<const half*>(k.data);
+    rs.v = static_cast<const half*>(v.data);
+    rs.store = store;
+    rs.positions = st.positions;
+    rs.slots = st.slots;
+    rs.inv_freq = inv_freq;
+    rs.n_heads = p.n_heads;
+    rs.rot_dim = rope->rot_dim;
+    rs.page_size = c.page_size();
+    rs.interleaved = rope->interleaved;
+    rs.attn_factor = rope->attn_factor;
+    paged_rope_store(rs, stream_);
+  } else {
+    paged_kv_store(store, st.slots, c.page_size(), static_cast<const half*>(k.data),
+                   static_cast<const half*>(v.data), stream_);
+  }
 
   PagedAttentionArgs a;
   a.q = static_cast<const half*>(q.data);
@@ -330,6 +382,7 @@ void CudaBackend::attention_paged(Tensor& out, const Tensor& q, const Tensor& k,
   a.n_tiles = st.n_tiles;
   a.splits = attention_splits(std::max(1, st.n_split_rows), p.n_heads, p.n_kv_heads, p.head_dim,
                               a.kv_type, st.max_split_span, sm_count_);
+  if (forced_paged_splits() > 0) a.splits = forced_paged_splits();
   if (a.splits > 1)
     a.partial = workspace(paged_workspace_floats(st.n_split_rows, p.n_heads, p.head_dim, a.splits));
   paged_attention(a, stream_);

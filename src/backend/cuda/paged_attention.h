@@ -43,4 +43,23 @@ void paged_kv_store(const KvStoreArgs& a, const int64_t* slots, int page_size, c
                     const half* v, cudaStream_t s);
 void paged_attention(const PagedAttentionArgs& a, cudaStream_t s);
 
+// rope of q and k fused with the store (paged_rope_store.cu): q [rows, n_heads * head_dim] is
+// rotated in place; k [rows, n_kv_heads * head_dim] is rotated on its way to the cache (k itself
+// is left as it was) and v is stored as it is, both at slots[r]. The rotation is rope.cu's (same
+// f32 math, rounded to FP16 before the store), so the result equals rope then paged_kv_store.
+struct PagedRopeStoreArgs {
+  half* q = nullptr;
+  const half* k = nullptr;
+  const half* v = nullptr;
+  KvStoreArgs store;                   // planes, kv_type, n (rows), n_kv_heads, head_dim
+  const int32_t* positions = nullptr;  // [rows] (device)
+  const int64_t* slots = nullptr;      // [rows] (device)
+  const float* inv_freq = nullptr;     // [rot_dim / 2] (device)
+  int n_heads = 0, rot_dim = 0, page_size = 0;
+  bool interleaved = false;
+  float attn_factor = 1.0f;
+};
+constexpr int kRopeStoreMaxHeadDim = 256;
+void paged_rope_store(const PagedRopeStoreArgs& a, cudaStream_t s);
+
 }  // namespace gyre::cuda

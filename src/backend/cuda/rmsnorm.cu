@@ -4,7 +4,10 @@
 // Layout: row-major [rows, cols] FP16. Two kernels: a 16-byte-access one for rows of a multiple of
 // 8 (up to 16384), the row kept in registers; a scalar one with 1024 threads for any width.
 // Measured (ncu, H100): the scalar kernel took ~7.4 us per launch on 4096-wide rows, a large
-// share of a decode step's small-kernel time, which is why the vector kernel exists.
+// share of a decode step's small-kernel time, which is why the vector kernel exists. The vector
+// kernel reads its weight before the PDL wait and issues all of a row's loads before any store:
+// H100, Llama-3-8B 4-bit, forward of a 32-row step 4.85 -> 4.80 ms, of a 1-row step 2.82 -> 2.74
+// with the fused rope/store (bench/NOTES.md).
 #include "backend/cuda/launch.h"
 
 namespace gyre::cuda {
@@ -81,22 +84,42 @@ constexpr int kVecThreads = 256, kMaxVec = 8;
 __global__ void __launch_bounds__(kVecThreads)
     rmsnorm_vec_kernel(half* out, half* residual, const half* x, const half* w, int cols,
                        float eps) {
+  // The weight is never written by a kernel, so it is read before the wait on the previous
+  // kernel (pdl_begin): its load overlaps that kernel's tail instead of following the reduction.
+  const int nvec = cols / 8;
+  const uint4* wv = reinterpret_cast<const uint4*>(w);
+  uint4 wvals[kMaxVec];
+#pragma unroll
+  for (int k = 0; k < kMaxVec; ++k) {
+    const int i = threadIdx.x + k * kVecThreads;
+    if (i >= nvec) break;
+    wvals[k] = wv[i];
+  }
   pdl_begin();
   const int64_t row = blockIdx.x;
-  const int nvec = cols / 8;
   const uint4* xr = reinterpret_cast<const uint4*>(x + row * cols);
   uint4* rr = residual ? reinterpret_cast<uint4*>(residual + row * cols) : nullptr;
-  uint4 vals[kMaxVec];
+  // Every load of the row is issued before the first residual store: a store may alias a later
+  // load as far as the compiler knows, so an interleaved loop would pay one memory round trip
+  // per chunk instead of one for the row.
+  uint4 vals[kMaxVec], res[kMaxVec];
+#pragma unroll
+  for (int k = 0; k < kMaxVec; ++k) {
+    const int i = threadIdx.x + k * kVecThreads;
+    if (i < nvec) {
+      vals[k] = xr[i];
+      if (rr) res[k] = rr[i];
+    }
+  }
   float sum = 0.0f;
 #pragma unroll
   for (int k = 0; k < kMaxVec; ++k) {
     const int i = threadIdx.x + k * kVecThreads;
     if (i >= nvec) break;
-    uint4 v = xr[i];
+    uint4 v = vals[k];
     if (rr) {
-      const uint4 r = rr[i];
       half2* vh = reinterpret_cast<half2*>(&v);
-      const half2* rh = reinterpret_cast<const half2*>(&r);
+      const half2* rh = reinterpret_cast<const half2*>(&res[k]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float2 a = __half22float2(vh[e]), b = __half22float2(rh[e]);
@@ -124,12 +147,11 @@ __global__ void __launch_bounds__(kVecThreads)
   }
   __syncthreads();
   uint4* orow = reinterpret_cast<uint4*>(out + row * cols);
-  const uint4* wv = reinterpret_cast<const uint4*>(w);
 #pragma unroll
   for (int k = 0; k < kMaxVec; ++k) {
     const int i = threadIdx.x + k * kVecThreads;
     if (i >= nvec) break;
-    const uint4 wi = wv[i];
+    const uint4 wi = wvals[k];
     uint4 o;
     const half2* vh = reinterpret_cast<const half2*>(&vals[k]);
     const half2* wh = reinterpret_cast<const half2*>(&wi);
