@@ -7,6 +7,7 @@
 #include "engine/eval.h"
 #include "quant/gptq.h"
 #include "quant/progress.h"
+#include "quant/unit_quant.h"
 
 namespace gyre::quant {
 
@@ -38,7 +39,7 @@ std::map<std::string, UnitSensitivity> measure_sensitivity(const QuantContext& c
   const int rows = static_cast<int>(sub.rows.size()), length = static_cast<int>(sub.rows[0].size());
   BlockRunner runner(*ctx.backend, c, rows, length);
   std::vector<BlockWeights> blocks;
-  for (int b = 0; b < c.n_layers; ++b) blocks.push_back(block_weights_from(m.weights, c, b));
+  for (int b = 0; b < c.n_layers; ++b) blocks.push_back(block_of(ctx, b));
   const std::vector<float> norm = tensor_to_f32(m.weights.get("model.norm.weight"));
   const bool own_head = !c.tie_embeddings && m.weights.has("lm_head.weight");
   const std::vector<float> head =
@@ -68,15 +69,13 @@ std::map<std::string, UnitSensitivity> measure_sensitivity(const QuantContext& c
         QuantSetting st = probe;  // the widest group up to the probe's that fits this width
         while (st.group_size > 32 && in % st.group_size != 0) st.group_size /= 2;
         if (in % st.group_size != 0) return;
-        const std::vector<double> hess = hessian_of(x, tokens, in, ctx.threads);
-        GptqPrep prep = gptq_prepare(hess, in, ctx.damp, ctx.act_order);
-        prep.clip_search = ctx.clip_search;
+        UnitQuantizer uq(ctx);
+        uq.set_input(x, tokens);
         for (const std::string& name : unit_linears(unit)) {
           std::vector<float>& wt = bw.t[name];
-          const int r = static_cast<int>(static_cast<int64_t>(wt.size()) / in);
-          QuantizedWeight q = ctx.rtn ? rtn_quantize(wt.data(), r, in, st)
-                                      : gptq_quantize(wt.data(), r, in, prep, st, ctx.threads);
-          s.probe_error += relative_error(wt.data(), q, hess, ctx.threads);
+          double err = 0;
+          QuantizedWeight q = uq.quantize(wt, st, &err);
+          s.probe_error += err;
           wt = std::move(q.dequant);
         }
         quantized = true;
