@@ -27,10 +27,6 @@ const TensorView& head_weight(const LoadedModel& m) {
   return m.weights.get("model.embed_tokens.weight");
 }
 
-const TensorView& plan_weight(const LoadedModel& m, const std::string& name) {
-  return name == kHead ? head_weight(m) : m.weights.get(name + ".weight");
-}
-
 template <typename T>
 StTensor st_from(const std::string& name, const char* dtype, std::vector<int64_t> shape,
                  const std::vector<T>& v) {
