@@ -2,30 +2,38 @@
 
 #include <cmath>
 #include <cstdio>
+#include <mutex>
 
 #include "core/error.h"
 #include "engine/eval.h"
 #include "quant/gptq.h"
+#include "quant/linalg.h"
 #include "quant/progress.h"
 #include "quant/unit_quant.h"
 
 namespace gyre::quant {
 
 double mean_kl_of_logits(const std::vector<float>& ref_logits, const std::vector<float>& logits,
-                         int64_t vocab) {
+                         int64_t vocab, int threads) {
   GYRE_CHECK(vocab > 0 && ref_logits.size() == logits.size() &&
                  ref_logits.size() % static_cast<size_t>(vocab) == 0,
              "internal: logit shapes differ");
   const int64_t n = static_cast<int64_t>(ref_logits.size()) / vocab;
-  std::vector<double> lp(static_cast<size_t>(vocab)), lq(static_cast<size_t>(vocab));
+  std::mutex mu;
   double sum = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    log_softmax(ref_logits.data() + i * vocab, static_cast<int>(vocab), lp.data());
-    log_softmax(logits.data() + i * vocab, static_cast<int>(vocab), lq.data());
-    double kl = 0;
-    for (int64_t v = 0; v < vocab; ++v) kl += std::exp(lp[v]) * (lp[v] - lq[v]);
-    sum += kl;
-  }
+  parallel_ranges(n, threads, [&](int64_t i0, int64_t i1) {
+    std::vector<double> lp(static_cast<size_t>(vocab)), lq(static_cast<size_t>(vocab));
+    double part = 0;
+    for (int64_t i = i0; i < i1; ++i) {
+      log_softmax(ref_logits.data() + i * vocab, static_cast<int>(vocab), lp.data());
+      log_softmax(logits.data() + i * vocab, static_cast<int>(vocab), lq.data());
+      double kl = 0;
+      for (int64_t v = 0; v < vocab; ++v) kl += std::exp(lp[v]) * (lp[v] - lq[v]);
+      part += kl;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    sum += part;
+  });
   return n > 0 ? sum / static_cast<double>(n) : 0.0;
 }
 
@@ -84,8 +92,8 @@ std::map<std::string, UnitSensitivity> measure_sensitivity(const QuantContext& c
         for (int later = b + 1; later < c.n_layers; ++later) {
           runner.run(h, blocks[later], nullptr);  // no hook: the weights stay as they are
         }
-        s.kl =
-            mean_kl_of_logits(ref, runner.logits(runner.final_norm(h, norm), head, vocab), vocab);
+        s.kl = mean_kl_of_logits(ref, runner.logits(runner.final_norm(h, norm), head, vocab), vocab,
+                                 ctx.threads);
         const std::string key = layer_tensor(b, unit_linears(unit)[0].c_str());
         char line[200];
         std::snprintf(line, sizeof(line), "  %-40s KL %.6f rel. error %.6f sensitivity %.4f",
