@@ -1,8 +1,11 @@
 // gyre convert: Gyre's own quantizer (src/quant/convert.h).
 #include <memory>
 
+#include "cli/bench_serve.h"
 #include "cli/commands.h"
+#include "core/error.h"
 #include "quant/convert.h"
+#include "quant/synthetic.h"
 
 namespace gyre {
 
@@ -10,8 +13,16 @@ void add_convert_command(CLI::App& app) {
   auto o = std::make_shared<quant::ConvertOptions>();
   CLI::App* cmd = app.add_subcommand(
       "convert", "Quantize a Hugging Face model folder (GPTQ, bit widths chosen per layer)");
-  cmd->add_option("-m,--model", o->model, "input model folder (config.json + safetensors)")
-      ->required();
+  auto synthetic = std::make_shared<std::string>();
+  cmd->add_option("-m,--model", o->model, "input model folder (config.json + safetensors)");
+  cmd->add_option("--synthetic", *synthetic,
+                  "time the conversion of a model shape with random weights instead (" +
+                      std::string("llama3-8b, llama2-7b, mistral-7b, llama-30b)"));
+  auto synthetic_layers = std::make_shared<int>(0);
+  cmd->add_option("--synthetic-layers", *synthetic_layers,
+                  "with --synthetic: only the first N blocks (all blocks have one shape)");
+  cmd->add_option("--device", o->device,
+                  "cpu, cuda or cuda:N (default: the GPU when present, else cpu)");
   cmd->add_option("-o,--out", o->out, "output folder")->required();
   cmd->add_option("--bpw", o->bpw, "target bits per weight of the decoder's linear layers")
       ->capture_default_str();
@@ -42,7 +53,18 @@ void add_convert_command(CLI::App& app) {
   cmd->add_flag("!--no-act-order", o->act_order, "visit columns in their stored order");
   cmd->add_option("-t,--threads", o->threads, "CPU threads (default: all cores)");
   cmd->add_flag("!--no-progress", o->progress, "no progress bar on stderr");
-  cmd->callback([o] { quant::convert_model(*o); });
+  cmd->callback([o, synthetic, synthetic_layers] {
+    GYRE_CHECK(o->model.empty() != synthetic->empty(), "give either -m MODEL or --synthetic NAME");
+    if (synthetic->empty())
+      quant::convert_model(*o);
+    else {
+      ModelConfig c = synthetic_config(*synthetic);
+      GYRE_CHECK(*synthetic_layers >= 0 && *synthetic_layers <= c.n_layers,
+                 "--synthetic-layers must be between 1 and ", c.n_layers);
+      if (*synthetic_layers > 0) c.n_layers = *synthetic_layers;
+      quant::convert_synthetic(c, *synthetic, *o);
+    }
+  });
 }
 
 }  // namespace gyre

@@ -1,6 +1,7 @@
 #include "quant/convert.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -15,6 +16,7 @@
 #include "quant/calibration.h"
 #include "quant/convert_pass.h"
 #include "quant/gptq.h"
+#include "quant/gptq_device.h"
 #include "quant/measure.h"
 #include "quant/optimizer.h"
 #include "quant/progress.h"
@@ -101,9 +103,11 @@ Plan optimized_plan(const LoadedModel& m, const Measurement& meas, double bpw, b
         const std::string name = layer_tensor(b, s.c_str());
         const LayerErrors* le = meas.find(name);
         if (le == nullptr) continue;
-        const TensorView& t = m.weights.get(name + ".weight");
-        GYRE_CHECK(t.rows() == le->rows && t.cols() == le->cols, "the measurement's layer ", name,
-                   " has another shape than the model's");
+        if (m.weights.has(name + ".weight")) {  // (a synthetic model has no weight views)
+          const TensorView& t = m.weights.get(name + ".weight");
+          GYRE_CHECK(t.rows() == le->rows && t.cols() == le->cols, "the measurement's layer ", name,
+                     " has another shape than the model's");
+        }
         members.push_back(le);
       }
       if (members.empty()) continue;
@@ -221,8 +225,25 @@ void convert_model(const ConvertOptions& o) {
   } else {
     write_file_atomic(job + "/job.json", sig.dump(2));
   }
-  auto backend = backend_create("cpu", ctx.threads);
+  const std::string device = o.device.empty() ? default_quant_device() : o.device;
+  std::unique_ptr<GptqDevice> gpu;
+  if (device != "cpu") gpu = make_gptq_device(device);
+  ctx.gpu = gpu.get();
+  QuantTimings timings;
+  ctx.timings = &timings;
+  auto backend = backend_create(device, ctx.threads);
   ctx.backend = backend.get();
+  std::fprintf(stderr, "convert: on %s\n", device.c_str());
+  // Per phase: wall seconds, and the part spent in Hessians/factors and in GPTQ runs.
+  auto phase_start = std::chrono::steady_clock::now();
+  auto phase_done = [&](const char* what) {
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - phase_start).count();
+    std::fprintf(stderr, "convert: %s took %.1f s (Hessians+factors %.1f s, GPTQ+errors %.1f s)\n",
+                 what, s, timings.hessian, timings.gptq);
+    timings = QuantTimings{};
+    phase_start = std::chrono::steady_clock::now();
+  };
 
   Plan plan;
   const bool measured = o.uniform.empty();
@@ -240,14 +261,17 @@ void convert_model(const ConvertOptions& o) {
                    {"rotate", o.rotate},       {"clip_search", o.clip_search}};
       measure(ctx, meas,
               [&](const Measurement& m) { write_file_atomic(mpath, m.to_json().dump(1)); });
+      phase_done("measurement");
     }
     if (o.chooser == "kl" && meas.sensitivity.empty()) {
       meas.sensitivity = measure_sensitivity(ctx, kSensitivityProbe, o.sensitivity_rows);
       write_file_atomic(job + "/measurement.json", meas.to_json().dump(1));
+      phase_done("sensitivity");
     }
     plan = optimized_plan(*model, meas, o.bpw, o.chooser == "kl");
   }
   quantize_pass(ctx, plan, job, o.head_bits);
+  phase_done("quantization");
   write_output(ctx, o, plan, job, in_config, measured ? &meas : nullptr);
   fs::remove_all(job, ec);
 }

@@ -10,6 +10,7 @@
 #include "model/loader.h"
 #include "model/safetensors.h"
 #include "quant/progress.h"
+#include "quant/unit_quant.h"
 
 namespace gyre::quant {
 
@@ -24,10 +25,6 @@ const TensorView& head_weight(const LoadedModel& m) {
   if (!m.config.tie_embeddings && m.weights.has("lm_head.weight"))
     return m.weights.get("lm_head.weight");
   return m.weights.get("model.embed_tokens.weight");
-}
-
-const TensorView& plan_weight(const LoadedModel& m, const std::string& name) {
-  return name == kHead ? head_weight(m) : m.weights.get(name + ".weight");
 }
 
 template <typename T>
@@ -109,19 +106,17 @@ void quantize_pass(const QuantContext& ctx, Plan& plan, const std::string& job, 
   Progress bar("quantizing", static_cast<int64_t>(plan.size()), ctx.progress);
   BlockRunner runner(*ctx.backend, c, rows, length);
   std::vector<float> hidden = embed_rows(ctx);
-  auto quantize = [&](const std::string& name, const std::vector<float>& w,
-                      const std::vector<double>& h, const GptqPrep* prep) {
+  UnitQuantizer uq(ctx);
+  auto quantize = [&](const std::string& name, const std::vector<float>& w) {
     const QuantSetting& st = plan.at(name);
-    const int in = static_cast<int>(plan_weight(m, name).cols());
-    const int out_rows = static_cast<int>(static_cast<int64_t>(w.size()) / in);
-    QuantizedWeight q = ctx.rtn ? rtn_quantize(w.data(), out_rows, in, st)
-                                : gptq_quantize(w.data(), out_rows, in, *prep, st, ctx.threads);
-    log_layer(bar, name, st, relative_error(w.data(), q, h, ctx.threads));
+    double err = 0;
+    QuantizedWeight q = uq.quantize(w, st, &err);
+    log_layer(bar, name, st, err);
     bar.step();
     return q;
   };
   for (int b = 0; b < c.n_layers; ++b) {
-    BlockWeights w = block_weights_from(m.weights, c, b);
+    BlockWeights w = block_of(ctx, b);
     const std::string path = job + "/block_" + std::to_string(b) + ".safetensors";
     if (file_exists(path)) {  // done before an interruption: its quantized weights, then move on
       for (auto& [name, f] : load_job_file(path, plan, m)) {
@@ -138,14 +133,10 @@ void quantize_pass(const QuantContext& ctx, Plan& plan, const std::string& job, 
           for (const std::string& s : unit_linears(unit))
             if (plan.count(layer_tensor(b, s.c_str()))) names.push_back(s);
           if (names.empty()) return;
-          const int in = static_cast<int>(static_cast<int64_t>(x.size()) / tokens);
-          const std::vector<double> h = hessian_of(x, tokens, in, ctx.threads);
-          GptqPrep prep;
-          if (!ctx.rtn) prep = gptq_prepare(h, in, ctx.damp, ctx.act_order);
-          prep.clip_search = ctx.clip_search;
+          uq.set_input(x, tokens);
           for (const std::string& s : names) {
             const std::string name = layer_tensor(b, s.c_str());
-            QuantizedWeight q = quantize(name, bw.t[s], h, &prep);
+            QuantizedWeight q = quantize(name, bw.t[s]);
             for (StTensor& t : pack_tensors(q, name)) tensors.push_back(std::move(t));
             bw.t[s] = std::move(q.dequant);  // later units and blocks see the quantized layer
           }
@@ -156,12 +147,8 @@ void quantize_pass(const QuantContext& ctx, Plan& plan, const std::string& job, 
   if (plan.count(kHead) && !file_exists(head_path)) {
     const std::vector<float> x =
         runner.final_norm(hidden, tensor_to_f32(m.weights.get("model.norm.weight")));
-    const int64_t tokens = int64_t{rows} * length;
-    const std::vector<double> h = hessian_of(x, tokens, c.dim, ctx.threads);
-    GptqPrep prep;
-    if (!ctx.rtn) prep = gptq_prepare(h, c.dim, ctx.damp, ctx.act_order);
-    prep.clip_search = ctx.clip_search;
-    const QuantizedWeight q = quantize(kHead, tensor_to_f32(head_weight(m)), h, &prep);
+    uq.set_input(x, int64_t{rows} * length);
+    const QuantizedWeight q = quantize(kHead, tensor_to_f32(head_weight(m)));
     write_safetensors(head_path, pack_tensors(q, kHead));
   } else if (plan.count(kHead)) {
     bar.step();

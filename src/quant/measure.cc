@@ -8,6 +8,7 @@
 #include "quant/gptq.h"
 #include "quant/linalg.h"
 #include "quant/progress.h"
+#include "quant/unit_quant.h"
 
 namespace gyre::quant {
 
@@ -93,7 +94,19 @@ Measurement Measurement::from_json(const nlohmann::json& j, const std::string& w
   }
 }
 
+BlockWeights block_of(const QuantContext& ctx, int layer) {
+  if (ctx.blocks) return ctx.blocks(layer);
+  return block_weights_from(ctx.model->weights, ctx.model->config, layer);
+}
+
+int64_t linear_cols(const ModelConfig& c, const std::string& suffix) {
+  if (suffix == "self_attn.o_proj") return c.q_dim();
+  if (suffix == "mlp.down_proj") return c.hidden_dim;
+  return c.dim;
+}
+
 std::vector<float> embed_rows(const QuantContext& ctx) {
+  if (ctx.embed) return ctx.embed(ctx.rows);
   const ModelConfig& c = ctx.model->config;
   const TensorView& table = ctx.model->weights.get("model.embed_tokens.weight");
   const size_t row_bytes = dtype_row_bytes(table.dtype, c.dim);
@@ -128,14 +141,13 @@ void measure(const QuantContext& ctx, Measurement& m,
   int64_t steps = 0;
   for (int u = 0; u < kUnits; ++u)
     for (const std::string& s : unit_linears(static_cast<Unit>(u)))
-      steps += static_cast<int64_t>(
-          settings_for(all, ctx.model->weights.get(layer_tensor(0, (s + ".weight").c_str())).cols())
-              .size());
+      steps += static_cast<int64_t>(settings_for(all, linear_cols(c, s)).size());
   Progress bar("measuring", steps * (c.n_layers - m.blocks_done), ctx.progress);
   BlockRunner runner(*ctx.backend, c, rows, length);
   std::vector<float> hidden = embed_rows(ctx);
+  UnitQuantizer uq(ctx);
   for (int b = 0; b < c.n_layers; ++b) {
-    BlockWeights w = block_weights_from(ctx.model->weights, c, b);
+    BlockWeights w = block_of(ctx, b);
     if (b < m.blocks_done) {  // measured before an interruption: only move the states along
       runner.run(hidden, w, nullptr);
       continue;
@@ -143,27 +155,20 @@ void measure(const QuantContext& ctx, Measurement& m,
     // Measured on the unquantized model: each block sees the float outputs of those before it.
     runner.run(hidden, w,
                [&](Unit unit, const std::vector<float>& x, int64_t tokens, BlockWeights& bw) {
-                 const std::vector<std::string> names = unit_linears(unit);
                  const int in = static_cast<int>(static_cast<int64_t>(x.size()) / tokens);
-                 const std::vector<double> h = hessian_of(x, tokens, in, ctx.threads);
                  const std::vector<QuantSetting> cands = settings_for(all, in);
                  if (cands.empty()) return;
-                 GptqPrep prep = gptq_prepare(h, in, ctx.damp, ctx.act_order);
-                 prep.clip_search = ctx.clip_search;
-                 for (const std::string& s : names) {
+                 uq.set_input(x, tokens);
+                 for (const std::string& s : unit_linears(unit)) {
                    const std::vector<float>& wt = bw.t[s];
                    LayerErrors le;
                    le.name = layer_tensor(b, s.c_str());
                    le.cols = in;
                    le.rows = static_cast<int64_t>(wt.size()) / in;
-                   const int r = static_cast<int>(le.rows);
-                   for (const QuantSetting& st : cands) {
-                     const QuantizedWeight q =
-                         ctx.rtn ? rtn_quantize(wt.data(), r, in, st)
-                                 : gptq_quantize(wt.data(), r, in, prep, st, ctx.threads);
-                     le.errors.emplace_back(st, relative_error(wt.data(), q, h, ctx.threads));
-                     bar.step();
-                   }
+                   const std::vector<double> errs = uq.errors(wt, cands);
+                   for (size_t i = 0; i < cands.size(); ++i)
+                     le.errors.emplace_back(cands[i], errs[i]);
+                   bar.step(static_cast<int64_t>(cands.size()));
                    m.layers.push_back(std::move(le));
                  }
                });

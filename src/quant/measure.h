@@ -46,6 +46,14 @@ struct Measurement {
   static Measurement from_json(const nlohmann::json& j, const std::string& where);
 };
 
+class GptqDevice;  // gptq_device.h
+
+// Seconds spent in the heavy linear algebra (UnitQuantizer), for the per-phase report.
+struct QuantTimings {
+  double hessian = 0;  // Hessians and GPTQ factors
+  double gptq = 0;     // GPTQ runs and their error measurement
+};
+
 struct QuantContext {
   const LoadedModel* model = nullptr;
   Backend* backend = nullptr;
@@ -56,7 +64,18 @@ struct QuantContext {
   bool clip_search = false;  // GPTQ group parameters by a clipping search (gptq.h)
   int threads = 1;
   bool progress = true;
+  GptqDevice* gpu = nullptr;        // not null: GPTQ and Hessians on this GPU (not for rtn)
+  QuantTimings* timings = nullptr;  // not null: accumulates the linear algebra's seconds
+  // A model without weight files (synthetic): each block's weights and the embedding rows of
+  // calibration rows come from these instead of model->weights.
+  std::function<BlockWeights(int layer)> blocks;
+  std::function<std::vector<float>(const std::vector<std::vector<int>>& rows)> embed;
 };
+
+// Block `layer`'s weights as floats, from ctx.blocks or the model's weights.
+BlockWeights block_of(const QuantContext& ctx, int layer);
+// The input width of linear layer `suffix` ("self_attn.o_proj", ...) from the config alone.
+int64_t linear_cols(const ModelConfig& c, const std::string& suffix);
 
 // The embedding rows of the calibration tokens: the first block's input [rows * length, dim].
 std::vector<float> embed_rows(const QuantContext& ctx);

@@ -28,8 +28,9 @@ inline constexpr QuantSetting kSensitivityProbe{3, 128, true};
 std::map<std::string, UnitSensitivity> measure_sensitivity(const QuantContext& ctx,
                                                            const QuantSetting& probe, int max_rows);
 
-// Mean KL(p || q) per row of two logit matrices [n, vocab], in double precision.
+// Mean KL(p || q) per row of two logit matrices [n, vocab], in double precision, rows split over
+// `threads` (on the GPU path this was the sensitivity pass's largest cost).
 double mean_kl_of_logits(const std::vector<float>& ref_logits, const std::vector<float>& logits,
-                         int64_t vocab);
+                         int64_t vocab, int threads = 1);
 
 }  // namespace gyre::quant

@@ -1,0 +1,41 @@
+// The GPU half of quant/gptq_device.h, in C++17 (nvcc compiles the .cu files as C++17, so this
+// header uses no gyre_qformat.h types). quant/gptq_device.cc wraps it.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace gyre::quant::cuda {
+
+struct Setting {
+  int bits, group, sym;  // group 32, 64 or 128
+};
+
+class Engine {
+ public:
+  explicit Engine(int ordinal);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+  // See GptqDevice::set_input.
+  void set_input(const float* x, int64_t tokens, int n, double damp, bool act_order,
+                 bool clip_search);
+  std::vector<double> hessian() const;
+  double damp_used() const;
+  // Uploads w [rows, n]; returns tr(W H W^T).
+  double set_weight(const float* w, int rows);
+  // GPTQ of the weight at each setting (stacked, in batches bounded in memory); tr(E H E^T) of
+  // each. With want_outputs (one setting), fetch() then gives its results.
+  std::vector<double> run(const std::vector<Setting>& settings, bool want_outputs);
+  // Row-major [rows, n] dequantized values and stored integers, [rows, n / group] scales and
+  // mins of the last run.
+  void fetch(float* dequant, uint8_t* q, float* scales, float* mins);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+int device_count();
+
+}  // namespace gyre::quant::cuda

@@ -1,0 +1,102 @@
+#include "quant/gptq_device.h"
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "core/half.h"
+#ifdef GYRE_HAVE_CUDA
+#include "quant/cuda/gptq_engine.h"
+#endif
+
+namespace gyre::quant {
+
+#ifdef GYRE_HAVE_CUDA
+namespace {
+
+cuda::Setting device_setting(const QuantSetting& st, int64_t cols) {
+  quant_setting_validate(st, cols, "quantize");
+  return {st.bits, st.group_size, st.sym ? 1 : 0};
+}
+
+class CudaGptq final : public GptqDevice {
+ public:
+  explicit CudaGptq(int ordinal) : engine_(ordinal) {}
+  void set_input(const float* x, int64_t tokens, int n, double damp, bool act_order,
+                 bool clip_search) override {
+    engine_.set_input(x, tokens, n, damp, act_order, clip_search);
+    n_ = n;
+  }
+  std::vector<double> hessian() const override { return engine_.hessian(); }
+  double damp_used() const override { return engine_.damp_used(); }
+
+  std::vector<double> errors(const float* w, int rows,
+                             const std::vector<QuantSetting>& settings) override {
+    std::vector<cuda::Setting> ds;
+    for (const QuantSetting& st : settings) ds.push_back(device_setting(st, n_));
+    const double den = engine_.set_weight(w, rows);
+    std::vector<double> out = engine_.run(ds, false);
+    for (double& e : out) e = den > 0.0 ? e / den : 0.0;
+    return out;
+  }
+
+  QuantizedWeight quantize(const float* w, int rows, const QuantSetting& st,
+                           double* rel_error) override {
+    const double den = engine_.set_weight(w, rows);
+    const double num = engine_.run({device_setting(st, n_)}, true)[0];
+    if (rel_error != nullptr) *rel_error = den > 0.0 ? num / den : 0.0;
+    const size_t count = static_cast<size_t>(rows) * n_;
+    const size_t groups = static_cast<size_t>(rows) * (n_ / st.group_size);
+    QuantizedWeight out;
+    out.setting = st;
+    out.rows = rows;
+    out.cols = n_;
+    out.dequant.resize(count);
+    std::vector<uint8_t> q(count);
+    std::vector<float> scales(groups), mins(groups);
+    engine_.fetch(out.dequant.data(), q.data(), scales.data(), mins.data());
+    out.q.assign(q.begin(), q.end());
+    out.scales.resize(groups);
+    for (size_t i = 0; i < groups; ++i) out.scales[i] = f32_to_f16(scales[i]);
+    if (!st.sym) {
+      out.mins.resize(groups);
+      for (size_t i = 0; i < groups; ++i) out.mins[i] = f32_to_f16(mins[i]);
+    }
+    return out;
+  }
+
+ private:
+  cuda::Engine engine_;
+  int n_ = 0;
+};
+
+}  // namespace
+#endif
+
+std::unique_ptr<GptqDevice> make_gptq_device(const std::string& device) {
+  GYRE_CHECK(device == "cuda" || device.rfind("cuda:", 0) == 0, "unknown quantizer device '",
+             device, "' (expected cpu, cuda or cuda:N)");
+#ifdef GYRE_HAVE_CUDA
+  int index = 0;
+  if (device.size() > 5) {
+    size_t used = 0;
+    try {
+      index = std::stoi(device.substr(5), &used);
+    } catch (const std::logic_error&) {
+      used = 0;
+    }
+    GYRE_CHECK(used > 0 && used == device.size() - 5, "bad device '", device,
+               "' (expected cuda:N)");
+  }
+  const int count = cuda::device_count();
+  GYRE_CHECK(index >= 0 && index < count, "device '", device, "' is not present (", count,
+             " CUDA devices found)");
+  return std::make_unique<CudaGptq>(index);
+#else
+  fail("this Gyre was built without CUDA; use --device cpu");
+#endif
+}
+
+std::string default_quant_device() {
+  return cuda_available() ? "cuda" : "cpu";
+}
+
+}  // namespace gyre::quant

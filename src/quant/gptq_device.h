@@ -1,0 +1,40 @@
+// The quantizer's heavy linear algebra on a GPU (quant/cuda/, built only with CUDA): per unit
+// input, the Hessian 2/N X^T X and GPTQ's factor (hessian_of + gptq_prepare in gptq.h); per
+// linear weight, GPTQ at every candidate setting with its relative output error (what
+// measure() and the quantization pass need), in float64 like the CPU code. The CPU functions
+// stay the reference: the results match them up to summation order (tests/test_quant_cuda.cc).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/gyre_qformat.h"
+#include "quant/gptq.h"
+
+namespace gyre::quant {
+
+class GptqDevice {
+ public:
+  virtual ~GptqDevice() = default;
+  // The unit's input x [tokens, n] (host floats): its Hessian and GPTQ's factor, kept on the
+  // device for the weights that follow. Throws gyre::Error when H cannot be factored.
+  virtual void set_input(const float* x, int64_t tokens, int n, double damp, bool act_order,
+                         bool clip_search) = 0;
+  virtual std::vector<double> hessian() const = 0;  // [n x n], for tests
+  virtual double damp_used() const = 0;
+  // tr(E H E^T) / tr(W H W^T) of GPTQ at each setting for w [rows, n] (host floats).
+  virtual std::vector<double> errors(const float* w, int rows,
+                                     const std::vector<QuantSetting>& settings) = 0;
+  // GPTQ at one setting with its stored integers, scales and dequantized values.
+  virtual QuantizedWeight quantize(const float* w, int rows, const QuantSetting& st,
+                                   double* rel_error) = 0;
+};
+
+// "cuda" or "cuda:N". Throws gyre::Error without CUDA or without that device.
+std::unique_ptr<GptqDevice> make_gptq_device(const std::string& device);
+
+// The device convert uses by default: "cuda" when Gyre was built with CUDA and a GPU is
+// present, else "cpu".
+std::string default_quant_device();
+
+}  // namespace gyre::quant

@@ -1,0 +1,171 @@
+#include "quant/synthetic.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "core/mapped_file.h"
+#include "quant/convert_pass.h"
+#include "quant/gptq_device.h"
+#include "quant/linalg.h"
+#include "quant/measure.h"
+
+namespace gyre::quant {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr uint64_t kSeed = 20261122;
+
+uint64_t mix(uint64_t x) {  // splitmix64's finalizer: a well-spread hash of x
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Uniform in [-1, 1) from (stream, index).
+float uniform(uint64_t stream, uint64_t index) {
+  const uint64_t h = mix(stream ^ mix(index));
+  return static_cast<float>(static_cast<double>(h >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+}
+
+void fill(std::vector<float>& v, int64_t rows, int64_t cols, uint64_t stream, float scale,
+          float offset, int threads) {
+  v.resize(static_cast<size_t>(rows * cols));
+  parallel_ranges(rows, threads, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0 * cols; i < r1 * cols; ++i)
+      v[static_cast<size_t>(i)] = offset + scale * uniform(stream, static_cast<uint64_t>(i));
+  });
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+BlockWeights synthetic_block(const ModelConfig& c, int layer, int threads) {
+  BlockWeights b;
+  uint64_t stream = mix(kSeed + static_cast<uint64_t>(layer) * 1000);
+  for (int u = 0; u < kUnits; ++u)
+    for (const std::string& s : unit_linears(static_cast<Unit>(u))) {
+      const int64_t cols = linear_cols(c, s);
+      int64_t rows = c.dim;
+      if (s == "self_attn.q_proj") rows = c.q_dim();
+      if (s == "self_attn.k_proj" || s == "self_attn.v_proj") rows = c.kv_dim();
+      if (s == "mlp.gate_proj" || s == "mlp.up_proj") rows = c.hidden_dim;
+      fill(b.t[s], rows, cols, ++stream, std::sqrt(3.0f / static_cast<float>(cols)), 0.0f, threads);
+    }
+  fill(b.t["input_layernorm"], 1, c.dim, ++stream, 0.2f, 1.0f, 1);
+  fill(b.t["post_attention_layernorm"], 1, c.dim, ++stream, 0.2f, 1.0f, 1);
+  return b;
+}
+
+void convert_synthetic(const ModelConfig& c, const std::string& name, const ConvertOptions& o) {
+  GYRE_CHECK(!o.out.empty(), "convert needs an output folder (-o)");
+  GYRE_CHECK(o.bpw >= 2.0 && o.bpw <= 16.0, "--bpw must be between 2 and 16, got ", o.bpw);
+  GYRE_CHECK(o.rows >= 1 && o.length >= 1 && o.length <= c.max_seq_len,
+             "--rows and --length must be positive (length at most ", c.max_seq_len, ")");
+  GYRE_CHECK(o.uniform.empty() && o.measurement.empty() && !o.rotate,
+             "--synthetic measures and quantizes only (no --uniform, --measurement, --rotate)");
+  GYRE_CHECK(!fs::exists(o.out + "/conversion.json"), "'", o.out,
+             "' already holds a conversion; choose a new output folder");
+  const auto start = std::chrono::steady_clock::now();
+  LoadedModel lm;
+  lm.path = "synthetic:" + name;
+  lm.config = c;
+  QuantContext ctx;
+  ctx.model = &lm;
+  ctx.damp = o.damp;
+  ctx.act_order = o.act_order;
+  ctx.rtn = o.rtn;
+  ctx.clip_search = o.clip_search;
+  ctx.threads = o.threads > 0 ? o.threads
+                              : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ctx.progress = o.progress;
+  for (int r = 0; r < o.rows; ++r) {  // random token ids, the same for every run
+    std::vector<int> row;
+    for (int i = 0; i < o.length; ++i)
+      row.push_back(static_cast<int>(mix(kSeed ^ mix(uint64_t(r) << 32 | uint64_t(i))) %
+                                     static_cast<uint64_t>(c.vocab_size)));
+    ctx.rows.push_back(row);
+  }
+  ctx.blocks = [&](int layer) { return synthetic_block(c, layer, ctx.threads); };
+  ctx.embed = [&](const std::vector<std::vector<int>>& rows) {  // unit-variance rows per token
+    std::vector<float> out;
+    const float a = std::sqrt(3.0f);
+    for (const auto& row : rows)
+      for (int id : row)
+        for (int k = 0; k < c.dim; ++k)
+          out.push_back(a * uniform(kSeed + 7, uint64_t(id) * uint64_t(c.dim) + uint64_t(k)));
+    return out;
+  };
+  const std::string device = o.device.empty() ? default_quant_device() : o.device;
+  std::unique_ptr<GptqDevice> gpu;
+  if (device != "cpu") gpu = make_gptq_device(device);
+  ctx.gpu = gpu.get();
+  QuantTimings timings;
+  ctx.timings = &timings;
+  auto backend = backend_create(device == "cpu" ? "cpu" : device, ctx.threads);
+  ctx.backend = backend.get();
+  if (o.chooser == "kl")
+    std::fprintf(stderr,
+                 "convert: --synthetic chooses by the plain error sum (the KL "
+                 "sensitivity pass needs an LM head)\n");
+  std::error_code ec;
+  const std::string job = o.out + "/.gyre-job";
+  fs::create_directories(job, ec);
+  GYRE_CHECK(!ec, "cannot create '", job, "': ", ec.message());
+
+  Measurement meas;
+  meas.meta = {{"model", lm.path}, {"rows", o.rows},           {"length", o.length},
+               {"damp", o.damp},   {"act_order", o.act_order}, {"method", o.rtn ? "rtn" : "gptq"},
+               {"device", device}};
+  auto t0 = std::chrono::steady_clock::now();
+  measure(ctx, meas, [](const Measurement&) {});
+  const double t_measure = seconds_since(t0);
+  const QuantTimings measure_la = timings;
+  Plan plan = optimized_plan(lm, meas, o.bpw, false);
+  t0 = std::chrono::steady_clock::now();
+  timings = QuantTimings{};
+  quantize_pass(ctx, plan, job, 0);
+  const double t_quant = seconds_since(t0);
+  double bits = 0, numel = 0;
+  for (const auto& [layer, st] : plan) {
+    const LayerErrors* le = meas.find(layer);
+    const double n = static_cast<double>(le->rows * le->cols);
+    bits += n * st.bits_per_weight();
+    numel += n;
+  }
+  const double total = seconds_since(start);
+  nlohmann::json summary = {{"synthetic", name},
+                            {"device", device},
+                            {"rows", o.rows},
+                            {"length", o.length},
+                            {"bpw_target", o.bpw},
+                            {"bits_per_weight", numel > 0 ? bits / numel : 0.0},
+                            {"seconds",
+                             {{"total", total},
+                              {"measure", t_measure},
+                              {"measure_hessian_factor", measure_la.hessian},
+                              {"measure_gptq", measure_la.gptq},
+                              {"quantize", t_quant},
+                              {"quantize_hessian_factor", timings.hessian},
+                              {"quantize_gptq", timings.gptq}}}};
+  write_file_atomic(o.out + "/measurement.json", meas.to_json().dump(1));
+  write_file_atomic(o.out + "/conversion.json", summary.dump(2));
+  fs::remove_all(job, ec);
+  std::fprintf(stderr,
+               "convert: synthetic %s on %s: %.1f s total (measure %.1f s: Hessians+factors %.1f, "
+               "GPTQ+errors %.1f; quantize %.1f s: %.1f, %.1f), %.3f bits per weight\n",
+               name.c_str(), device.c_str(), total, t_measure, measure_la.hessian, measure_la.gptq,
+               t_quant, timings.hessian, timings.gptq, numel > 0 ? bits / numel : 0.0);
+}
+
+}  // namespace gyre::quant

@@ -1,0 +1,73 @@
+#include "quant/unit_quant.h"
+
+#include <chrono>
+
+#include "core/error.h"
+#include "quant/gptq_device.h"
+
+namespace gyre::quant {
+
+namespace {
+
+// Adds the seconds from construction to destruction into *into (when not null).
+class ScopedSeconds {
+ public:
+  explicit ScopedSeconds(double* into) : into_(into), t0_(std::chrono::steady_clock::now()) {}
+  ~ScopedSeconds() {
+    if (into_ != nullptr)
+      *into_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+
+ private:
+  double* into_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+}  // namespace
+
+void UnitQuantizer::set_input(const std::vector<float>& x, int64_t tokens) {
+  GYRE_CHECK(tokens > 0 && x.size() % static_cast<size_t>(tokens) == 0,
+             "internal: unit input size mismatch");
+  ScopedSeconds timer(ctx_.timings ? &ctx_.timings->hessian : nullptr);
+  n_ = static_cast<int>(static_cast<int64_t>(x.size()) / tokens);
+  if (on_gpu()) {
+    ctx_.gpu->set_input(x.data(), tokens, n_, ctx_.damp, ctx_.act_order, ctx_.clip_search);
+    return;
+  }
+  h_ = hessian_of(x, tokens, n_, ctx_.threads);
+  prep_ = GptqPrep{};
+  if (!ctx_.rtn) prep_ = gptq_prepare(h_, n_, ctx_.damp, ctx_.act_order);
+  prep_.clip_search = ctx_.clip_search;
+}
+
+QuantizedWeight UnitQuantizer::quantize_cpu(const std::vector<float>& w,
+                                            const QuantSetting& st) const {
+  const int rows = static_cast<int>(static_cast<int64_t>(w.size()) / n_);
+  return ctx_.rtn ? rtn_quantize(w.data(), rows, n_, st)
+                  : gptq_quantize(w.data(), rows, n_, prep_, st, ctx_.threads);
+}
+
+std::vector<double> UnitQuantizer::errors(const std::vector<float>& w,
+                                          const std::vector<QuantSetting>& settings) {
+  GYRE_CHECK(n_ > 0 && w.size() % static_cast<size_t>(n_) == 0, "internal: weight width mismatch");
+  ScopedSeconds timer(ctx_.timings ? &ctx_.timings->gptq : nullptr);
+  const int rows = static_cast<int>(static_cast<int64_t>(w.size()) / n_);
+  if (on_gpu()) return ctx_.gpu->errors(w.data(), rows, settings);
+  std::vector<double> out;
+  for (const QuantSetting& st : settings)
+    out.push_back(relative_error(w.data(), quantize_cpu(w, st), h_, ctx_.threads));
+  return out;
+}
+
+QuantizedWeight UnitQuantizer::quantize(const std::vector<float>& w, const QuantSetting& st,
+                                        double* rel_error) {
+  GYRE_CHECK(n_ > 0 && w.size() % static_cast<size_t>(n_) == 0, "internal: weight width mismatch");
+  ScopedSeconds timer(ctx_.timings ? &ctx_.timings->gptq : nullptr);
+  const int rows = static_cast<int>(static_cast<int64_t>(w.size()) / n_);
+  if (on_gpu()) return ctx_.gpu->quantize(w.data(), rows, st, rel_error);
+  QuantizedWeight q = quantize_cpu(w, st);
+  if (rel_error != nullptr) *rel_error = relative_error(w.data(), q, h_, ctx_.threads);
+  return q;
+}
+
+}  // namespace gyre::quant
