@@ -111,7 +111,7 @@ void CudaBackend::mixed_matmul(const QMixedDevice& m, const half* x, half* y, in
   gather_columns(xl, x, m.lo_cols, n, m.cols, k_lo, stream_);
   packed_part_matmul(m.hi, xh, y, n, bias);
   packed_part_matmul(m.lo, xl, partial, n, nullptr);
-  add(y, partial, static_cast<int64_t>(n) * m.rows, stream_);
+  cuda::add(y, partial, static_cast<int64_t>(n) * m.rows, stream_);  // the member add takes Tensors
 }
 
 }  // namespace gyre::cuda
