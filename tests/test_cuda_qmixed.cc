@@ -130,6 +130,24 @@ TEST(QMixedCuda, MatmulSplitAndSwigluMatchTheCpuBackend) {
   }
 }
 
+// The 3-bit GPTQ tiny Llama (tests/data/gptq/llama3: act-order, asymmetric) runs on the narrow
+// kernels with a permutation; the CPU backend (checked against its float twin in test_gptq.cc)
+// is the reference.
+TEST(QMixedCuda, Gptq3BitTinyLlamaMatchesTheCpuBackend) {
+  auto gpu = gpu_backend();
+  if (!gpu) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
+  const auto m = load_model(std::string(GYRE_SOURCE_DIR) + "/tests/data/gptq/llama3");
+  auto cpu = make_cpu_backend(2);
+  Transformer a(m->config, m->weights, *cpu, 64);
+  Transformer b(m->config, m->weights, *gpu, 64);
+  const std::vector<int32_t> tokens = {1, 403, 261, 307, 9, 44, 500, 2, 17, 300, 411, 5};
+  const int n = static_cast<int>(tokens.size()), vocab = m->config.vocab_size;
+  std::vector<float> la(static_cast<size_t>(n) * vocab), lb(la.size());
+  a.forward(tokens.data(), n, 0, la.data(), true);
+  b.forward(tokens.data(), n, 0, lb.data(), true);
+  expect_close(lb, la, "logits");
+}
+
 TEST(QMixedCuda, ForcedMixStoriesMatchesTheCpuBackend) {
   auto gpu = gpu_backend();
   if (!gpu) GTEST_SKIP() << "no CUDA device (or built without CUDA)";

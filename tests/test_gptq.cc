@@ -85,11 +85,15 @@ TEST(Gptq, EveryLayerCaseDequantizesToTheSpecValuesExactly) {
   }
 }
 
-TEST(Gptq, TinyLlamaForwardEqualsItsSpecDequantizedFloatTwin) {
-  const auto gptq = load_model(kDir + "/llama");
-  const auto dense = load_model(kDir + "/llama_float");
+void expect_forward_equals_float_twin(const std::string& quantized, const std::string& dense_dir,
+                                      int bits) {
+  SCOPED_TRACE(quantized);
+  const auto gptq = load_model(kDir + "/" + quantized);
+  const auto dense = load_model(kDir + "/" + dense_dir);
   EXPECT_EQ(gptq->format, "gptq");
   EXPECT_EQ(dense->format, "hf");
+  EXPECT_EQ(qweight_of_view(gptq->weights.get("model.layers.0.mlp.down_proj.weight")).desc.bits,
+            bits);
   auto backend = make_cpu_backend(2);
   Transformer a(gptq->config, gptq->weights, *backend, 64);
   Transformer b(dense->config, dense->weights, *backend, 64);
@@ -105,6 +109,11 @@ TEST(Gptq, TinyLlamaForwardEqualsItsSpecDequantizedFloatTwin) {
   }
   EXPECT_GT(max_abs, 0.1);  // the model does something
   EXPECT_LE(max_diff, 1e-5 * max_abs);
+}
+
+TEST(Gptq, TinyLlamaForwardEqualsItsSpecDequantizedFloatTwin) {
+  expect_forward_equals_float_twin("llama", "llama_float", 4);
+  expect_forward_equals_float_twin("llama3", "llama3_float", 3);  // 3-bit, act-order, asym
 }
 
 // ---- Hostile inputs: one clear line, never a crash. ----

@@ -19,7 +19,7 @@ Output (each file a standard safetensors file):
       quantization_config.
   llama/: a tiny Llama (2 layers, hidden 64) whose projections are GPTQ 4-bit, asymmetric,
       group 32, desc_act, v1 zeros; llama_float/: the same model with the spec-dequantized
-      float32 weights and no quantization_config. tokenizer.json is stories260K's.
+      float32 weights and no quantization_config. llama3/, llama3_float/: the same at 3 bits. tokenizer.json is stories260K's.
 Usage: tools/make_gptq_fixture.py [fixtures dir] [output dir]
 """
 import json
@@ -153,10 +153,10 @@ def write_layers(rng, case_table, cases):
                       "quantization_config": quant_config(bits, gs, act, sym, v2)})
 
 
-def write_llama(rng):
+def write_llama(rng, bits=4, names=("llama", "llama_float")):
     hidden, inter, layers, heads, kv_heads, vocab = 64, 128, 2, 4, 2, 512
     head_dim = hidden // heads
-    qc = quant_config(4, 32, True, False, False)
+    qc = quant_config(bits, 32, True, False, False)
     config = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
         "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": heads,
@@ -182,14 +182,14 @@ def write_llama(rng):
             quant[f"model.layers.{layer}.{n}.weight"] = dense[f"model.layers.{layer}.{n}.weight"] = w
         for n, (in_f, out_f) in shapes.items():
             p = f"model.layers.{layer}.{n}"
-            t, expected = make_layer(rng, in_f, out_f, 4, 32, True, False, False,
+            t, expected = make_layer(rng, in_f, out_f, bits, 32, True, False, False,
                                      weight_std=1.5 / np.sqrt(in_f))
             for k, v in t.items():
                 quant[p + "." + k] = v
             dense[p + ".weight"] = expected
     tok = os.path.join(FIXTURES, "stories260K", "tokenizer.json")
-    for sub, tensors, cfg in (("llama", quant, dict(config, quantization_config=qc)),
-                              ("llama_float", dense, config)):
+    for sub, tensors, cfg in ((names[0], quant, dict(config, quantization_config=qc)),
+                              (names[1], dense, config)):
         d = os.path.join(OUT, sub)
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, "config.json"), "w") as f:
@@ -203,7 +203,9 @@ def main():
     cases = []
     write_layers(rng, LAYER_CASES, cases)
     write_llama(rng)
-    write_layers(np.random.default_rng(20261123), EXTRA_CASES, cases)
+    extra = np.random.default_rng(20261123)
+    write_layers(extra, EXTRA_CASES, cases)
+    write_llama(extra, 3, ("llama3", "llama3_float"))
     with open(os.path.join(OUT, "layers", "cases.json"), "w") as f:
         json.dump({"cases": cases}, f, indent=1)
 
