@@ -1,5 +1,6 @@
 // 4-bit decode GEMV (n = 1..8) on the Llama-3-8B shapes: the register-fed kernel (round 2) and
-// the bulk-copy ring (qlinear_gemv4.cu) over its stage / depth / split-K settings.
+// the register pipeline with x in shared memory (qlinear_gemv_stream.cu) over its depth and
+// split-K settings.
 // Build: bench/qlinear_device.sh. Weights are random bytes (speed only; correctness is in
 // tests/test_cuda_gemv4.cc), rotated over > 300 MB so the numbers are DRAM numbers.
 #include <cuda_runtime_api.h>
@@ -24,11 +25,15 @@ struct Cfg {
 void set(const Cfg& c) {
   qlinear_detail::set_gemv_kernel(c.kernel);
   qlinear_detail::set_gemv_ring(c.stage, c.depth);
+  qlinear_detail::set_gemv_depth(c.depth);
   qlinear_detail::set_gemv_ksplit(c.ksplit);
 }
 
 int main(int argc, char** argv) {
+  // Modes: (none) the sweep; quick: auto configs only; one ROWS COLS N KERNEL DEPTH KSPLIT: that
+  // configuration only (for profilers).
   const bool sweep = argc < 2 || std::string_view(argv[1]) != "quick";
+  const bool one = argc == 8 && std::string_view(argv[1]) == "one";
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
@@ -58,7 +63,13 @@ int main(int argc, char** argv) {
   };
   std::vector<Summary> summary;
   std::printf("\n%-14s %2s %12s %9s %8s %7s\n", "shape", "n", "kern/c/s/ks", "us", "GB/s", "%copy");
-  for (const auto& sh : shapes) {
+  for (const auto& sh0 : shapes) {
+    int sh[2] = {sh0[0], sh0[1]};
+    if (one) {
+      if (&sh0 != &shapes[0]) break;
+      sh[0] = std::atoi(argv[2]);
+      sh[1] = std::atoi(argv[3]);
+    }
     QWeightDesc d;
     d.bits = 4;
     d.group_size = 128;
@@ -79,39 +90,41 @@ int main(int argc, char** argv) {
                   c.stage, c.depth, c.ksplit, ms * 1e3, moved / ms / 1e6, pct);
       return std::make_pair(ms * 1e3, pct);
     };
+    if (one) {
+      run(std::atoi(argv[4]), {std::atoi(argv[5]), 0, std::atoi(argv[6]), std::atoi(argv[7])});
+      for (auto& w : ws) CK(cudaFree(w.mem));
+      return 0;
+    }
     Summary sm{};
     sm.rows = sh[0];
     sm.cols = sh[1];
     const int ns[3] = {1, 2, 8};
+    // old = register-fed (auto split-K); ring slot = the register pipeline (kernel 4) at auto.
     for (int i = 0; i < 3; ++i) {
       auto o = run(ns[i], {1, 0, 0, 0});
       sm.old_us[i] = o.first;
       if (i == 0) sm.pct_old = o.second;
-      auto r = run(ns[i], {3, 0, 0, 0});
+      auto r = run(ns[i], {4, 0, 0, 0});
       sm.ring_us[i] = r.first;
       sm.pct_ring[i] = r.second;
     }
     sm.best_us = sm.ring_us[0];
     sm.pct_best = sm.pct_ring[0];
+    sm.best = {4, 0, 0, 0};
     if (sweep) {
-      for (const int ks : {2, 4, 8, 16}) run(1, {1, 0, 0, ks});
-      const int rings[][2] = {{1, 8}, {1, 16}, {2, 4}, {2, 8}, {4, 2}, {4, 4}};
-      for (const int kernel : {2, 3}) {
-        for (const auto& r : rings) {
-          for (const int ks : {1, 2, 4, 8, 16}) {
-            const Cfg c{kernel, r[0], r[1], ks};
-            auto v = run(1, c);
-            if (v.first < sm.best_us) {
-              sm.best_us = v.first;
-              sm.pct_best = v.second;
-              sm.best = c;
-            }
+      for (const int depth : {4, 8, 16}) {
+        for (const int ks : {1, 2, 4, 8, 16}) {
+          const Cfg c{4, 0, depth, ks};
+          auto v = run(1, c);
+          if (v.first < sm.best_us) {
+            sm.best_us = v.first;
+            sm.pct_best = v.second;
+            sm.best = c;
           }
         }
       }
-      for (const int kernel : {2, 3})
-        for (const auto& r : rings)
-          for (const int ks : {1, 2, 4, 8, 16}) run(8, {kernel, r[0], r[1], ks});
+      for (const int depth : {4, 8})
+        for (const int ks : {1, 2, 4, 8, 16}) run(8, {4, 0, depth, ks});
       sm.best_n2 = run(2, sm.best).first;
       sm.best_n8 = run(8, sm.best).first;
     }
@@ -120,8 +133,8 @@ int main(int argc, char** argv) {
     for (auto& w : ws) CK(cudaFree(w.mem));
   }
   std::printf(
-      "\nSUMMARY (us; %% of copy %.0f GB/s) old = register-fed (default), ring = cp.async ring "
-      "auto; best = sweep\n"
+      "\nSUMMARY (us; %% of copy %.0f GB/s) old = register-fed (default), ring = register pipeline "
+      "(kernel 4) auto; best = sweep (k/c/depth/ks)\n"
       "%-14s %14s %14s %8s %8s %8s %8s %20s %8s %8s\n",
       copy_gbs, "shape", "old n1", "ring n1", "old n2", "ring n2", "old n8", "ring n8",
       "best n1 (k/c/s/ks)", "best n2", "best n8");

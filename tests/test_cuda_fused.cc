@@ -1,4 +1,5 @@
-// Fused projections (Backend::upload_fused, matmul_split, matmul_swiglu). Oracles: a naive
+// Fused projections (Backend::upload_fused, matmul_split, matmul_swiglu) and the decode fusions
+// (norm_matmul_split, norm_matmul_swiglu, matmul_add). Oracles: a naive
 // float64 computation for the CPU backend's defaults and the host interleave; for CUDA, the CPU
 // backend (FP16 weights) and the CUDA backend's own unfused ops on separately uploaded weights
 // (quantized weights: requantizing the fused rows gives the same values as the separate rows).
@@ -164,6 +165,47 @@ TEST(FusedWeights, CpuDefaultsMatchNaive) {
   }
 }
 
+// The decode fusions' defaults (separate ops) on the CPU backend against float64.
+TEST(FusedWeights, CpuNormAndResidualDefaultsMatchNaive) {
+  std::mt19937 rng(8);
+  auto cpu = make_cpu_backend(2);
+  const int n = 3;
+  const float eps = 1e-5f;
+  Layer l(n, 48, 24, 8, 13, rng);
+  const HostWeight nw = random_weight(48, rng, 1.5f), r0 = random_weight(n * 24, rng, 1.0f);
+  std::vector<float> xn(l.x.v.size());
+  for (int t = 0; t < n; ++t) {
+    double ss = 0;
+    for (int c = 0; c < 48; ++c)
+      ss += double(l.x.v[size_t(t) * 48 + c]) * l.x.v[size_t(t) * 48 + c];
+    const double inv = 1.0 / std::sqrt(ss / 48 + eps);
+    for (int c = 0; c < 48; ++c)
+      xn[size_t(t) * 48 + c] = static_cast<float>(l.x.v[size_t(t) * 48 + c] * inv * nw.v[c]);
+  }
+  Tensor x = activation(*cpu, l.x, n, l.dim), norm = cpu->upload_weight(nw.view("norm", 0, 48));
+  Tensor w = cpu->upload_fused(l.qkv(), FusedKind::Concat);
+  Tensor q = cpu->alloc(n, 24), k = cpu->alloc(n, 8), v = cpu->alloc(n, 8),
+         scratch = cpu->alloc(n, 48);
+  EXPECT_FALSE(cpu->fuses_norms(n, w));
+  cpu->norm_matmul_split({&q, &k, &v}, {x, norm, eps, scratch}, w, nullptr);
+  EXPECT_LT(rel_error(host(*cpu, q), naive_matmul(xn, l.wq.v, nullptr, n, 24, 48)), 1e-5);
+  EXPECT_LT(rel_error(host(*cpu, v), naive_matmul(xn, l.wv.v, nullptr, n, 8, 48)), 1e-5);
+  Tensor gu = cpu->upload_fused(l.gate_up(), FusedKind::GateUp), out = cpu->alloc(n, 13);
+  cpu->norm_matmul_swiglu(out, {x, norm, eps, scratch}, gu);
+  const auto g = naive_matmul(xn, l.gate.v, nullptr, n, 13, 48),
+             u = naive_matmul(xn, l.up.v, nullptr, n, 13, 48);
+  std::vector<double> want(g.size());
+  for (size_t i = 0; i < g.size(); ++i) want[i] = silu(g[i]) * u[i];
+  EXPECT_LT(rel_error(host(*cpu, out), want), 1e-5);
+  // (The CPU backend may wrap an F32 upload without copying: the expectation comes first.)
+  std::vector<double> want_res = naive_matmul(l.x.v, l.wq.v, nullptr, n, 24, 48);
+  for (size_t i = 0; i < want_res.size(); ++i) want_res[i] += r0.v[i];
+  Tensor wq = cpu->upload_weight(l.qkv()[0]), res = activation(*cpu, r0, n, 24);
+  Tensor tmp = cpu->alloc(n, 24);
+  cpu->matmul_add(res, x, wq, tmp);
+  EXPECT_LT(rel_error(host(*cpu, res), want_res), 1e-5);
+}
+
 #ifdef GYRE_HAVE_CUDA
 
 // Each path of the CUDA fused ops (GEMV epilogues n <= 8, qlinear GEMM n < 64, cuBLAS beyond)
@@ -217,6 +259,58 @@ TEST(CudaFused, SplitAndSwigluMatchUnfusedOps) {
           EXPECT_LT(rel_error(host(*gpu, out), l.swiglu()), 5e-3);
         }
       }
+    }
+  }
+}
+
+// The decode fusions (Backend::fuses_norms): the RMSNorm folded into the matmul's input and the
+// residual add into its output, against the same backend's separate ops. 4-bit weights take the
+// fused kernels at n <= 2; other weights and row counts the defaults (separate ops again).
+TEST(CudaFused, NormAndResidualFusionsMatchSeparateOps) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(12);
+  const float eps = 1e-5f;
+  for (int bits : {0, 8, 4}) {
+    BackendOptions o;
+    o.weight_bits = bits;
+    auto gpu = make_cuda_backend(0, o);
+    for (int n : {1, 2, 3, 8, 20}) {
+      SCOPED_TRACE("bits " + std::to_string(bits) + " n " + std::to_string(n));
+      Layer l(n, 256, 96, 32, 52, rng);
+      const HostWeight nw = random_weight(static_cast<size_t>(l.dim), rng, 1.5f);
+      const HostWeight r0 = random_weight(static_cast<size_t>(n) * l.q_rows, rng, 1.0f);
+      Tensor x = activation(*gpu, l.x, n, l.dim);
+      Tensor norm = gpu->upload_weight(nw.view("norm", 0, l.dim));
+      Tensor w = gpu->upload_fused(l.qkv(), FusedKind::Concat);
+      Tensor b = gpu->upload_fused(l.biases(), FusedKind::Concat);
+      Tensor gu = gpu->upload_fused(l.gate_up(), FusedKind::GateUp);
+      EXPECT_EQ(gpu->fuses_norms(n, w), bits == 4 && n <= 2);
+      EXPECT_EQ(gpu->fuses_norms(n, gu), bits == 4 && n <= 2);
+      Tensor scratch = gpu->alloc(n, l.dim), xn = gpu->alloc(n, l.dim);
+      gpu->rmsnorm(xn, x, norm, eps);
+
+      Tensor q = gpu->alloc(n, l.q_rows), k = gpu->alloc(n, l.kv_rows),
+             v = gpu->alloc(n, l.kv_rows);
+      Tensor rq = gpu->alloc(n, l.q_rows), rk = gpu->alloc(n, l.kv_rows),
+             rv = gpu->alloc(n, l.kv_rows);
+      gpu->norm_matmul_split({&q, &k, &v}, {x, norm, eps, scratch}, w, &b);
+      gpu->matmul_split({&rq, &rk, &rv}, xn, w, &b);
+      EXPECT_LT(rel_error(host(*gpu, q), to_double(host(*gpu, rq))), 2e-3);
+      EXPECT_LT(rel_error(host(*gpu, k), to_double(host(*gpu, rk))), 2e-3);
+      EXPECT_LT(rel_error(host(*gpu, v), to_double(host(*gpu, rv))), 2e-3);
+
+      Tensor out = gpu->alloc(n, l.hidden), rout = gpu->alloc(n, l.hidden);
+      gpu->norm_matmul_swiglu(out, {x, norm, eps, scratch}, gu);
+      gpu->matmul_swiglu(rout, xn, gu);
+      EXPECT_LT(rel_error(host(*gpu, out), to_double(host(*gpu, rout))), 3e-3);
+
+      Tensor wq = gpu->upload_weight(l.qkv()[0]);
+      Tensor res = activation(*gpu, r0, n, l.q_rows), rres = activation(*gpu, r0, n, l.q_rows);
+      Tensor tmp = gpu->alloc(n, l.q_rows), rtmp = gpu->alloc(n, l.q_rows);
+      gpu->matmul_add(res, x, wq, tmp);
+      gpu->matmul(rtmp, x, wq, nullptr);
+      gpu->add(rres, rtmp);
+      EXPECT_LT(rel_error(host(*gpu, res), to_double(host(*gpu, rres))), 2e-3);
     }
   }
 }

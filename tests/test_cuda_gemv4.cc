@@ -17,6 +17,7 @@
 
 #include "backend/cpu/qlinear_ref.h"
 #include "backend/cuda/qlinear.h"
+#include "core/error.h"
 #include "core/half.h"
 
 namespace gyre {
@@ -131,8 +132,8 @@ void expect_close(const std::vector<uint16_t>& got, const std::vector<double>& r
   }
 }
 
-// {kernel (0 auto, 1 register-fed, 2 bulk-copy ring, 3 cp.async ring), column blocks per
-// stage, stages, split-K}; 0 = auto.
+// {kernel (0 auto, 1 register-fed, 2 bulk-copy ring, 3 cp.async ring, 4 register pipeline),
+// column blocks per stage, stages (4: blocks in flight per warp), split-K}; 0 = auto.
 struct Config {
   int kernel, stage, depth, ksplit;
   std::string name() const {
@@ -140,14 +141,16 @@ struct Config {
            "/" + std::to_string(ksplit);
   }
 };
-const Config kConfigs[] = {{0, 0, 0, 0}, {2, 1, 8, 1},   {2, 2, 8, 2}, {2, 4, 2, 16},
-                           {2, 4, 4, 4}, {2, 1, 16, 16}, {2, 2, 4, 0}, {3, 1, 16, 1},
-                           {3, 2, 8, 2}, {3, 4, 2, 16},  {3, 4, 4, 8}, {3, 1, 8, 16},
-                           {3, 2, 4, 0}, {3, 1, 16, 4},  {1, 0, 0, 0}, {1, 0, 0, 16}};
+const Config kConfigs[] = {
+    {0, 0, 0, 0},   {2, 1, 8, 1},  {2, 2, 8, 2}, {2, 4, 2, 16}, {2, 4, 4, 4}, {2, 1, 16, 16},
+    {2, 2, 4, 0},   {3, 1, 16, 1}, {3, 2, 8, 2}, {3, 4, 2, 16}, {3, 4, 4, 8}, {3, 1, 8, 16},
+    {3, 2, 4, 0},   {3, 1, 16, 4}, {1, 0, 0, 0}, {1, 0, 0, 16}, {4, 0, 8, 0}, {4, 0, 4, 1},
+    {4, 0, 16, 16}, {4, 0, 8, 2},  {4, 0, 4, 8}};
 
 void set_config(const Config& c) {
   qlinear_detail::set_gemv_kernel(c.kernel);
   qlinear_detail::set_gemv_ring(c.stage, c.depth);
+  qlinear_detail::set_gemv_depth(c.depth);
   qlinear_detail::set_gemv_ksplit(c.ksplit);
 }
 
@@ -277,6 +280,96 @@ TEST(CudaGemv4, SwigluAndSplitMatchFloat64) {
     }
     set_config({0, 0, 0, 0});
     qweight_free(dw);
+  }
+}
+
+// The decode fusions (qlinear.h QlinearFusion): x RMS-normalised per token (the reference
+// normalises on the host in float and rounds to FP16, as the rmsnorm kernel does) and y += x W.
+TEST(CudaGemv4, FusedNormAndAccumulateMatchFloat64) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Layout layouts[] = {{"g128_sym", 128, false, false, DType::F32},
+                            {"g32_asym_perm", 32, true, true, DType::F32},
+                            {"g64_asym", 64, true, false, DType::F32}};
+  const int shapes[][2] = {{35, 160}, {300, 1280}, {33, 4096}};
+  const float eps = 1e-5f;
+  uint32_t seed = 9000;
+  for (const Layout& l : layouts) {
+    for (const auto& s : shapes) {
+      if (s[1] % l.group != 0) continue;
+      const QWeightHost w = make_weight(l, s[0], s[1], seed++);
+      const int rows = w.desc.rows, cols = w.desc.cols;
+      const std::vector<uint16_t> xh = random_halves(size_t(8) * cols, 3.0f, seed++);
+      const std::vector<uint16_t> nh = random_halves(cols, 1.5f, seed++);
+      const std::vector<uint16_t> y0 = random_halves(size_t(8) * rows, 2.0f, seed++);
+      std::vector<uint16_t> xn(xh.size());
+      for (int t = 0; t < 8; ++t) {
+        double ss = 0;
+        for (int c = 0; c < cols; ++c) ss += std::pow(f16_to_f32(xh[size_t(t) * cols + c]), 2);
+        const float inv = static_cast<float>(1.0 / std::sqrt(ss / cols + eps));
+        for (int c = 0; c < cols; ++c)
+          xn[size_t(t) * cols + c] =
+              f32_to_f16(f16_to_f32(xh[size_t(t) * cols + c]) * inv * f16_to_f32(nh[c]));
+      }
+      const Reference plain = reference(w, xh, nullptr, 8), normed = reference(w, xn, nullptr, 8);
+      QWeightDevice dw = qweight_upload(w);
+      Buf x(size_t(8) * cols), y(size_t(8) * rows), norm(cols);
+      x.upload(xh);
+      norm.upload(nh);
+      for (const Config& c : {Config{0, 0, 0, 0}, Config{4, 0, 4, 2}, Config{1, 0, 0, 0}}) {
+        set_config(c);
+        for (int n = 1; n <= 8; ++n) {
+          // The norm folds in where the stream GEMV is the default (n <= 2); beyond, asking
+          // for it is an error and only the accumulation runs.
+          const bool norm_ok = qlinear_fuses_norm(dw, n);
+          ASSERT_EQ(norm_ok, n <= 2);
+          if (!norm_ok) {
+            QlinearFusion f;
+            f.norm_w = norm.p;
+            EXPECT_THROW(qlinear_matmul(dw, x.p, y.p, n, nullptr, nullptr, f), Error);
+          }
+          for (int mode = norm_ok ? 0 : 1; mode < (norm_ok ? 3 : 2); ++mode) {
+            SCOPED_TRACE(std::string(l.name) + " " + std::to_string(rows) + "x" +
+                         std::to_string(cols) + " n " + std::to_string(n) + " mode " +
+                         std::to_string(mode) + " cfg " + c.name());
+            QlinearFusion f;
+            f.accumulate = mode != 0;
+            if (mode != 1) {
+              f.norm_w = norm.p;
+              f.norm_eps = eps;
+            }
+            const Reference& ref = mode == 1 ? plain : normed;
+            if (f.accumulate) {
+              y.upload(y0);
+            } else {
+              y.poison();
+            }
+            try {
+              qlinear_matmul(dw, x.p, y.p, n, nullptr, nullptr, f);
+            } catch (const std::exception& e) {
+              FAIL() << e.what();
+            }
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            std::vector<uint16_t> got = y.download();
+            got.resize(size_t(n) * rows);
+            std::vector<double> want(ref.y.begin(), ref.y.begin() + got.size()),
+                mag(ref.mag.begin(), ref.mag.begin() + got.size());
+            if (f.accumulate) {
+              for (size_t i = 0; i < want.size(); ++i) {
+                want[i] += f16_to_f32(y0[i]);
+                mag[i] += std::fabs(f16_to_f32(y0[i]));
+              }
+            }
+            expect_close(got, want, mag);
+            if (HasFatalFailure()) break;
+          }
+          if (HasFatalFailure()) break;
+        }
+        if (HasFatalFailure()) break;
+      }
+      set_config({0, 0, 0, 0});
+      qweight_free(dw);
+      if (HasFatalFailure()) return;
+    }
   }
 }
 

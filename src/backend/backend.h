@@ -155,6 +155,22 @@ class Backend {
                             const Tensor* bias);
   // out = silu(x . gate) * (x . up) for w = upload_fused({gate, up}, GateUp); out [n, hidden].
   virtual void matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_gate_up);
+  // ---- Decode fusions (optional). The forward pass uses them for n rows through weights like w
+  // when fuses_norms(n, w): the RMSNorm folded into the next matmul's input (x is the residual
+  // stream, norm its weight; scratch [n, x.cols] may receive rmsnorm(x)) and the residual add
+  // folded into the output of the matmul before it. The defaults run the separate ops.
+  struct NormedInput {
+    const Tensor& x;
+    const Tensor& norm;
+    float eps;
+    Tensor& scratch;
+  };
+  virtual bool fuses_norms(int /*n*/, const Tensor& /*w*/) const { return false; }
+  virtual void norm_matmul_split(const std::vector<Tensor*>& outs, const NormedInput& in,
+                                 const Tensor& w, const Tensor* bias);
+  virtual void norm_matmul_swiglu(Tensor& out, const NormedInput& in, const Tensor& w_gate_up);
+  // residual += x . w (scratch [n, w.rows] may receive x . w first).
+  virtual void matmul_add(Tensor& residual, const Tensor& x, const Tensor& w, Tensor& scratch);
   // Rotates each head of x [n, n_heads * head_dim] in place; token i is at positions[i].
   virtual void rope(Tensor& x, int n_heads, int head_dim, const int32_t* positions,
                     const RopeTable& table) = 0;

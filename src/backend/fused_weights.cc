@@ -151,4 +151,20 @@ void Backend::matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_gate_u
   silu_mul(out, out, up);
 }
 
+void Backend::norm_matmul_split(const std::vector<Tensor*>& outs, const NormedInput& in,
+                                const Tensor& w, const Tensor* bias) {
+  rmsnorm(in.scratch, in.x, in.norm, in.eps);
+  matmul_split(outs, in.scratch, w, bias);
+}
+
+void Backend::norm_matmul_swiglu(Tensor& out, const NormedInput& in, const Tensor& w_gate_up) {
+  rmsnorm(in.scratch, in.x, in.norm, in.eps);
+  matmul_swiglu(out, in.scratch, w_gate_up);
+}
+
+void Backend::matmul_add(Tensor& residual, const Tensor& x, const Tensor& w, Tensor& scratch) {
+  matmul(scratch, x, w, nullptr);
+  add(residual, scratch);
+}
+
 }  // namespace gyre

@@ -101,12 +101,27 @@ void Transformer::run_layers(const int32_t* tokens, int n, const int32_t* positi
          k = k_.slice_rows(0, n), v = v_.slice_rows(0, n), att = att_.slice_rows(0, n),
          gate = gate_.slice_rows(0, n), ffn = ffn_.slice_rows(0, n);
   backend_.embed(x, embed_, tokens, n);
-  backend_.rmsnorm(xn, x, layers_[0].attn_norm, c.norm_eps);
+  // Decode on a backend that folds the norms into the matmuls: no norm kernels between them
+  // (each matmul adds into the residual x, the next one normalises x as it reads it).
+  const bool fuse =
+      backend_.fuses_norms(n, layers_[0].wqkv) && backend_.fuses_norms(n, layers_[0].w_gate_up);
+  if (!fuse) backend_.rmsnorm(xn, x, layers_[0].attn_norm, c.norm_eps);
   for (size_t li = 0; li < layers_.size(); ++li) {
     Layer& l = layers_[li];
-    backend_.matmul_split({&q, &k, &v}, xn, l.wqkv, c.qkv_bias ? &l.bqkv : nullptr);
+    const Tensor* bqkv = c.qkv_bias ? &l.bqkv : nullptr;
+    if (fuse) {
+      backend_.norm_matmul_split({&q, &k, &v}, {x, l.attn_norm, c.norm_eps, xn}, l.wqkv, bqkv);
+    } else {
+      backend_.matmul_split({&q, &k, &v}, xn, l.wqkv, bqkv);
+    }
     backend_.rope_qk(q, c.n_heads, k, c.n_kv_heads, c.head_dim, positions, rope_);
     attend(att, q, k, v, static_cast<int>(li));
+    if (fuse) {
+      backend_.matmul_add(x, att, l.wo, ffn);
+      backend_.norm_matmul_swiglu(gate, {x, l.ffn_norm, c.norm_eps, xn}, l.w_gate_up);
+      backend_.matmul_add(x, gate, l.w_down, ffn);
+      continue;
+    }
     backend_.matmul(ffn, att, l.wo, nullptr);
     backend_.add_rmsnorm(x, xn, ffn, l.ffn_norm, c.norm_eps);
     backend_.matmul_swiglu(gate, xn, l.w_gate_up);
@@ -114,6 +129,7 @@ void Transformer::run_layers(const int32_t* tokens, int n, const int32_t* positi
     const Tensor& next_norm = li + 1 < layers_.size() ? layers_[li + 1].attn_norm : final_norm_;
     backend_.add_rmsnorm(x, xn, ffn, next_norm, c.norm_eps);
   }
+  if (fuse) backend_.rmsnorm(xn, x, final_norm_, c.norm_eps);  // the LM head reads xn
 }
 
 void Transformer::run_ops(const int32_t* tokens, int n, int pos, const int32_t* positions,

@@ -97,6 +97,11 @@ class CudaBackend final : public Backend {
   void matmul_split(const std::vector<Tensor*>& outs, const Tensor& x, const Tensor& w,
                     const Tensor* bias) override;
   void matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_gate_up) override;
+  bool fuses_norms(int n, const Tensor& w) const override;
+  void norm_matmul_split(const std::vector<Tensor*>& outs, const NormedInput& in, const Tensor& w,
+                         const Tensor* bias) override;
+  void norm_matmul_swiglu(Tensor& out, const NormedInput& in, const Tensor& w_gate_up) override;
+  void matmul_add(Tensor& residual, const Tensor& x, const Tensor& w, Tensor& scratch) override;
   void add(Tensor& x, const Tensor& y) override;
   // On the GPU (cuda_sample.cc, sampling.cu); rows with penalties or typical_p go to the host
   // reference. GYRE_CUDA_SAMPLE=0 in the environment sends every row there (for comparisons).

@@ -168,33 +168,45 @@ void CudaBackend::gemm(half* out, int ldo, const half* x, const half* w, int n, 
              ") for [", n, ", ", in, "] x [", o, ", ", in, "]");
 }
 
-void CudaBackend::matmul_split(const std::vector<Tensor*>& outs, const Tensor& x, const Tensor& w,
-                               const Tensor* bias) {
+namespace {
+
+// The outputs of a Q|K|V-style weight as the kernels' OutSplit (checked against x and w).
+OutSplit split_outputs(const std::vector<Tensor*>& outs, const Tensor& x, const Tensor& w) {
   check_f16(x, "matmul_split");
   GYRE_CHECK(!outs.empty() && outs.size() <= static_cast<size_t>(OutSplit::kMaxParts),
              "CUDA matmul_split: 1..", OutSplit::kMaxParts, " outputs, got ", outs.size());
-  const int n = static_cast<int>(x.rows), o = static_cast<int>(w.rows),
-            in = static_cast<int>(w.cols);
   GYRE_CHECK(x.cols == w.cols, "CUDA matmul_split: x of ", x.cols, " columns for a weight of ",
              w.cols);
   OutSplit split;
   int end = 0;
   for (size_t i = 0; i < outs.size(); ++i) {
     check_f16(*outs[i], "matmul_split");
-    GYRE_CHECK(outs[i]->rows == n, "CUDA matmul_split: output of ", outs[i]->rows, " rows for ", n,
-               " tokens");
+    GYRE_CHECK(outs[i]->rows == x.rows, "CUDA matmul_split: output of ", outs[i]->rows,
+               " rows for ", x.rows, " tokens");
     end += static_cast<int>(outs[i]->cols);
     split.out[i] = static_cast<half*>(outs[i]->data);
     split.end[i] = end;
   }
   split.parts = static_cast<int>(outs.size());
-  GYRE_CHECK(end == o, "CUDA matmul_split: outputs cover ", end, " of ", o, " rows");
-  const half* b = nullptr;
-  if (bias) {
-    check_f16(*bias, "matmul_split bias");
-    GYRE_CHECK(bias->rows * bias->cols == o, "CUDA matmul_split: bias size mismatch");
-    b = static_cast<const half*>(bias->data);
-  }
+  GYRE_CHECK(end == w.rows, "CUDA matmul_split: outputs cover ", end, " of ", w.rows, " rows");
+  return split;
+}
+
+const half* split_bias(const Tensor* bias, const Tensor& w) {
+  if (bias == nullptr) return nullptr;
+  check_f16(*bias, "matmul_split bias");
+  GYRE_CHECK(bias->rows * bias->cols == w.rows, "CUDA matmul_split: bias size mismatch");
+  return static_cast<const half*>(bias->data);
+}
+
+}  // namespace
+
+void CudaBackend::matmul_split(const std::vector<Tensor*>& outs, const Tensor& x, const Tensor& w,
+                               const Tensor* bias) {
+  const OutSplit split = split_outputs(outs, x, w);
+  const int n = static_cast<int>(x.rows), o = static_cast<int>(w.rows),
+            in = static_cast<int>(w.cols);
+  const half* b = split_bias(bias, w);
   if (is_mixed_tensor(w)) {  // the fused product, then copied into the parts' outputs
     half* fused = fused_scratch(static_cast<size_t>(n) * o);
     mixed_matmul(qmixed_of(w), static_cast<const half*>(x.data), fused, n, b);
@@ -258,6 +270,65 @@ void CudaBackend::matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_ga
       gemm(fused, rows, xd, wd, n, rows, in);
   }
   swiglu_interleaved(o, fused, n, hidden, rows, stream_);
+}
+
+// The decode fusions (Backend::fuses_norms): 4-bit weights whose decode GEMV stages x in shared
+// memory normalise it there, and every quantized matmul can add into its output.
+bool CudaBackend::fuses_norms(int n, const Tensor& w) const {
+  return is_quantized_tensor(w) && qlinear_fuses_norm(qweight_of(w), n);
+}
+
+void CudaBackend::norm_matmul_split(const std::vector<Tensor*>& outs, const NormedInput& in,
+                                    const Tensor& w, const Tensor* bias) {
+  if (!fuses_norms(static_cast<int>(in.x.rows), w))
+    return Backend::norm_matmul_split(outs, in, w, bias);
+  check_f16(in.norm, "norm_matmul_split");
+  GYRE_CHECK(in.norm.rows * in.norm.cols == in.x.cols, "CUDA norm_matmul_split: bad norm size");
+  const OutSplit split = split_outputs(outs, in.x, w);
+  const half* b = split_bias(bias, w);
+  QlinearFusion f;
+  f.norm_w = static_cast<const half*>(in.norm.data);
+  f.norm_eps = in.eps;
+  qlinear_matmul_split(qweight_of(w), static_cast<const half*>(in.x.data), split,
+                       static_cast<int>(in.x.rows), b, stream_, f);
+}
+
+void CudaBackend::norm_matmul_swiglu(Tensor& out, const NormedInput& in, const Tensor& w_gate_up) {
+  const int n = static_cast<int>(in.x.rows);
+  if (fuses_norms(n, w_gate_up)) {
+    check_f16(out, "norm_matmul_swiglu");
+    check_f16(in.norm, "norm_matmul_swiglu");
+    GYRE_CHECK(out.rows == n && w_gate_up.cols == in.x.cols &&
+                   w_gate_up.rows == swiglu_rows(out.cols) &&
+                   in.norm.rows * in.norm.cols == in.x.cols,
+               "CUDA norm_matmul_swiglu: bad shapes");
+    QlinearFusion f;
+    f.norm_w = static_cast<const half*>(in.norm.data);
+    f.norm_eps = in.eps;
+    if (qlinear_gemv_swiglu(qweight_of(w_gate_up), static_cast<const half*>(in.x.data),
+                            static_cast<half*>(out.data), n, static_cast<int>(out.cols), stream_,
+                            f))
+      return;
+  }
+  Backend::norm_matmul_swiglu(out, in, w_gate_up);
+}
+
+void CudaBackend::matmul_add(Tensor& residual, const Tensor& x, const Tensor& w, Tensor& scratch) {
+  const int n = static_cast<int>(x.rows);
+  if (is_quantized_tensor(w) && n < kDequantGemmMinRows &&
+      n <= qlinear_direct_max_rows(qweight_of(w).desc)) {
+    check_f16(residual, "matmul_add");
+    check_f16(x, "matmul_add");
+    GYRE_CHECK(x.cols == w.cols && residual.cols == w.rows && residual.rows == x.rows,
+               "CUDA matmul_add: x [", x.rows, ", ", x.cols, "] . w [", w.rows, ", ", w.cols,
+               "] -> residual [", residual.rows, ", ", residual.cols, "]");
+    QlinearFusion f;
+    f.accumulate = true;
+    qlinear_matmul(qweight_of(w), static_cast<const half*>(x.data),
+                   static_cast<half*>(residual.data), n, nullptr, stream_, f);
+    return;
+  }
+  Backend::matmul_add(residual, x, w, scratch);
 }
 
 }  // namespace gyre::cuda

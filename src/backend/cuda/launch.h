@@ -36,4 +36,13 @@ void launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, c
   GYRE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
+// Adds PDL to a launch configuration that already carries other attributes (clusters): `attrs`
+// (which cfg.attrs points at) has room for one more.
+inline void add_pdl(cudaLaunchConfig_t& cfg, cudaLaunchAttribute* attrs) {
+  if (!pdl_supported()) return;
+  attrs[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
+  ++cfg.numAttrs;
+}
+
 }  // namespace gyre::cuda

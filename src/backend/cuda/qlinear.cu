@@ -6,7 +6,9 @@
 // the block, reduced in shared memory). ksplit is 1 when there are rows enough to fill the GPU,
 // more for short matrices. Each lane keeps U * R chunk loads in flight before using any.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "backend/cuda/qlinear.h"
 #include "backend/cuda/qlinear_kernels.cuh"
@@ -47,6 +49,7 @@ int g_rows_per_block = 0;
 
 template <int BITS, int NT, int R>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(Params p) {
+  cuda::pdl_begin();  // launched with PDL (launch.h)
   using namespace qlinear_detail;
   constexpr int kCols = BITS == 4 ? 32 : 16;  // columns per 16-byte chunk
   constexpr int kPairs = kCols / 2;
@@ -137,7 +140,7 @@ void launch_gemv(const Params& p, cudaStream_t stream) {
   q.ksplit = row_groups >= 2048 ? 1 : row_groups >= 1024 ? 2 : 4;
   const int per_block = R * (kGemvWarps / q.ksplit);
   const int blocks = (p.rows + per_block - 1) / per_block;
-  gemv_kernel<BITS, NT, R><<<blocks, kGemvWarps * 32, 0, stream>>>(q);
+  qlaunch(gemv_kernel<BITS, NT, R>, blocks, kGemvWarps * 32, 0, stream, q);
 }
 
 template <int BITS>
@@ -317,10 +320,37 @@ void qweight_free(QWeightDevice& w) {
   w = QWeightDevice{};
 }
 
+namespace qlinear_detail {
+bool gemv4_stream_supported(const Params& p);  // qlinear_gemv_stream.cu
+}  // namespace qlinear_detail
+
+namespace {
+// The fusions go into the kernel's parameters; the norm only where the stream GEMV runs.
+Params fused_params(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
+                    const QlinearFusion& f) {
+  Params p = make_params(w, x, y, n, bias);
+  p.accumulate = f.accumulate;
+  if (f.norm_w != nullptr) {
+    GYRE_CHECK(qlinear_fuses_norm(w, n), "qlinear: no fused RMSNorm for a ", w.desc.bits, "-bit [",
+               w.desc.rows, ", ", w.desc.cols, "] weight at ", n, " rows");
+    p.norm_w = f.norm_w;
+    p.norm_eps = f.norm_eps;
+  }
+  return p;
+}
+}  // namespace
+
+bool qlinear_fuses_norm(const QWeightDevice& w, int n) {
+  if (w.desc.bits != 4 || n < 1 || n > 2) return false;  // where the stream GEMV is the default
+  Params p = layout_params(w);
+  p.n = n;
+  return qlinear_detail::gemv4_stream_supported(p);
+}
+
 void qlinear_gemv(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, const QlinearFusion& f) {
   GYRE_CHECK(n >= 1 && n <= 8, "qlinear_gemv: n must be 1..8, got ", n);
-  const Params p = make_params(w, x, y, n, bias);
+  const Params p = fused_params(w, x, y, n, bias, f);
   int rpb = g_rows_per_block;
   if (rpb == 0) rpb = 2;
   if (w.desc.narrow()) {
@@ -334,11 +364,12 @@ void qlinear_gemv(const QWeightDevice& w, const __half* x, __half* y, int n, con
 }
 
 void qlinear_matmul_split(const QWeightDevice& w, const __half* x, const cuda::OutSplit& outs,
-                          int n, const __half* bias, cudaStream_t stream) {
+                          int n, const __half* bias, cudaStream_t stream, const QlinearFusion& f) {
   GYRE_CHECK(outs.parts >= 1 && outs.parts <= cuda::OutSplit::kMaxParts &&
                  outs.end[outs.parts - 1] == w.desc.rows,
              "qlinear: split outputs do not cover the weight's ", w.desc.rows, " rows");
-  Params p = make_params(w, x, outs.out[0], n, bias);
+  GYRE_CHECK(!f.accumulate, "qlinear: split outputs do not accumulate");
+  Params p = fused_params(w, x, outs.out[0], n, bias, f);
   p.split = outs;
   if (w.desc.narrow()) {
     qlinear_detail::launch_gemv_bits(p, stream);
@@ -357,15 +388,16 @@ void qlinear_matmul_split(const QWeightDevice& w, const __half* x, const cuda::O
 }
 
 bool qlinear_gemv_swiglu(const QWeightDevice& w, const __half* x, __half* out, int n, int hidden,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, const QlinearFusion& f) {
   // 8-bit decode: the CUDA-core GEMV + SwiGLU kernel beats the batch kernel at n <= 4 (28672
   // rows, n = 1: 47 + ~3 us against 72 us on H100).
   if (n < 1 || n > kQlinearBatchMaxRows || (w.desc.bits == 8 && n <= kGemv8MaxRows) ||
       w.desc.narrow())  // narrow widths: the caller's GEMV + SwiGLU kernel
     return false;
+  GYRE_CHECK(!f.accumulate, "qlinear: SwiGLU outputs do not accumulate");
   GYRE_CHECK(w.desc.rows == 2 * ((hidden + 7) / 8 * 8), "qlinear swiglu: weight of ", w.desc.rows,
              " rows for a hidden size of ", hidden);
-  Params p = make_params(w, x, out, n, nullptr);
+  Params p = fused_params(w, x, out, n, nullptr, f);
   if (qlinear_detail::batch_prefers_gemm(p)) return false;  // the caller's GEMM + SwiGLU path
   p.swiglu_hidden = hidden;
   if (w.desc.bits == 4 && n <= 8) {
@@ -400,17 +432,20 @@ void qlinear_gemm(const QWeightDevice& w, const __half* x, __half* y, int n, con
 }
 
 void qlinear_matmul(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, const QlinearFusion& f) {
+  const Params p = fused_params(w, x, y, n, bias, f);
   if (w.desc.narrow()) {
-    qlinear_detail::launch_gemv_bits(make_params(w, x, y, n, bias), stream);
+    qlinear_detail::launch_gemv_bits(p, stream);
     check_cuda(cudaGetLastError(), "qlinear narrow launch");
   } else if (n <= 8 && (w.desc.bits == 4 || n <= kGemv8MaxRows)) {
-    qlinear_gemv(w, x, y, n, bias, stream);
-  } else if (n <= kQlinearBatchMaxRows &&
-             !qlinear_detail::batch_prefers_gemm(make_params(w, x, y, n, bias))) {
-    qlinear_batch(w, x, y, n, bias, stream);
+    qlinear_gemv(w, x, y, n, bias, stream, f);
   } else {
-    qlinear_gemm(w, x, y, n, bias, stream);
+    if (n <= kQlinearBatchMaxRows && !qlinear_detail::batch_prefers_gemm(p)) {
+      qlinear_detail::launch_batch(p, stream);
+    } else {
+      qlinear_detail::launch_gemm(p, stream);
+    }
+    check_cuda(cudaGetLastError(), "qlinear matmul launch");
   }
 }
 
@@ -433,6 +468,14 @@ void qlinear_dequantize(const QWeightDevice& w, __half* out, cudaStream_t stream
 }
 
 namespace qlinear_detail {
+bool qlinear_pdl() {
+  static const bool on = [] {
+    const char* e = std::getenv("GYRE_QLINEAR_PDL");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return on;
+}
+
 void set_gemv_rows_per_block(int rows) {
   GYRE_CHECK(rows == 0 || rows == 1 || rows == 2 || rows == 4,
              "qlinear: rows per block must be 0, 1, 2 or 4");

@@ -40,6 +40,17 @@ QWeightDevice qweight_upload(const QWeightHost& w);
 QWeightDevice qweight_device_view(const QWeightDesc& desc, void* mem);
 void qweight_free(QWeightDevice& w);  // frees and nulls; safe on an empty weight
 
+// Optional fusions of the matmul entry points below: y += x . W (the residual add folded into
+// the matmul's output), and x RMS-normalised per token and multiplied by norm_w [cols] before
+// use (the RMSNorm folded into its input; only where qlinear_fuses_norm says so: 4-bit weights,
+// n <= 8, x of a size the decode kernel stages in shared memory).
+struct QlinearFusion {
+  bool accumulate = false;
+  const __half* norm_w = nullptr;
+  float norm_eps = 0.f;
+};
+bool qlinear_fuses_norm(const QWeightDevice& w, int n);
+
 // y[t, r] = sum_c x[t, c] * W[r, c] (+ bias[r]) for t < n.
 // qlinear_gemv: decode, n = 1..8, bandwidth-bound (one pass over the weight; 4-bit on tensor
 // cores with float accumulation, so n = 8 costs about what n = 1 does).
@@ -54,14 +65,14 @@ void qweight_free(QWeightDevice& w);  // frees and nulls; safe on an empty weigh
 // dequantize to FP16 beyond qlinear_direct_max_rows (the CUDA backend does).
 // x must be 16-byte aligned; bias may be null.
 void qlinear_gemv(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
-                  cudaStream_t stream);
+                  cudaStream_t stream, const QlinearFusion& f = {});
 constexpr int kQlinearBatchMaxRows = 128;
 void qlinear_batch(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
                    cudaStream_t stream);
 void qlinear_gemm(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
                   cudaStream_t stream);
 void qlinear_matmul(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
-                    cudaStream_t stream);
+                    cudaStream_t stream, const QlinearFusion& f = {});
 // The largest n for which qlinear_matmul beats qlinear_dequantize + an FP16 GEMM: 8 for the
 // narrow widths (one GEMV pass per 8 tokens), kQlinearBatchMaxRows for 4/8 bits.
 constexpr int kQlinearNarrowMaxRows = 8;
@@ -71,12 +82,13 @@ inline int qlinear_direct_max_rows(const QWeightDesc& d) {
 
 // qlinear_matmul with the output rows split over up to three tensors (fused Q|K|V).
 void qlinear_matmul_split(const QWeightDevice& w, const __half* x, const cuda::OutSplit& outs,
-                          int n, const __half* bias, cudaStream_t stream);
+                          int n, const __half* bias, cudaStream_t stream,
+                          const QlinearFusion& f = {});
 // out [n, hidden] = silu(x . gate) * (x . up) for a gate/up weight interleaved by 8 rows
 // (cuda/out_split.h), in one pass over the weight: 4-bit n <= 8 (GEMV) or 4/8-bit
 // n <= kQlinearBatchMaxRows (batch kernel); false (nothing launched) otherwise.
 bool qlinear_gemv_swiglu(const QWeightDevice& w, const __half* x, __half* out, int n, int hidden,
-                         cudaStream_t stream);
+                         cudaStream_t stream, const QlinearFusion& f = {});
 
 // out [rows, cols] = W in FP16, original column order (perm undone): for prefill through
 // cuBLASLt when a scratch buffer is cheaper than the custom GEMM.
@@ -93,8 +105,11 @@ void set_gemv_unroll(int unroll);
 // 2 = shared-memory ring fed by bulk copies (TMA), 3 = ring fed by per-lane cp.async
 // (qlinear_gemv4.cu; slower on H100, see bench/qlinear_notes.md round 4);
 // the ring: column blocks per stage x stages, one of 1x8, 1x16, 2x4, 2x8, 4x2, 4x4 (0 = auto).
+// 4 = the register pipeline with x in shared memory (qlinear_gemv_stream.cu), whose depth
+// (column blocks in flight per warp: 4, 8 or 16; 0 = 8) set_gemv_depth sets.
 void set_gemv_kernel(int kernel);
 void set_gemv_ring(int stage_blocks, int depth);
+void set_gemv_depth(int depth);
 // Batch kernel: warps splitting the columns (1, 2, 4, 8; 0 = auto) and 16-row tiles per warp
 // (1 or 2; 0 = auto).
 void set_batch_ksplit(int ksplit);

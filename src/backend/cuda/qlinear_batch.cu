@@ -175,6 +175,7 @@ __device__ __forceinline__ void fragment(const Params& p, const Piece<BITS>& d, 
 
 template <int BITS, bool G32, int MT, int NT, int U>
 __global__ void __launch_bounds__(kWarps * 32) batch_kernel(Params p, int token_groups) {
+  cuda::pdl_begin();  // launched with PDL (launch.h)
   __shared__ float4 red[kWarps][kRedFloats / 4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -304,9 +305,9 @@ void launch(const Params& p, int ks_knob, cudaStream_t stream) {
   const unsigned blocks =
       static_cast<unsigned>((tile_groups + per_block - 1) / per_block * token_groups);
   if (BITS == 4 && p.group == 32)
-    batch_kernel<BITS, true, MT, NT, U><<<blocks, kWarps * 32, 0, stream>>>(q, token_groups);
+    qlaunch(batch_kernel<BITS, true, MT, NT, U>, blocks, kWarps * 32, 0, stream, q, token_groups);
   else
-    batch_kernel<BITS, false, MT, NT, U><<<blocks, kWarps * 32, 0, stream>>>(q, token_groups);
+    qlaunch(batch_kernel<BITS, false, MT, NT, U>, blocks, kWarps * 32, 0, stream, q, token_groups);
 }
 
 template <int BITS, int MT>

@@ -110,6 +110,7 @@ __device__ __forceinline__ void staged_pair(const uint8_t* run, bool f32, int k,
 
 template <bool G32, int MT, int NT>
 __global__ void __launch_bounds__(kWarps * 32) batch4_kernel(Params p, int ks_blocks) {
+  cuda::pdl_begin();  // launched with PDL (launch.h)
   using L = Layout<MT, NT>;
   extern __shared__ __align__(128) uint8_t smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -257,13 +258,14 @@ void launch(const Params& p, cudaStream_t stream) {
   cfg.blockDim = dim3(kWarps * 32);
   cfg.dynamicSmemBytes = L::kBytes;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = 1;
   attr[0].val.clusterDim.y = static_cast<unsigned>(ks);
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  if (qlinear_pdl()) cuda::add_pdl(cfg, attr);
   check_cuda(cudaLaunchKernelEx(&cfg, kernel, p, ks), "qlinear batch4 launch");
 }
 

@@ -154,6 +154,7 @@ __device__ __forceinline__ void produce(const Params& p, const Shape& sh, uint8_
 template <bool G32, int CW, int MT, int NT, int KB>
 __global__ void __launch_bounds__((CW + kMaxProducers) * 32)
     bulk_kernel(Params p, Shape sh, int ks_blocks) {
+  cuda::pdl_begin();  // launched with PDL (launch.h)
   extern __shared__ __align__(128) uint8_t smem[];
   constexpr int kCT = CW * 32;  // consumer threads
   constexpr int kXStride = KB * 128 + 64;
@@ -338,13 +339,14 @@ void launch_one(const Params& p, int ks, bool bulk_weights, cudaStream_t stream)
   cfg.blockDim = dim3((CW + producers) * 32);
   cfg.dynamicSmemBytes = static_cast<size_t>(bytes);
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = 1;
   attr[0].val.clusterDim.y = static_cast<unsigned>(ks);
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  if (qlinear_pdl()) cuda::add_pdl(cfg, attr);
   check_cuda(cudaLaunchKernelEx(&cfg, kernel, p, sh, ks), "qlinear bulk launch");
 }
 

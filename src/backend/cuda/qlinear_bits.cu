@@ -66,6 +66,7 @@ __device__ __forceinline__ uint32_t load_word(const uint32_t* p) {
 
 template <int BITS, int NT, int kRows>
 __global__ void __launch_bounds__(kWarps * 32) gemv_bits_kernel(Params p) {
+  cuda::pdl_begin();                        // launched with PDL (launch.h)
   constexpr int kUnroll = NT <= 2 ? 4 : 2;  // tiles in flight per warp
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int row0 = (blockIdx.x * (kWarps / p.ksplit) + warp / p.ksplit) * kRows;
@@ -160,7 +161,7 @@ void launch_nt(Params p, cudaStream_t stream) {
   p.ksplit = row_groups >= 2048 || tiles == 1 ? 1 : row_groups >= 1024 || tiles == 2 ? 2 : 4;
   const int per_block = kRows * (kWarps / p.ksplit);
   const int blocks = (p.rows + per_block - 1) / per_block;
-  gemv_bits_kernel<BITS, NT, kRows><<<blocks, kWarps * 32, 0, stream>>>(p);
+  qlaunch(gemv_bits_kernel<BITS, NT, kRows>, blocks, kWarps * 32, 0, stream, p);
 }
 
 template <int BITS, int R>

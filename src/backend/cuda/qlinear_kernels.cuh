@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/launch.h"
 #include "backend/cuda/out_split.h"
 
 namespace gyre::qlinear_detail {
@@ -25,13 +26,32 @@ struct Params {
   int tiles = 0, kblocks = 0, groups_p = 0, group_log2 = 0;
   cuda::OutSplit split;   // parts > 0: outputs split over several tensors (y unused)
   int swiglu_hidden = 0;  // 4-bit GEMV: > 0 for a gate/up weight (out_split.h) -> y [n, hidden]
+  // y += x . W instead of y = (the residual add folded into the matmul; y is rounded to FP16
+  // first, as a separate matmul + add would round it).
+  bool accumulate = false;
+  // The 4-bit stream GEMV (qlinear_gemv_stream.cu) only: x is RMS-normalised per token and
+  // multiplied by norm_w [cols] (original column order) before use.
+  const __half* norm_w = nullptr;
+  float norm_eps = 0.f;
 };
+
+// Launches with programmatic dependent launch (launch.h) unless GYRE_QLINEAR_PDL=0 (an A/B knob
+// for benchmarks; qlinear.cu).
+bool qlinear_pdl();
+template <typename... KernelArgs, typename... Args>
+void qlaunch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+             Args&&... args) {
+  if (qlinear_pdl()) return cuda::launch(kernel, grid, block, smem, s, std::forward<Args>(args)...);
+  kernel<<<grid, block, smem, s>>>(std::forward<Args>(args)...);
+}
 
 // Output row `row` of token `tok`: into y [n, rows], or into the split outputs.
 __device__ __forceinline__ void store_out(const Params& p, int tok, int row, float v) {
-  if (p.split.parts == 0)
-    p.y[int64_t{tok} * p.rows + row] = __float2half_rn(v);
-  else
+  if (p.split.parts == 0) {
+    __half* dst = p.y + int64_t{tok} * p.rows + row;
+    if (p.accumulate) v = __half2float(*dst) + __half2float(__float2half_rn(v));
+    *dst = __float2half_rn(v);
+  } else
     cuda::split_store(p.split, tok, row, v);
 }
 

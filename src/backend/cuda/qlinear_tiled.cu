@@ -89,6 +89,7 @@ __device__ __forceinline__ float2 pair_to_float2(uint2 v, bool f32) {
 // per SM resident, fewer registers and more warps beat deeper per-warp pipelines here.)
 template <bool G32, int U>
 __global__ void __launch_bounds__(512) gemv4_kernel(Params p) {
+  cuda::pdl_begin();  // launched with PDL (launch.h)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tile = blockIdx.x * (blockDim.x / 32 / p.ksplit) + warp / p.ksplit;
@@ -269,14 +270,22 @@ void tile_int4_upload(const uint8_t* host_q, const uint8_t* host_scales, const u
   cudaFree(stage);
 }
 
-// qlinear_gemv4.cu
+// qlinear_gemv4.cu, qlinear_gemv_stream.cu
 void launch_gemv4_ring(const Params& p, int ksplit, bool ldgsts, cudaStream_t stream);
+bool gemv4_stream_supported(const Params& p);
+void launch_gemv4_stream(const Params& p, int ksplit, cudaStream_t stream);
 
 // The register-fed kernel above by default: the shared-memory ring kernels (qlinear_gemv4.cu,
 // set_gemv_kernel(2 or 3)) measured 5-25% slower on every Llama shape on H100 (round 4 in
 // bench/qlinear_notes.md) and stay as opt-in experiments.
 void launch_gemv4(const Params& p, cudaStream_t stream) {
   if (g_kernel == 2 || g_kernel == 3) return launch_gemv4_ring(p, g_ksplit, g_kernel == 3, stream);
+  // The stream kernel (qlinear_gemv_stream.cu) by default at n <= 2, where it measured faster
+  // on every Llama shape on H100 (bench/qlinear_notes.md, round 5); the register-fed kernel
+  // below for n = 3..8 (the stream kernel's x staging grows with n).
+  const bool stream_default = g_kernel == 0 && p.n <= 2;
+  if ((g_kernel == 4 || stream_default || p.norm_w != nullptr) && gemv4_stream_supported(p))
+    return launch_gemv4_stream(p, g_ksplit, stream);
   Params q = p;
   int ks = g_ksplit;
   if (ks == 0) {
@@ -304,7 +313,7 @@ void launch_gemv4(const Params& p, cudaStream_t stream) {
   const unsigned threads = warps * 32;
   const bool g32 = q.group == 32;
   auto go = [&](auto kernel_g32, auto kernel) {
-    (g32 ? kernel_g32 : kernel)<<<blocks, threads, 0, stream>>>(q);
+    qlaunch(g32 ? kernel_g32 : kernel, blocks, threads, 0, stream, q);
   };
   if (unroll == 4) return go(gemv4_kernel<true, 4>, gemv4_kernel<false, 4>);
   return go(gemv4_kernel<true, 2>, gemv4_kernel<false, 2>);
