@@ -85,11 +85,15 @@ TEST(Gptq, EveryLayerCaseDequantizesToTheSpecValuesExactly) {
   }
 }
 
-TEST(Gptq, TinyLlamaForwardEqualsItsSpecDequantizedFloatTwin) {
-  const auto gptq = load_model(kDir + "/llama");
-  const auto dense = load_model(kDir + "/llama_float");
+void expect_forward_equals_float_twin(const std::string& quantized, const std::string& dense_dir,
+                                      int bits) {
+  SCOPED_TRACE(quantized);
+  const auto gptq = load_model(kDir + "/" + quantized);
+  const auto dense = load_model(kDir + "/" + dense_dir);
   EXPECT_EQ(gptq->format, "gptq");
   EXPECT_EQ(dense->format, "hf");
+  EXPECT_EQ(qweight_of_view(gptq->weights.get("model.layers.0.mlp.down_proj.weight")).desc.bits,
+            bits);
   auto backend = make_cpu_backend(2);
   Transformer a(gptq->config, gptq->weights, *backend, 64);
   Transformer b(dense->config, dense->weights, *backend, 64);
@@ -105,6 +109,11 @@ TEST(Gptq, TinyLlamaForwardEqualsItsSpecDequantizedFloatTwin) {
   }
   EXPECT_GT(max_abs, 0.1);  // the model does something
   EXPECT_LE(max_diff, 1e-5 * max_abs);
+}
+
+TEST(Gptq, TinyLlamaForwardEqualsItsSpecDequantizedFloatTwin) {
+  expect_forward_equals_float_twin("llama", "llama_float", 4);
+  expect_forward_equals_float_twin("llama3", "llama3_float", 3);  // 3-bit, act-order, asym
 }
 
 // ---- Hostile inputs: one clear line, never a crash. ----
@@ -192,7 +201,8 @@ TEST(Gptq, UnsupportedConfigsGiveOneLineErrors) {
     q[key] = v;
     return [q, cfg, &c] { gptq_config_from_hf(cfg(q), c); };
   };
-  expect_one_line_error(with("bits", 3), "3 bits");
+  expect_one_line_error(with("bits", 5), "5 bits");
+  expect_one_line_error(with("bits", 6), "6 bits");
   expect_one_line_error(with("bits", "four"), "quantization_config");
   expect_one_line_error(with("group_size", 0), "group_size");
   expect_one_line_error(with("checkpoint_format", "marlin"), "marlin");
@@ -211,6 +221,46 @@ TEST(Gptq, UnsupportedConfigsGiveOneLineErrors) {
                               cs.w.get("layer.scales"), nullptr);
       },
       "16");
+}
+
+// 3-bit packing (32 values per 3 words along each dimension): shapes that cannot hold whole
+// units, and truncated data.
+TEST(Gptq, Hostile3BitLayersGiveOneLineErrors) {
+  Case c;
+  load_case(*find_case(case_list(), "a3_g128_act_v2"), c);
+  const GptqConfig cfg = config_of(c.qc);
+  ASSERT_EQ(cfg.bits, 3);
+  const TensorView qw = c.w.get("layer.qweight"), qz = c.w.get("layer.qzeros");
+  const TensorView sc = c.w.get("layer.scales"), gi = c.w.get("layer.g_idx");
+  EXPECT_EQ(qw.shape, (std::vector<int64_t>{256 * 3 / 32, 32}));
+  EXPECT_EQ(qz.shape, (std::vector<int64_t>{2, 3}));
+  auto run = [&](TensorView a, TensorView b, TensorView s, const TensorView* g) {
+    return [=] { gptq_layer_to_qweight(cfg, "L", a, b, s, g); };
+  };
+  TensorView bad = qw;
+  bad.shape = {qw.shape[0] - 1, qw.shape[1]};  // 23 words: not whole 3-word units
+  expect_one_line_error(run(bad, qz, sc, &gi), "multiple of 3");
+  bad = qw;
+  bad.nbytes = 4 * 3 * 32 - 4;  // truncated
+  expect_one_line_error(run(bad, qz, sc, &gi), "too few bytes");
+  bad = qz;
+  bad.shape = {qz.shape[0], 2};
+  expect_one_line_error(run(qw, bad, sc, &gi), "qzeros");
+  // 16 outputs: half a qzeros unit.
+  TensorView narrow_w = qw, narrow_s = sc, narrow_z = qz;
+  narrow_w.shape = {qw.shape[0], 16};
+  narrow_s.shape = {sc.shape[0], 16};
+  narrow_z.shape = {qz.shape[0], 1};
+  expect_one_line_error(run(narrow_w, narrow_z, narrow_s, &gi), "whole qzeros words");
+  // The 4-bit fixture read as 3-bit: 32 words are not whole 3-word units.
+  Case c4;
+  load_case(*find_case(case_list(), "s4_g32_v1"), c4);
+  expect_one_line_error(
+      [&] {
+        gptq_layer_to_qweight(cfg, "L", c4.w.get("layer.qweight"), c4.w.get("layer.qzeros"),
+                              c4.w.get("layer.scales"), nullptr);
+      },
+      "GPTQ layer L");
 }
 
 TEST(Gptq, ModelWithoutItsQzerosFailsToLoad) {

@@ -48,7 +48,8 @@ void add_convert_command(CLI::App& app) {
                 "Hessian-weighted error");
   cmd->add_option("--measurement", o->measurement, "reuse this measurement.json");
   cmd->add_option("--uniform", o->uniform,
-                  "baseline: every layer at BITS:GROUP[:asym], no measurement");
+                  "baseline: every layer at BITS:GROUP[:asym], no measurement; "
+                  "BITS:GROUP:sym|asym:MIXBITSxEIGHTHS mixes two widths");
   cmd->add_flag("--rtn", o->rtn, "baseline: round to nearest instead of GPTQ");
   cmd->add_flag("!--no-act-order", o->act_order, "visit columns in their stored order");
   cmd->add_option("-t,--threads", o->threads, "CPU threads (default: all cores)");

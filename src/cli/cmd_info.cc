@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/qlinear_ref.h"
+#include "backend/cpu/qmixed.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/error.h"
@@ -62,9 +63,14 @@ nlohmann::json describe(const LoadedModel& m) {
     d["params"] = d["params"].get<int64_t>() + t.numel();
     // A packed weight's view holds an object: count the bytes it packs (data, scales, mins).
     size_t bytes = t.nbytes;
-    if (t.dtype == DType::QPACKED) {
-      const QWeightHost& q = qweight_of_view(t);
-      bytes = q.qweight.size() + q.scales.size() + q.mins.size() + q.perm.size() * 4;
+    const auto packed = [](const QWeightHost& q) {
+      return q.qweight.size() + q.scales.size() + q.mins.size() + q.perm.size() * 4;
+    };
+    if (is_qmixed_view(t)) {  // two packed parts and their column lists
+      const QMixedHost& m = qmixed_of_view(t);
+      bytes = packed(m.hi) + packed(m.lo) + (m.hi_cols.size() + m.lo_cols.size()) * 4;
+    } else if (t.dtype == DType::QPACKED) {
+      bytes = packed(qweight_of_view(t));
     }
     d["bytes"] = d["bytes"].get<uint64_t>() + bytes;
     weight_bytes += bytes;

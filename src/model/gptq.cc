@@ -34,6 +34,18 @@ void check_tensor(const TensorView& t, const std::string& name, DType dtype, int
              name, ": ", t.name, " has too few bytes for its shape");
 }
 
+// Value i of a little-endian bit stream of `bits`-bit values laid over words word(0), word(1),
+// ...: bits [i * bits, (i + 1) * bits) of the stream. For 2/4/8 bits this is "value i % k at bits
+// (i % k) * bits of word i / k"; 3-bit values straddle words (32 values per 3 words).
+template <typename WordAt>
+int stream_value(WordAt word, int64_t i, int bits) {
+  const int64_t bit = i * bits;
+  uint64_t v = static_cast<uint32_t>(word(bit / 32));
+  if (bit % 32 + bits > 32)
+    v |= static_cast<uint64_t>(static_cast<uint32_t>(word(bit / 32 + 1))) << 32;
+  return static_cast<int>((v >> (bit % 32)) & ((1u << bits) - 1));
+}
+
 // The largest group size Gyre's kernels support that divides `group` (0 when none).
 int gyre_group_for(int group, int bits) {
   for (int g : {256, 128, 64, 32, 16})
@@ -63,8 +75,8 @@ bool gptq_config_from_hf(const nlohmann::json& config, GptqConfig& out) {
   } catch (const nlohmann::json::exception& e) {
     fail("config.json: malformed quantization_config: ", e.what());
   }
-  GYRE_CHECK(out.bits == 4 || out.bits == 8, "GPTQ with ", out.bits,
-             " bits is not supported (4 and 8 are)");
+  GYRE_CHECK(out.bits == 2 || out.bits == 3 || out.bits == 4 || out.bits == 8, "GPTQ with ",
+             out.bits, " bits is not supported (2, 3, 4 and 8 are)");
   GYRE_CHECK(out.group_size == -1 || (out.group_size > 0 && out.group_size <= (1 << 20)),
              "GPTQ group_size ", out.group_size, " is invalid");
   return true;
@@ -73,30 +85,34 @@ bool gptq_config_from_hf(const nlohmann::json& config, GptqConfig& out) {
 QWeightHost gptq_layer_to_qweight(const GptqConfig& c, const std::string& name,
                                   const TensorView& qweight, const TensorView& qzeros,
                                   const TensorView& scales, const TensorView* g_idx) {
-  const int per_word = 32 / c.bits;
-  const int mask = (1 << c.bits) - 1;
+  GYRE_CHECK(c.bits == 2 || c.bits == 3 || c.bits == 4 || c.bits == 8, "GPTQ layer ", name, ": ",
+             c.bits, " bits is not supported");
   GYRE_CHECK(qweight.shape.size() == 2 && qweight.shape[0] > 0 && qweight.shape[1] > 0,
              "GPTQ layer ", name, ": qweight has shape ", shape_str(qweight.shape),
              ", expected [in * bits / 32, out]");
-  GYRE_CHECK(qweight.shape[0] <= (INT32_MAX / 2) / per_word && qweight.shape[1] <= INT32_MAX / 2 &&
-                 qweight.shape[0] * per_word * qweight.shape[1] <= (int64_t{1} << 40),
+  // 2/4/8 bits fill whole words (16/8/4 inputs each); 3 bits pack 32 inputs per 3 words.
+  GYRE_CHECK(c.bits != 3 || qweight.shape[0] % 3 == 0, "GPTQ layer ", name, ": qweight has ",
+             qweight.shape[0], " rows, not a multiple of 3 (3-bit packs 32 inputs per 3 words)");
+  GYRE_CHECK(qweight.shape[0] <= (INT32_MAX / 2) / 32 && qweight.shape[1] <= INT32_MAX / 2 &&
+                 qweight.shape[0] * 32 * qweight.shape[1] <= (int64_t{1} << 40),
              "GPTQ layer ", name, ": qweight shape ", shape_str(qweight.shape), " is too large");
-  const int64_t in = qweight.shape[0] * per_word, out = qweight.shape[1];
+  const int64_t in = qweight.shape[0] * 32 / c.bits, out = qweight.shape[1];
   check_tensor(qweight, name, DType::I32, qweight.shape[0], out);
-  GYRE_CHECK(out % per_word == 0, "GPTQ layer ", name, ": ", out,
-             " output columns do not pack into whole qzeros words of ", per_word);
+  GYRE_CHECK(out * c.bits % 32 == 0, "GPTQ layer ", name, ": ", out,
+             " output columns do not pack into whole qzeros words at ", c.bits, " bits");
+  const int64_t zero_words = out * c.bits / 32;
   const int64_t group = c.group_size == -1 ? in : c.group_size;
   GYRE_CHECK(in % group == 0, "GPTQ layer ", name, ": ", in,
              " input columns are not a multiple of group_size ", group);
   const int64_t groups = in / group;
   const int gyre_group = gyre_group_for(static_cast<int>(group), c.bits);
   GYRE_CHECK(gyre_group != 0, "GPTQ layer ", name, ": group size ", group, " is not a multiple of ",
-             c.bits == 4 ? 32 : 16, " (unsupported)");
+             c.bits == 8 ? 16 : 32, " (unsupported)");
   check_tensor(scales, name, scales.dtype, groups, out);
   GYRE_CHECK(
       scales.dtype == DType::F16 || scales.dtype == DType::BF16 || scales.dtype == DType::F32,
       "GPTQ layer ", name, ": scales are ", dtype_name(scales.dtype), ", expected F16");
-  check_tensor(qzeros, name, DType::I32, groups, out / per_word);
+  check_tensor(qzeros, name, DType::I32, groups, zero_words);
 
   // Group of every input column, and the column order that makes groups contiguous.
   std::vector<int32_t> group_of(static_cast<size_t>(in));
@@ -128,10 +144,9 @@ QWeightHost gptq_layer_to_qweight(const GptqConfig& c, const std::string& name,
   bool symmetric = scales.dtype == DType::F16;
   for (int64_t g = 0; g < groups; ++g) {
     for (int64_t o = 0; o < out; ++o) {
-      const uint32_t word =
-          static_cast<uint32_t>(load_i32(qzeros, g * (out / per_word) + o / per_word));
       const int32_t z =
-          static_cast<int32_t>((word >> ((o % per_word) * c.bits)) & mask) + zero_bias;
+          stream_value([&](int64_t w) { return load_i32(qzeros, g * zero_words + w); }, o, c.bits) +
+          zero_bias;
       zero[g * out + o] = z;
       symmetric = symmetric && z == (1 << (c.bits - 1));
     }
@@ -152,13 +167,11 @@ QWeightHost gptq_layer_to_qweight(const GptqConfig& c, const std::string& name,
   QWeightHost w = qweight_allocate(d);
   if (d.has_perm) w.perm = perm;
   for (int64_t j = 0; j < in; ++j) {
-    const int64_t i = perm[j];  // packed column j holds input column i
-    const int64_t word_row = (i / per_word) * out;
-    const int shift = static_cast<int>(i % per_word) * c.bits;
-    for (int64_t o = 0; o < out; ++o) {
-      const uint32_t word = static_cast<uint32_t>(load_i32(qweight, word_row + o));
-      qweight_set_q(w, o, j, static_cast<int>((word >> shift) & mask));
-    }
+    const int64_t i = perm[j];         // packed column j holds input column i
+    for (int64_t o = 0; o < out; ++o)  // column o's stream runs down the words [*, o]
+      qweight_set_q(
+          w, o, j,
+          stream_value([&](int64_t k) { return load_i32(qweight, k * out + o); }, i, c.bits));
   }
   for (int64_t o = 0; o < out; ++o) {
     for (int64_t k = 0; k < in / gyre_group; ++k) {

@@ -1,9 +1,12 @@
 // GPTQ checkpoints (AutoGPTQ / GPTQModel layout in a Hugging Face folder): config.json's
 // quantization_config {quant_method "gptq", bits, group_size, desc_act, sym, checkpoint_format}
 // and, per linear layer P, the tensors
-//   P.qweight  I32 [in * bits / 32, out]  packed along the input dimension: input row i of
-//                                         output column o is bits (i % k) * bits.. of word
-//                                         [i / k, o], k = 32 / bits (lowest bits first)
+//   P.qweight  I32 [in * bits / 32, out]  packed along the input dimension: the words [*, o] of
+//                                         output column o are a little-endian bit stream, input
+//                                         i at bits [i * bits, (i + 1) * bits) (2/4/8 bits: bits
+//                                         (i % k) * bits of word i / k, k = 32 / bits; 3 bits: 32
+//                                         inputs per 3 words, inputs 10 and 21 of each 32
+//                                         straddling two words)
 //   P.qzeros   I32 [groups, out * bits / 32]  zero points packed the same way along outputs
 //   P.scales   F16 [groups, out]
 //   P.g_idx    I32 [in] (optional)        group of each input column (act-order shuffles them)
@@ -33,14 +36,14 @@
 namespace gyre {
 
 struct GptqConfig {
-  int bits = 4;           // 4 or 8
+  int bits = 4;           // 2, 3, 4 or 8
   int group_size = 128;   // -1: one group per row
   bool desc_act = false;  // informational: g_idx decides the column order
   bool zeros_v2 = false;  // checkpoint_format "gptq_v2"
 };
 
 // Reads config.json's quantization_config: false when the model is not GPTQ; throws on a GPTQ
-// configuration Gyre cannot load (3-bit, marlin or other packings, bad group sizes).
+// configuration Gyre cannot load (5/6/7-bit, marlin or other packings, bad group sizes).
 bool gptq_config_from_hf(const nlohmann::json& config, GptqConfig& out);
 
 // One layer's tensors in Gyre's quantized layout; g_idx may be null. Throws a one-line error on
@@ -52,8 +55,8 @@ QWeightHost gptq_layer_to_qweight(const GptqConfig& c, const std::string& name,
 // The canonical weights of a GPTQ checkpoint whose safetensors tensors are in `raw`: each layer
 // P (found by its P.qweight) becomes "P.weight" of dtype QPACKED (a view of its QWeightHost,
 // which every backend accepts: the CPU dequantizes it, CUDA uploads it for its 4/8-bit
-// kernels); P's GPTQ tensors are dropped and every other tensor (embeddings, norms, biases) is
-// passed through. `out` keeps `raw` (and so its mapped files) alive.
+// kernels and its 2/3-bit split-plane kernels); P's GPTQ tensors are dropped and every other tensor
+// (embeddings, norms, biases) is passed through. `out` keeps `raw` (and so its mapped files) alive.
 void gptq_load_weights(const GptqConfig& c, std::shared_ptr<const WeightSet> raw, WeightSet& out);
 
 }  // namespace gyre

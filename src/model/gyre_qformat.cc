@@ -1,5 +1,8 @@
 #include "model/gyre_qformat.h"
 
+#include <algorithm>
+#include <cmath>
+#include <numeric>
 #include <sstream>
 
 #include "core/error.h"
@@ -17,7 +20,36 @@ namespace gyre {
 std::string QuantSetting::str() const {
   std::ostringstream os;
   os << bits << "b g" << group_size << (sym ? " sym" : " asym");
+  if (mixed()) os << " +" << mix_eighths << "/8 " << mix_bits << "b";
   return os.str();
+}
+
+int64_t QuantSetting::mix_groups(int64_t cols) const {
+  if (!mixed()) return 0;
+  const int64_t groups = cols / group_size;
+  const auto k = static_cast<int64_t>(std::llround(static_cast<double>(groups) * mix_eighths / 8));
+  return std::clamp<int64_t>(k, 1, groups - 1);
+}
+
+double QuantSetting::stored_bits(int64_t rows, int64_t cols) const {
+  const double per_group_meta = sym ? 16.0 : 32.0;
+  const double n = static_cast<double>(rows) * static_cast<double>(cols);
+  const auto hi_cols = static_cast<double>(mix_groups(cols) * group_size);
+  return n * (bits + per_group_meta / group_size) +
+         static_cast<double>(rows) * hi_cols * (mix_bits - bits) + 32.0 * mix_groups(cols);
+}
+
+std::vector<int> mix_hi_groups(const QuantSetting& s, const double* energy, int64_t cols) {
+  const int64_t k = s.mix_groups(cols), groups = cols / s.group_size;
+  if (k == 0) return {};
+  std::vector<double> sum(static_cast<size_t>(groups), 0.0);
+  for (int64_t c = 0; c < groups * s.group_size; ++c) sum[c / s.group_size] += energy[c];
+  std::vector<int> order(static_cast<size_t>(groups));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return sum[a] > sum[b]; });
+  order.resize(static_cast<size_t>(k));
+  std::sort(order.begin(), order.end());
+  return order;
 }
 
 void quant_setting_validate(const QuantSetting& s, int64_t cols, const std::string& what) {
@@ -27,6 +59,16 @@ void quant_setting_validate(const QuantSetting& s, int64_t cols, const std::stri
              ": group size must be 32, 64 or 128, got ", s.group_size);
   GYRE_CHECK(cols > 0 && cols % s.group_size == 0, what, ": ", cols,
              " columns are not a positive multiple of the group size ", s.group_size);
+  if (s.mixed()) {
+    quant_setting_validate(s.part(true), cols, what + " (mix)");
+    GYRE_CHECK(s.mix_bits != s.bits && s.mix_eighths >= 1 && s.mix_eighths <= 7, what,
+               ": a mix needs a second width and a share of 1..7 eighths, got ", s.mix_bits,
+               " bits at ", s.mix_eighths, "/8");
+    GYRE_CHECK(cols / s.group_size >= 2, what, ": a mix needs at least two groups, ", cols,
+               " columns have ", cols / s.group_size);
+  } else {
+    GYRE_CHECK(s.mix_eighths == 0, what, ": a mix share without a mix width");
+  }
 }
 
 float quant_dequant_value(const QuantSetting& st, int q, float s, float m) {

@@ -9,6 +9,17 @@
 //   symmetric:  w = s * (q - 2^(bits-1))        asymmetric: w = s * q + m
 // Columns stay in their original order (act-order only changes the order GPTQ visits them, see
 // quant/gptq.h), so a row needs no permutation metadata.
+//
+// Mixed layers (quantization_config version 2; a layer entry with "mix": {"bits": B2,
+// "hi_groups": K}): the K column groups with the most input energy (sum of the Hessian's
+// diagonal over the group's columns, from the layer's calibration input) are stored at B2 bits,
+// the others at `bits`, both with the layer's group size and symmetry. Each set is its own packed
+// weight over just its columns, taken in increasing column order:
+//   NAME.qweight / NAME.scales (/ NAME.mins)           the other groups' columns at `bits`
+//   NAME.hi.qweight / NAME.hi.scales (/ NAME.hi.mins)  the K groups' columns at B2 bits
+//   NAME.hi_groups  I32 [K]  the K group indices, strictly increasing
+// y = W x is then the sum of the two parts' products with their gathered inputs
+// (backend/cpu/qmixed.h), so the kernels of each width run it unchanged.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -16,20 +27,43 @@
 
 namespace gyre {
 
+// quantization_config.version: 1 for files of one-width layers (readable by older builds), 2 when
+// any layer is mixed.
+inline int quant_format_version(bool any_mix) {
+  return any_mix ? 2 : 1;
+}
+
 struct QuantSetting {
   int bits = 4;          // 2, 3, 4, 5, 6 or 8
   int group_size = 128;  // 32, 64 or 128
   bool sym = true;
+  // A mix of two widths (see above): mix_eighths / 8 of the groups (rounded, at least one and
+  // at most all but one) at mix_bits; mix_bits 0 means one width.
+  int mix_bits = 0;
+  int mix_eighths = 0;
 
   int qmax() const { return (1 << bits) - 1; }
   int offset() const { return 1 << (bits - 1); }
-  // Stored bits per weight: the integers plus f16 scales (and mins) per group.
+  bool mixed() const { return mix_bits != 0; }
+  // Groups at mix_bits in a layer of cols columns (0 when not mixed).
+  int64_t mix_groups(int64_t cols) const;
+  // The one-width setting of a group: mix_bits for the chosen groups (hi), else bits.
+  QuantSetting part(bool hi) const { return {hi ? mix_bits : bits, group_size, sym}; }
+  // Stored bits per weight of a one-width setting: the integers plus f16 scales (and mins).
   double bits_per_weight() const { return bits + (sym ? 16.0 : 32.0) / group_size; }
-  std::string str() const;  // "4b g128 sym"
+  // Stored bits of a whole [rows, cols] layer: both widths' integers, the scales and mins, and
+  // for a mix its I32 list of groups.
+  double stored_bits(int64_t rows, int64_t cols) const;
+  std::string str() const;  // "4b g128 sym", "3b g128 sym +2/8 4b"
   bool operator==(const QuantSetting&) const = default;
 };
 
-// Throws unless bits and group size are supported and cols fits the group size.
+// The groups a mix stores at mix_bits: the mix_groups(cols) groups with the largest sum of
+// energy[c] over their columns (ties: the lower index), in increasing order. Empty unless mixed.
+std::vector<int> mix_hi_groups(const QuantSetting& s, const double* energy, int64_t cols);
+
+// Throws unless bits and group size (and a mix's width and share) are supported and cols fits
+// the group size (a mix needs at least two groups).
 void quant_setting_validate(const QuantSetting& s, int64_t cols, const std::string& what);
 
 // The float value of stored integer q with scale s and min m (m unused when symmetric).

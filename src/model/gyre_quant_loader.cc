@@ -1,11 +1,13 @@
 #include "model/gyre_quant_loader.h"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "backend/cpu/qlinear_ref.h"
+#include "backend/cpu/qmixed.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "model/gyre_qformat.h"
@@ -44,9 +46,11 @@ struct Layer {
   std::string name;
   QuantSetting st;
   int64_t rows = 0, cols = 0;
+  int64_t hi_groups = 0;  // a mix: groups at st.mix_bits
 };
 
-Layer parse_layer(const std::string& name, const nlohmann::json& j, const std::string& where) {
+Layer parse_layer(const std::string& name, const nlohmann::json& j, int version,
+                  const std::string& where) {
   GYRE_CHECK(j.is_object() && j.contains("bits") && j["bits"].is_number_integer() &&
                  j.contains("group_size") && j["group_size"].is_number_integer() &&
                  j.contains("sym") && j["sym"].is_boolean() && j.contains("shape") &&
@@ -66,6 +70,21 @@ Layer parse_layer(const std::string& name, const nlohmann::json& j, const std::s
   l.cols = j["shape"][1].get<int64_t>();
   GYRE_CHECK(l.rows > 0 && l.rows <= (int64_t{1} << 24) && l.cols <= (int64_t{1} << 24), where,
              ": layer '", name, "' has an unsupported shape");
+  if (j.contains("mix")) {
+    const nlohmann::json& mix = j["mix"];
+    GYRE_CHECK(version >= 2, where, ": layer '", name, "' is mixed, which needs version 2");
+    GYRE_CHECK(mix.is_object() && mix.contains("bits") && mix["bits"].is_number_integer() &&
+                   mix.contains("hi_groups") && mix["hi_groups"].is_number_integer(),
+               where, ": layer '", name, "' needs an integer mix.bits and mix.hi_groups");
+    const int64_t mb = mix["bits"].get<int64_t>(), k = mix["hi_groups"].get<int64_t>();
+    GYRE_CHECK(mb > 0 && mb <= 8 && mb != l.st.bits, where, ": layer '", name,
+               "' has unsupported mix bits ", mb);
+    GYRE_CHECK(l.cols > 0 && k >= 1 && k < l.cols / l.st.group_size, where, ": layer '", name,
+               "' has ", k, " mixed groups of ", l.cols / std::max<int64_t>(l.st.group_size, 1));
+    l.st.mix_bits = static_cast<int>(mb);
+    l.st.mix_eighths = 4;  // only the count matters when loading; validated as a mix
+    l.hi_groups = k;
+  }
   quant_setting_validate(l.st, l.cols, where + ": layer '" + name + "'");
   return l;
 }
@@ -84,33 +103,72 @@ void unpack_row(const TensorView& qw, int64_t r, int64_t words, int64_t cols, in
 // are the file's exactly and the memory cost is the file's bits per weight. The file's bit stream
 // is repacked here (rather than read by the kernels) because a plain stream makes 3/5/6-bit
 // values straddle words; the split-plane layout keeps every GPU extraction one shift and mask.
-void materialize(const Layer& l, const WeightSet& raw, WeightSet& out, const std::string& where) {
-  const int64_t groups = l.cols / l.st.group_size, words = l.cols * l.st.bits / 32;
-  const TensorView& qw = part(raw, l.name + ".qweight", DType::I32, {l.rows, words}, where);
-  const TensorView& sc = part(raw, l.name + ".scales", DType::F16, {l.rows, groups}, where);
+// One width's packed weight of `cols` columns from PREFIX.qweight / .scales / .mins.
+std::shared_ptr<QWeightHost> read_part(const WeightSet& raw, const std::string& prefix,
+                                       const QuantSetting& st, int64_t rows, int64_t cols,
+                                       const std::string& where) {
+  const int64_t groups = cols / st.group_size, words = cols * st.bits / 32;
+  const TensorView& qw = part(raw, prefix + ".qweight", DType::I32, {rows, words}, where);
+  const TensorView& sc = part(raw, prefix + ".scales", DType::F16, {rows, groups}, where);
   const TensorView* mn =
-      l.st.sym ? nullptr : &part(raw, l.name + ".mins", DType::F16, {l.rows, groups}, where);
-  if (l.st.sym)
-    GYRE_CHECK(!raw.has(l.name + ".mins"), where, ": symmetric layer '", l.name, "' has mins");
+      st.sym ? nullptr : &part(raw, prefix + ".mins", DType::F16, {rows, groups}, where);
+  if (st.sym)
+    GYRE_CHECK(!raw.has(prefix + ".mins"), where, ": symmetric layer '", prefix, "' has mins");
   std::vector<uint32_t> row_words(static_cast<size_t>(words));
-  std::vector<int> q(static_cast<size_t>(l.cols));
+  std::vector<int> q(static_cast<size_t>(cols));
   QWeightDesc d;
-  d.bits = l.st.bits;
-  d.group_size = l.st.group_size;
-  d.asymmetric = !l.st.sym;
-  d.rows = static_cast<int>(l.rows);
-  d.cols = static_cast<int>(l.cols);
+  d.bits = st.bits;
+  d.group_size = st.group_size;
+  d.asymmetric = !st.sym;
+  d.rows = static_cast<int>(rows);
+  d.cols = static_cast<int>(cols);
   auto w = std::make_shared<QWeightHost>(qweight_allocate(d));
-  for (int64_t r = 0; r < l.rows; ++r) {
-    unpack_row(qw, r, words, l.cols, l.st.bits, row_words, q);
-    for (int64_t c = 0; c < l.cols; ++c) qweight_set_q(*w, r, c, q[c]);
+  for (int64_t r = 0; r < rows; ++r) {
+    unpack_row(qw, r, words, cols, st.bits, row_words, q);
+    for (int64_t c = 0; c < cols; ++c) qweight_set_q(*w, r, c, q[c]);
     // f16 values through f32 back to f16: unchanged.
     for (int64_t g = 0; g < groups; ++g)
       qweight_set_scale(*w, r, g, f16_to_f32(half_at(sc, r * groups + g)),
                         mn ? f16_to_f32(half_at(*mn, r * groups + g)) : 0.0f);
   }
-  out.add(qweight_view(l.name + ".weight", *w));
-  out.keep_owner(std::move(w));
+  return w;
+}
+
+// Every width (2, 3, 4, 5, 6, 8 bits) becomes Gyre's kernel layout (QPACKED,
+// backend/cpu/qlinear_ref.h) with the same group size, symmetry and f16 scales/mins, so the values
+// are the file's exactly and the memory cost is the file's bits per weight. The file's bit stream
+// is repacked here (rather than read by the kernels) because a plain stream makes 3/5/6-bit
+// values straddle words; the split-plane layout keeps every GPU extraction one shift and mask.
+// A mix becomes a QMixedHost (backend/cpu/qmixed.h) of two such weights.
+void materialize(const Layer& l, const WeightSet& raw, WeightSet& out, const std::string& where) {
+  if (!l.st.mixed()) {
+    auto w = read_part(raw, l.name, l.st, l.rows, l.cols, where);
+    out.add(qweight_view(l.name + ".weight", *w));
+    out.keep_owner(std::move(w));
+    return;
+  }
+  const int gs = l.st.group_size;
+  const int64_t groups = l.cols / gs;
+  const TensorView& hg = part(raw, l.name + ".hi_groups", DType::I32, {l.hi_groups}, where);
+  std::vector<int32_t> hi_groups(static_cast<size_t>(l.hi_groups));
+  std::memcpy(hi_groups.data(), hg.data, hi_groups.size() * 4);
+  for (size_t i = 0; i < hi_groups.size(); ++i)
+    GYRE_CHECK(
+        hi_groups[i] >= 0 && hi_groups[i] < groups && (i == 0 || hi_groups[i] > hi_groups[i - 1]),
+        where, ": '", l.name, ".hi_groups' must be increasing group indices below ", groups);
+  auto m = std::make_shared<QMixedHost>();
+  m->rows = static_cast<int>(l.rows);
+  m->cols = static_cast<int>(l.cols);
+  std::vector<char> is_hi(static_cast<size_t>(groups), 0);
+  for (int32_t g : hi_groups) is_hi[g] = 1;
+  for (int64_t c = 0; c < l.cols; ++c)
+    (is_hi[c / gs] ? m->hi_cols : m->lo_cols).push_back(static_cast<int32_t>(c));
+  const auto hi_cols = static_cast<int64_t>(m->hi_cols.size());
+  m->lo = std::move(*read_part(raw, l.name, l.st.part(false), l.rows, l.cols - hi_cols, where));
+  m->hi = std::move(*read_part(raw, l.name + ".hi", l.st.part(true), l.rows, hi_cols, where));
+  qmixed_validate(*m);
+  out.add(qmixed_view(l.name + ".weight", *m));
+  out.keep_owner(std::move(m));
 }
 
 }  // namespace
@@ -124,17 +182,21 @@ bool is_gyre_quantized(const nlohmann::json& config) {
 void gyre_quant_load(const nlohmann::json& config, const WeightSet& raw, WeightSet& out,
                      const std::string& where) {
   const auto& qc = config["quantization_config"];
-  GYRE_CHECK(qc.contains("version") && qc["version"] == 1, where,
-             ": unsupported gyre quantization version (this build reads version 1)");
+  GYRE_CHECK(qc.contains("version") && (qc["version"] == 1 || qc["version"] == 2), where,
+             ": unsupported gyre quantization version (this build reads versions 1 and 2)");
+  const int version = qc["version"].get<int>();
   GYRE_CHECK(qc.contains("layers") && qc["layers"].is_object() && !qc["layers"].empty(), where,
              ": quantization_config has no layers object");
   std::set<std::string> parts;
   for (const auto& [name, j] : qc["layers"].items()) {
-    const Layer l = parse_layer(name, j, where);
+    const Layer l = parse_layer(name, j, version, where);
     GYRE_CHECK(!raw.has(name + ".weight"), where, ": layer '", name,
                "' is both quantized and stored as a plain weight");
     materialize(l, raw, out, where);
     for (const char* s : {".qweight", ".scales", ".mins"}) parts.insert(name + s);
+    if (l.st.mixed())
+      for (const char* s : {".hi.qweight", ".hi.scales", ".hi.mins", ".hi_groups"})
+        parts.insert(name + s);
   }
   for (const auto& [name, t] : raw.all()) {
     if (parts.count(name) != 0) continue;

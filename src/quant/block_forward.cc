@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "backend/cpu/qlinear_ref.h"
+#include "backend/cpu/qmixed.h"
 #include "core/error.h"
 
 namespace gyre::quant {
@@ -38,6 +39,12 @@ std::vector<std::string> unit_linears(Unit u) {
 
 std::vector<float> tensor_to_f32(const TensorView& t) {
   const int64_t rows = t.rows(), cols = t.cols();
+  if (is_qmixed_view(t)) {  // a mix of two widths (gyre_qformat.h)
+    const QMixedHost& w = qmixed_of_view(t);
+    std::vector<float> out(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r) qmixed_dequantize_row(w, r, out.data() + r * cols);
+    return out;
+  }
   if (t.dtype == DType::QPACKED) {  // 4/8-bit layers of a Gyre-quantized or GPTQ model
     const QWeightHost& w = qweight_of_view(t);
     std::vector<float> out(static_cast<size_t>(rows * cols));

@@ -42,14 +42,20 @@ nlohmann::json read_json_file(const std::string& path) {
   }
 }
 
+// BITS:GROUP[:sym|asym[:MIXBITSxEIGHTHS]], e.g. 3:128:sym:4x2 (a quarter of the groups at 4 bits).
 QuantSetting parse_uniform(const std::string& s) {
   QuantSetting st;
   char kind[8] = "sym";
-  const int n = std::sscanf(s.c_str(), "%d:%d:%7s", &st.bits, &st.group_size, kind);
-  GYRE_CHECK(n >= 2 && (std::string(kind) == "sym" || std::string(kind) == "asym"),
-             "--uniform must look like BITS:GROUP or BITS:GROUP:asym, got '", s, "'");
+  char tail = 0;
+  const int n = std::sscanf(s.c_str(), "%d:%d:%7[a-z]:%dx%d%c", &st.bits, &st.group_size, kind,
+                            &st.mix_bits, &st.mix_eighths, &tail);
+  GYRE_CHECK(
+      (n == 2 || n == 3 || n == 5) && (std::string(kind) == "sym" || std::string(kind) == "asym"),
+      "--uniform must look like BITS:GROUP, BITS:GROUP:asym or BITS:GROUP:sym:MIXBITSxEIGHTHS, "
+      "got '",
+      s, "'");
   st.sym = std::string(kind) == "sym";
-  quant_setting_validate(st, st.group_size, "--uniform");
+  quant_setting_validate(st, st.mixed() ? 2 * st.group_size : st.group_size, "--uniform");
   return st;
 }
 
@@ -71,7 +77,10 @@ Plan uniform_plan(const LoadedModel& m, const QuantSetting& st) {
       for (const std::string& s : unit_linears(static_cast<Unit>(u))) {
         const std::string name = layer_tensor(b, s.c_str());
         QuantSetting fit = st;
-        if (fit_setting(fit, m.weights.get(name + ".weight").cols())) plan[name] = fit;
+        const int64_t cols = m.weights.get(name + ".weight").cols();
+        if (!fit_setting(fit, cols)) continue;
+        if (fit.mixed() && cols / fit.group_size < 2) fit.mix_bits = fit.mix_eighths = 0;
+        plan[name] = fit;
       }
   return plan;
 }
@@ -125,7 +134,7 @@ Plan optimized_plan(const LoadedModel& m, const Measurement& meas, double bpw, b
               found = true;
             }
           everywhere = everywhere && found;
-          c.cost_bits += static_cast<double>(le->rows * le->cols) * st.bits_per_weight();
+          c.cost_bits += st.stored_bits(le->rows, le->cols);
         }
         if (!everywhere) continue;
         cs.push_back(c);

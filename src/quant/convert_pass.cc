@@ -45,8 +45,11 @@ std::map<std::string, std::vector<float>> load_job_file(const std::string& path,
   for (const auto& [name, st] : plan)
     if (raw.has(name + ".qweight")) part[name] = st;
   nlohmann::json cfg;
-  cfg["quantization_config"] = {
-      {"quant_method", "gyre"}, {"version", 1}, {"layers", plan_layers_json(part, m.weights)}};
+  bool any_mix = false;
+  for (const auto& [name, st] : part) any_mix = any_mix || st.mixed();
+  cfg["quantization_config"] = {{"quant_method", "gyre"},
+                                {"version", quant_format_version(any_mix)},
+                                {"layers", plan_layers_json(part, m.weights)}};
   gyre_quant_load(cfg, raw, out, path);
   std::map<std::string, std::vector<float>> floats;
   for (const auto& [name, st] : part) floats[name] = tensor_to_f32(out.get(name + ".weight"));
@@ -62,16 +65,51 @@ void log_layer(Progress& bar, const std::string& name, const QuantSetting& st, d
 
 }  // namespace
 
+namespace {
+
+// One width's tensors (PREFIX.qweight / .scales / .mins) for the columns `cols` of q (all of a
+// layer, or one part of a mix), with setting st.
+void pack_part(const QuantizedWeight& q, const std::vector<int>& cols, const QuantSetting& st,
+               const std::string& prefix, std::vector<StTensor>& out) {
+  const auto n = static_cast<int64_t>(cols.size());
+  const int64_t words = n * st.bits / 32, groups = n / st.group_size,
+                all_groups = q.cols / st.group_size;
+  std::vector<uint32_t> packed(static_cast<size_t>(q.rows * words));
+  std::vector<int> row(static_cast<size_t>(n));
+  std::vector<uint16_t> scales(static_cast<size_t>(q.rows * groups)), mins(scales.size());
+  for (int64_t r = 0; r < q.rows; ++r) {
+    for (int64_t j = 0; j < n; ++j) row[j] = q.q[r * q.cols + cols[j]];
+    quant_pack_row(row.data(), n, st.bits, packed.data() + r * words);
+    for (int64_t k = 0; k < groups;
+         ++k) {  // the part's k-th group is the layer's group of its columns
+      const int64_t g = r * all_groups + cols[k * st.group_size] / st.group_size;
+      scales[r * groups + k] = q.scales[g];
+      if (!st.sym) mins[r * groups + k] = q.mins[g];
+    }
+  }
+  out.push_back(st_from(prefix + ".qweight", "I32", {q.rows, words}, packed));
+  out.push_back(st_from(prefix + ".scales", "F16", {q.rows, groups}, scales));
+  if (!st.sym) out.push_back(st_from(prefix + ".mins", "F16", {q.rows, groups}, mins));
+}
+
+}  // namespace
+
 std::vector<StTensor> pack_tensors(const QuantizedWeight& q, const std::string& name) {
   const QuantSetting& st = q.setting;
-  const int64_t words = int64_t{q.cols} * st.bits / 32, groups = q.cols / st.group_size;
-  std::vector<uint32_t> packed(static_cast<size_t>(q.rows * words));
-  for (int64_t r = 0; r < q.rows; ++r)
-    quant_pack_row(q.q.data() + r * q.cols, q.cols, st.bits, packed.data() + r * words);
+  std::vector<int> lo, hi;
+  std::vector<bool> is_hi(static_cast<size_t>(q.cols / st.group_size), false);
+  for (int g : q.hi_groups) is_hi[g] = true;
+  for (int c = 0; c < q.cols; ++c) (is_hi[c / st.group_size] ? hi : lo).push_back(c);
   std::vector<StTensor> out;
-  out.push_back(st_from(name + ".qweight", "I32", {q.rows, words}, packed));
-  out.push_back(st_from(name + ".scales", "F16", {q.rows, groups}, q.scales));
-  if (!st.sym) out.push_back(st_from(name + ".mins", "F16", {q.rows, groups}, q.mins));
+  pack_part(q, lo, st.part(false), name, out);
+  if (st.mixed()) {
+    GYRE_CHECK(static_cast<int64_t>(q.hi_groups.size()) == st.mix_groups(q.cols),
+               "internal: mixed layer ", name, " has ", q.hi_groups.size(), " chosen groups");
+    pack_part(q, hi, st.part(true), name + ".hi", out);
+    std::vector<int32_t> groups(q.hi_groups.begin(), q.hi_groups.end());
+    out.push_back(
+        st_from(name + ".hi_groups", "I32", {static_cast<int64_t>(groups.size())}, groups));
+  }
   return out;
 }
 
@@ -86,6 +124,8 @@ nlohmann::json plan_layers_json(const Plan& plan, const WeightSet& w) {
                {"group_size", st.group_size},
                {"sym", st.sym},
                {"shape", {t.rows(), t.cols()}}};
+    if (st.mixed())
+      j[name]["mix"] = {{"bits", st.mix_bits}, {"hi_groups", st.mix_groups(t.cols())}};
   }
   return j;
 }
@@ -190,17 +230,19 @@ void write_output(const QuantContext& ctx, const ConvertOptions& o, const Plan& 
   }
   for (const auto& [name, st] : plan) {
     if (name == kHead) continue;
-    const double n = static_cast<double>(m.weights.get(name + ".weight").numel());
-    qbits += n * st.bits_per_weight();
-    qnumel += n;
+    const TensorView& t = m.weights.get(name + ".weight");
+    qbits += st.stored_bits(t.rows(), t.cols());
+    qnumel += static_cast<double>(t.numel());
   }
   std::error_code ec;
   fs::create_directories(o.out, ec);
   write_safetensors(o.out + "/model.safetensors", tensors);
   nlohmann::json cfg = in_config;
   if (head_q || !m.config.tie_embeddings) cfg["tie_word_embeddings"] = false;  // --rotate unties
+  bool any_mix = false;
+  for (const auto& [name, st] : plan) any_mix = any_mix || st.mixed();
   nlohmann::json qc = {{"quant_method", "gyre"},
-                       {"version", 1},
+                       {"version", quant_format_version(any_mix)},
                        {"bits_per_weight", qnumel > 0 ? qbits / qnumel : 16.0},
                        {"target_bits_per_weight", o.uniform.empty() ? o.bpw : 0.0},
                        {"uniform", o.uniform},

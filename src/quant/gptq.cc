@@ -90,6 +90,7 @@ int quantize_value(double w, const QuantSetting& st, float s, float m) {
 }
 
 QuantizedWeight rtn_quantize(const float* w, int rows, int cols, const QuantSetting& st) {
+  GYRE_CHECK(!st.mixed(), "round to nearest has no mixes of two widths (GPTQ does)");
   QuantizedWeight out = allocate(rows, cols, st);
   const int gs = st.group_size, groups = cols / gs;
   std::vector<double> v(static_cast<size_t>(gs));
@@ -153,6 +154,10 @@ QuantizedWeight gptq_quantize(const float* w, int rows, int cols, const GptqPrep
   GYRE_CHECK(prep.cols == cols, "gptq: prepared for ", prep.cols, " columns, weight has ", cols);
   QuantizedWeight out = allocate(rows, cols, st);
   const int gs = st.group_size, groups = cols / gs;
+  // Each group's own width: the mix's chosen groups at mix_bits, the rest (all, unmixed) at bits.
+  out.hi_groups = mix_hi_groups(st, prep.hdiag.data(), cols);
+  std::vector<QuantSetting> group_st(static_cast<size_t>(groups), st.part(false));
+  for (int g : out.hi_groups) group_st[g] = st.part(true);
   std::vector<int> pos(static_cast<size_t>(cols));
   for (int j = 0; j < cols; ++j) pos[prep.order[j]] = j;
   const std::vector<double>& u = prep.u;
@@ -182,10 +187,10 @@ QuantizedWeight gptq_quantize(const float* w, int rows, int cols, const GptqPrep
               v[i] = x;
             }
             if (prep.clip_search)
-              choose_group_params_clipped(v.data(), prep.hdiag.data() + g * gs, gs, st,
+              choose_group_params_clipped(v.data(), prep.hdiag.data() + g * gs, gs, group_st[g],
                                           s[r * groups + g], m[r * groups + g]);
             else
-              choose_group_params(v.data(), gs, st, s[r * groups + g], m[r * groups + g]);
+              choose_group_params(v.data(), gs, group_st[g], s[r * groups + g], m[r * groups + g]);
           }
         }
         const double d = u[int64_t{j} * cols + j];
@@ -193,8 +198,8 @@ QuantizedWeight gptq_quantize(const float* w, int rows, int cols, const GptqPrep
         for (int64_t r = 0; r < nr; ++r) {
           double* wr = wp.data() + r * cols;
           const float sc = s[r * groups + g], mn = m[r * groups + g];
-          const int q = quantize_value(wr[j], st, sc, mn);
-          const float deq = quant_dequant_value(st, q, sc, mn);
+          const int q = quantize_value(wr[j], group_st[g], sc, mn);
+          const float deq = quant_dequant_value(group_st[g], q, sc, mn);
           const double e = (wr[j] - deq) / d;
           err[r * block + j - i1] = e;
           for (int k = j + 1; k < i2; ++k) wr[k] -= e * uj[k];

@@ -26,6 +26,7 @@ struct QuantizedWeight {
   std::vector<uint16_t> scales;  // [rows, cols / group] f16 bits
   std::vector<uint16_t> mins;    // same, asymmetric only
   std::vector<float> dequant;    // [rows, cols] the values the loader will produce
+  std::vector<int> hi_groups;    // a mix: the groups at setting.mix_bits (mix_hi_groups)
 };
 
 // A group's f16 scale and min (min 0 when symmetric) for values v[0..n): symmetric
@@ -41,7 +42,8 @@ void choose_group_params_clipped(const double* v, const double* h, int n, const 
 // The stored integer for value w (round to nearest, clamped).
 int quantize_value(double w, const QuantSetting& st, float s, float m);
 
-// Round to nearest, group parameters from the weights themselves.
+// Round to nearest, group parameters from the weights themselves (one width only: a mix picks its
+// groups by input energy, which needs the Hessian).
 QuantizedWeight rtn_quantize(const float* w, int rows, int cols, const QuantSetting& st);
 
 // What GPTQ needs from H, shared by every setting measured on one input.
@@ -59,6 +61,8 @@ struct GptqPrep {
 // damping (up to 1.0).
 GptqPrep gptq_prepare(const std::vector<double>& h, int cols, double damp, bool act_order);
 
+// A mixed setting quantizes each group at its own width, the mix_hi_groups of the Hessian's
+// diagonal (prep.hdiag) at mix_bits: layers sharing an input (q|k|v) get the same groups.
 QuantizedWeight gptq_quantize(const float* w, int rows, int cols, const GptqPrep& prep,
                               const QuantSetting& st, int threads, int block = 128);
 

@@ -19,13 +19,24 @@ std::vector<QuantSetting> candidate_settings() {
       out.push_back({bits, g, true});
       if (bits <= 4) out.push_back({bits, g, false});
     }
+  // Mixes of two widths (gyre_qformat.h): a quarter or half of the groups, those with the most
+  // input energy, one bit wider; group 128 only (and 64 at 3 bits, the 3 bpw region), to keep
+  // the measurement's cost near 1.5x the one-width candidates'.
+  for (int bits : {2, 3, 4, 5})
+    for (int g : {64, 128}) {
+      if (g == 64 && bits != 3) continue;
+      for (int eighths : {2, 4}) {
+        out.push_back({bits, g, true, bits + 1, eighths});
+        if (bits <= 3) out.push_back({bits, g, false, bits + 1, eighths});
+      }
+    }
   return out;
 }
 
 std::vector<QuantSetting> settings_for(const std::vector<QuantSetting>& all, int64_t cols) {
   std::vector<QuantSetting> out;
   for (const QuantSetting& s : all)
-    if (cols % s.group_size == 0) out.push_back(s);
+    if (cols % s.group_size == 0 && (!s.mixed() || cols / s.group_size >= 2)) out.push_back(s);
   return out;
 }
 
@@ -44,8 +55,13 @@ nlohmann::json Measurement::to_json() const {
   j["layers"] = nlohmann::json::array();
   for (const LayerErrors& l : layers) {
     nlohmann::json e = nlohmann::json::array();
-    for (const auto& [s, err] : l.errors)
+    for (const auto& [s, err] : l.errors) {
       e.push_back({{"bits", s.bits}, {"group_size", s.group_size}, {"sym", s.sym}, {"error", err}});
+      if (s.mixed()) {
+        e.back()["mix_bits"] = s.mix_bits;
+        e.back()["mix_eighths"] = s.mix_eighths;
+      }
+    }
     j["layers"].push_back({{"name", l.name}, {"shape", {l.rows, l.cols}}, {"errors", e}});
   }
   if (!sensitivity.empty()) {
@@ -72,7 +88,7 @@ Measurement Measurement::from_json(const nlohmann::json& j, const std::string& w
       le.cols = l.at("shape").at(1).get<int64_t>();
       for (const auto& e : l.at("errors")) {
         QuantSetting s{e.at("bits").get<int>(), e.at("group_size").get<int>(),
-                       e.at("sym").get<bool>()};
+                       e.at("sym").get<bool>(), e.value("mix_bits", 0), e.value("mix_eighths", 0)};
         quant_setting_validate(s, le.cols, where + ": layer " + le.name);
         const double err = e.at("error").get<double>();
         GYRE_CHECK(err >= 0.0, where, ": negative error for ", le.name);
@@ -137,7 +153,9 @@ void measure(const QuantContext& ctx, Measurement& m,
   const ModelConfig& c = ctx.model->config;
   const int rows = static_cast<int>(ctx.rows.size());
   const int length = static_cast<int>(ctx.rows[0].size());
-  const std::vector<QuantSetting> all = candidate_settings();
+  std::vector<QuantSetting> all = candidate_settings();
+  if (ctx.rtn)  // mixes choose their groups from the Hessian: GPTQ only
+    std::erase_if(all, [](const QuantSetting& s) { return s.mixed(); });
   int64_t steps = 0;
   for (int u = 0; u < kUnits; ++u)
     for (const std::string& s : unit_linears(static_cast<Unit>(u)))

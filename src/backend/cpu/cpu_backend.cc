@@ -15,6 +15,7 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/cpu_paged_attention.h"
 #include "backend/cpu/qlinear_ref.h"
+#include "backend/cpu/qmixed.h"
 #include "backend/cpu/thread_pool.h"
 #include "core/error.h"
 
@@ -201,6 +202,18 @@ Tensor CpuBackend::upload_weight(const TensorView& w) {
   Tensor t;
   t.rows = w.rows();
   t.cols = w.cols();
+  if (is_qmixed_view(w)) {  // a mix of two widths (`gyre convert`): F32, the reference
+    const QMixedHost& m = qmixed_of_view(w);
+    t.dtype = DType::F32;
+    t.owner = alloc_aligned(static_cast<size_t>(t.rows * t.cols) * sizeof(float));
+    t.data = t.owner.get();
+    pool_.parallel_for(t.rows, std::max<int64_t>(1, kMinWorkPerChunk / t.cols),
+                       [&](int64_t r0, int64_t r1) {
+                         for (int64_t r = r0; r < r1; ++r)
+                           qmixed_dequantize_row(m, r, f32(t) + r * t.cols);
+                       });
+    return t;
+  }
   if (w.dtype == DType::QPACKED) {  // Gyre's own quantized layout (e.g. GPTQ): F32 like GGUF
     const QWeightHost& q = qweight_of_view(w);
     t.dtype = DType::F32;

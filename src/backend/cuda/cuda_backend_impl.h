@@ -17,7 +17,9 @@
 
 namespace gyre {
 struct QWeightDevice;
-}
+struct QMixedDevice;
+struct QMixedHost;
+}  // namespace gyre
 
 namespace gyre::cuda {
 
@@ -31,6 +33,9 @@ int bucket_step_span(const PagedStep& step);
 // Linear weights packed by qlinear (cuda_qweights.cc).
 bool is_quantized_tensor(const Tensor& t);
 const QWeightDevice& qweight_of(const Tensor& t);
+// Mixed-width weights (cuda_qmixed.cc, qmixed_device.h).
+bool is_mixed_tensor(const Tensor& t);
+const QMixedDevice& qmixed_of(const Tensor& t);
 
 class CudaKvCache final : public KvCache {
  public:
@@ -155,6 +160,12 @@ class CudaBackend final : public Backend {
   bool try_upload_quantized(const TensorView& w, Tensor& out);
   float* workspace(size_t floats);
   half* fused_scratch(size_t halves);
+  // Mixed-width weights (cuda_qmixed.cc): upload, y [n, rows] = W x (+ bias) as the sum of the
+  // parts' products, one part's product, and the scratch of gathered inputs and partial sums.
+  Tensor upload_mixed(const QMixedHost& host);
+  void mixed_matmul(const QMixedDevice& m, const half* x, half* y, int n, const half* bias);
+  void packed_part_matmul(const QWeightDevice& w, const half* x, half* y, int n, const half* bias);
+  half* mixed_scratch(size_t halves);
   // The FP16 weight behind w: itself, or a dequantized copy in dequant_ (quantized weights).
   const half* dense_weight(const Tensor& w);
   // out [n, o] (leading dimension ldo) = x [n, in] . w [o, in]^T through cuBLAS.
@@ -181,6 +192,8 @@ class CudaBackend final : public Backend {
   size_t dequant_elems_ = 0;
   std::shared_ptr<void> fused_scratch_;  // GEMM output of a fused weight before its epilogue
   size_t fused_scratch_halves_ = 0;
+  std::shared_ptr<void> mixed_scratch_;  // gathered inputs and partial products of mixed weights
+  size_t mixed_scratch_halves_ = 0;
   size_t to_host_floats_ = 0;
   std::shared_ptr<void> sample_pinned_, sample_device_;  // per-row parameters, then results
   int sample_rows_ = 0;

@@ -4,9 +4,11 @@
 // compute the fused output into a scratch buffer and finish with one elementwise kernel.
 #include <algorithm>
 
+#include "backend/cpu/qmixed.h"
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_buffers.h"
 #include "backend/cuda/qlinear.h"
+#include "backend/cuda/qmixed_device.h"
 #include "backend/fused_weights.h"
 
 namespace gyre::cuda {
@@ -58,11 +60,56 @@ TensorView fuse_packed(const std::vector<TensorView>& parts, int block, QWeightH
   return TensorView{};  // the caller fuses `dense`
 }
 
+// Mixed parts fuse as one mixed weight when they split their columns alike (q|k|v and gate|up
+// share their input, so the energies that choose the split are the same); otherwise as floats.
+TensorView fuse_mixed(const std::vector<TensorView>& parts, int block, QMixedHost& fused,
+                      std::vector<std::vector<float>>& floats, std::vector<TensorView>& dense) {
+  bool same = true;
+  std::vector<const QMixedHost*> hosts;
+  for (const TensorView& p : parts) {
+    same = same && is_qmixed_view(p);
+    if (same) hosts.push_back(&qmixed_of_view(p));
+    same = same && qmixed_same_layout(*hosts[0], *hosts.back());
+  }
+  if (same && (block == 0 || hosts.size() == 2)) {
+    fused = block == 0 ? qmixed_concat_rows(hosts)
+                       : qmixed_interleave_rows(*hosts[0], *hosts[1], block);
+    return qmixed_view(parts[0].name, fused);
+  }
+  floats.resize(parts.size());
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const int64_t rows = parts[i].rows(), cols = parts[i].cols();
+    floats[i].resize(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      if (is_qmixed_view(parts[i]))
+        qmixed_dequantize_row(qmixed_of_view(parts[i]), r, floats[i].data() + r * cols);
+      else
+        qweight_dequantize_row(qweight_of_view(parts[i]), r, floats[i].data() + r * cols);
+    }
+    TensorView v = parts[i];
+    v.dtype = DType::F32;
+    v.data = floats[i].data();
+    v.nbytes = floats[i].size() * sizeof(float);
+    dense.push_back(v);
+  }
+  return TensorView{};  // the caller fuses `dense`
+}
+
 }  // namespace
 
 Tensor CudaBackend::upload_fused(const std::vector<TensorView>& parts, FusedKind kind) {
   const int block = kind == FusedKind::GateUp ? kSwigluBlock : 0;
   std::vector<uint8_t> storage;
+  bool any_mixed = false;
+  for (const TensorView& p : parts) any_mixed = any_mixed || is_qmixed_view(p);
+  if (any_mixed) {
+    QMixedHost fused;
+    std::vector<std::vector<float>> floats;
+    std::vector<TensorView> dense;
+    const TensorView v = fuse_mixed(parts, block, fused, floats, dense);
+    if (v.dtype == DType::QPACKED) return upload_weight(v);
+    return upload_weight(fuse_views(dense, block, storage));
+  }
   if (!parts.empty() && parts[0].dtype == DType::QPACKED) {
     QWeightHost fused;
     std::vector<std::vector<float>> floats;
@@ -160,6 +207,12 @@ void CudaBackend::matmul_split(const std::vector<Tensor*>& outs, const Tensor& x
   const int n = static_cast<int>(x.rows), o = static_cast<int>(w.rows),
             in = static_cast<int>(w.cols);
   const half* b = split_bias(bias, w);
+  if (is_mixed_tensor(w)) {  // the fused product, then copied into the parts' outputs
+    half* fused = fused_scratch(static_cast<size_t>(n) * o);
+    mixed_matmul(qmixed_of(w), static_cast<const half*>(x.data), fused, n, b);
+    split_rows(split, fused, n, o, stream_);
+    return;
+  }
   if (is_quantized_tensor(w) && n < kDequantGemmMinRows &&
       n <= qlinear_direct_max_rows(qweight_of(w).desc)) {
     qlinear_matmul_split(qweight_of(w), static_cast<const half*>(x.data), split, n, b, stream_);
@@ -191,6 +244,12 @@ void CudaBackend::matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_ga
              w_gate_up.cols, "] -> out [", out.rows, ", ", out.cols, "]");
   half* o = static_cast<half*>(out.data);
   const half* xd = static_cast<const half*>(x.data);
+  if (is_mixed_tensor(w_gate_up)) {  // the interleaved product, then one SwiGLU kernel
+    half* fused = fused_scratch(static_cast<size_t>(n) * rows);
+    mixed_matmul(qmixed_of(w_gate_up), xd, fused, n, nullptr);
+    swiglu_interleaved(o, fused, n, hidden, rows, stream_);
+    return;
+  }
   if (is_quantized_tensor(w_gate_up)) {
     // Decode and serving batches: one pass over the weight with the SwiGLU epilogue.
     if (qlinear_gemv_swiglu(qweight_of(w_gate_up), xd, o, n, hidden, stream_)) return;

@@ -5,6 +5,7 @@
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_buffers.h"
 #include "backend/cuda/qlinear.h"
+#include "backend/cuda/qmixed_device.h"
 
 namespace gyre::cuda {
 
@@ -80,6 +81,10 @@ void CudaBackend::matmul(Tensor& out, const Tensor& x, const Tensor& w, const Te
   const int n = static_cast<int>(x.rows), o = static_cast<int>(w.rows),
             in = static_cast<int>(w.cols);
   const void* w_f16 = w.data;
+  if (is_mixed_tensor(w)) {
+    mixed_matmul(qmixed_of(w), h(x), h(out), n, b);
+    return;
+  }
   if (is_quantized_tensor(w)) {
     // qlinear's GEMV / batch kernel up to kQlinearBatchMaxRows rows (one pass over the weight);
     // longer prefills dequantize the weight into a scratch buffer and use cuBLAS (measured on

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/qmixed.h"
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_buffers.h"
 #include "backend/cuda/qlinear.h"
@@ -57,6 +58,10 @@ const QWeightDevice& qweight_of(const Tensor& t) {
 }
 
 bool CudaBackend::try_upload_quantized(const TensorView& w, Tensor& out) {
+  if (is_qmixed_view(w)) {  // two packed parts (backend/cpu/qmixed.h)
+    out = upload_mixed(qmixed_of_view(w));
+    return true;
+  }
   if (w.dtype == DType::QPACKED) {  // already in the kernels' layout (e.g. GPTQ)
     const QWeightHost& host = qweight_of_view(w);
     weight_bytes_ += qweight_device_bytes(host.desc);
