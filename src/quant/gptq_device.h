@@ -20,7 +20,8 @@ class GptqDevice {
   // device for the weights that follow. Throws gyre::Error when H cannot be factored.
   virtual void set_input(const float* x, int64_t tokens, int n, double damp, bool act_order,
                          bool clip_search) = 0;
-  virtual std::vector<double> hessian() const = 0;  // [n x n], for tests
+  // [n x n]: for tests, and the CPU GPTQ of mixed settings (unit_quant.h)
+  virtual std::vector<double> hessian() const = 0;
   virtual double damp_used() const = 0;
   // tr(E H E^T) / tr(W H W^T) of GPTQ at each setting for w [rows, n] (host floats).
   virtual std::vector<double> errors(const float* w, int rows,

@@ -154,7 +154,9 @@ void measure(const QuantContext& ctx, Measurement& m,
   const int rows = static_cast<int>(ctx.rows.size());
   const int length = static_cast<int>(ctx.rows[0].size());
   std::vector<QuantSetting> all = candidate_settings();
-  if (ctx.rtn)  // mixes choose their groups from the Hessian: GPTQ only
+  // Mixes choose their groups from the Hessian: GPTQ only. The GPU GPTQ has no per-group widths
+  // yet (the CPU would quantize every mix from the device's Hessian, hours at 8B): CPU path only.
+  if (ctx.rtn || ctx.gpu != nullptr)
     std::erase_if(all, [](const QuantSetting& s) { return s.mixed(); });
   int64_t steps = 0;
   for (int u = 0; u < kUnits; ++u)

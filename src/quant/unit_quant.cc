@@ -32,11 +32,19 @@ void UnitQuantizer::set_input(const std::vector<float>& x, int64_t tokens) {
   n_ = static_cast<int>(static_cast<int64_t>(x.size()) / tokens);
   if (on_gpu()) {
     ctx_.gpu->set_input(x.data(), tokens, n_, ctx_.damp, ctx_.act_order, ctx_.clip_search);
+    h_.clear();
     return;
   }
   h_ = hessian_of(x, tokens, n_, ctx_.threads);
   prep_ = GptqPrep{};
   if (!ctx_.rtn) prep_ = gptq_prepare(h_, n_, ctx_.damp, ctx_.act_order);
+  prep_.clip_search = ctx_.clip_search;
+}
+
+void UnitQuantizer::ensure_cpu_prep() {
+  if (!h_.empty()) return;
+  h_ = ctx_.gpu->hessian();
+  prep_ = gptq_prepare(h_, n_, ctx_.damp, ctx_.act_order);
   prep_.clip_search = ctx_.clip_search;
 }
 
@@ -52,10 +60,27 @@ std::vector<double> UnitQuantizer::errors(const std::vector<float>& w,
   GYRE_CHECK(n_ > 0 && w.size() % static_cast<size_t>(n_) == 0, "internal: weight width mismatch");
   ScopedSeconds timer(ctx_.timings ? &ctx_.timings->gptq : nullptr);
   const int rows = static_cast<int>(static_cast<int64_t>(w.size()) / n_);
-  if (on_gpu()) return ctx_.gpu->errors(w.data(), rows, settings);
-  std::vector<double> out;
+  std::vector<QuantSetting> plain;
   for (const QuantSetting& st : settings)
-    out.push_back(relative_error(w.data(), quantize_cpu(w, st), h_, ctx_.threads));
+    if (!on_gpu() || !st.mixed()) plain.push_back(st);
+  std::vector<double> plain_errors;
+  if (on_gpu()) {
+    plain_errors = ctx_.gpu->errors(w.data(), rows, plain);
+  } else {
+    for (const QuantSetting& st : plain)
+      plain_errors.push_back(relative_error(w.data(), quantize_cpu(w, st), h_, ctx_.threads));
+  }
+  if (plain.size() == settings.size()) return plain_errors;
+  ensure_cpu_prep();  // mixed settings on the GPU path
+  std::vector<double> out;
+  size_t next_plain = 0;
+  for (const QuantSetting& st : settings) {
+    if (!st.mixed()) {
+      out.push_back(plain_errors[next_plain++]);
+    } else {
+      out.push_back(relative_error(w.data(), quantize_cpu(w, st), h_, ctx_.threads));
+    }
+  }
   return out;
 }
 
@@ -64,7 +89,8 @@ QuantizedWeight UnitQuantizer::quantize(const std::vector<float>& w, const Quant
   GYRE_CHECK(n_ > 0 && w.size() % static_cast<size_t>(n_) == 0, "internal: weight width mismatch");
   ScopedSeconds timer(ctx_.timings ? &ctx_.timings->gptq : nullptr);
   const int rows = static_cast<int>(static_cast<int64_t>(w.size()) / n_);
-  if (on_gpu()) return ctx_.gpu->quantize(w.data(), rows, st, rel_error);
+  if (on_gpu() && !st.mixed()) return ctx_.gpu->quantize(w.data(), rows, st, rel_error);
+  if (on_gpu()) ensure_cpu_prep();
   QuantizedWeight q = quantize_cpu(w, st);
   if (rel_error != nullptr) *rel_error = relative_error(w.data(), q, h_, ctx_.threads);
   return q;

@@ -22,6 +22,9 @@ class UnitQuantizer {
  private:
   bool on_gpu() const { return ctx_.gpu != nullptr && !ctx_.rtn; }
   QuantizedWeight quantize_cpu(const std::vector<float>& w, const QuantSetting& st) const;
+  // Mixed settings (per-group widths) have no GPU GPTQ: on the GPU path the CPU quantizes them
+  // from the device's Hessian, fetched once per input.
+  void ensure_cpu_prep();
 
   const QuantContext& ctx_;
   int n_ = 0;
