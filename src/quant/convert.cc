@@ -21,6 +21,7 @@
 #include "quant/optimizer.h"
 #include "quant/progress.h"
 #include "quant/rotate.h"
+#include "quant/runtime.h"
 #include "quant/sensitivity.h"
 #include "quant/st_writer.h"
 
@@ -159,6 +160,22 @@ Plan optimized_plan(const LoadedModel& m, const Measurement& meas, double bpw, b
   return plan;
 }
 
+void open_runtime(const ConvertOptions& o, QuantContext& ctx, QuantRuntime& rt) {
+  ctx.damp = o.damp;
+  ctx.act_order = o.act_order;
+  ctx.rtn = o.rtn;
+  ctx.clip_search = o.clip_search;
+  ctx.threads = o.threads > 0 ? o.threads
+                              : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ctx.progress = o.progress;
+  rt.device = o.device.empty() ? default_quant_device() : o.device;
+  if (rt.device != "cpu") rt.gpu = make_gptq_device(rt.device);
+  ctx.gpu = rt.gpu.get();
+  ctx.timings = &rt.timings;
+  rt.backend = backend_create(rt.device, ctx.threads);
+  ctx.backend = rt.backend.get();
+}
+
 void convert_model(const ConvertOptions& o) {
   GYRE_CHECK(o.bpw >= 2.0 && o.bpw <= 16.0, "--bpw must be between 2 and 16, got ", o.bpw);
   GYRE_CHECK(o.head_bits == 0 || o.head_bits == 2 || o.head_bits == 3 || o.head_bits == 4 ||
@@ -201,13 +218,6 @@ void convert_model(const ConvertOptions& o) {
   QuantContext ctx;
   ctx.model = model.get();
   ctx.rows = calibration_rows(*model->tokenizer, text, o.rows, o.length, model->config.bos_id);
-  ctx.damp = o.damp;
-  ctx.act_order = o.act_order;
-  ctx.rtn = o.rtn;
-  ctx.clip_search = o.clip_search;
-  ctx.threads = o.threads > 0 ? o.threads
-                              : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  ctx.progress = o.progress;
 
   std::error_code ec;
   fs::create_directories(job, ec);
@@ -234,14 +244,10 @@ void convert_model(const ConvertOptions& o) {
   } else {
     write_file_atomic(job + "/job.json", sig.dump(2));
   }
-  const std::string device = o.device.empty() ? default_quant_device() : o.device;
-  std::unique_ptr<GptqDevice> gpu;
-  if (device != "cpu") gpu = make_gptq_device(device);
-  ctx.gpu = gpu.get();
-  QuantTimings timings;
-  ctx.timings = &timings;
-  auto backend = backend_create(device, ctx.threads);
-  ctx.backend = backend.get();
+  QuantRuntime rt;
+  open_runtime(o, ctx, rt);
+  const std::string& device = rt.device;
+  QuantTimings& timings = rt.timings;
   std::fprintf(stderr, "convert: on %s\n", device.c_str());
   // Per phase: wall seconds, and the part spent in Hessians/factors and in GPTQ runs.
   auto phase_start = std::chrono::steady_clock::now();

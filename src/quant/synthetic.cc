@@ -13,6 +13,7 @@
 #include "quant/gptq_device.h"
 #include "quant/linalg.h"
 #include "quant/measure.h"
+#include "quant/runtime.h"
 
 namespace gyre::quant {
 
@@ -82,13 +83,8 @@ void convert_synthetic(const ModelConfig& c, const std::string& name, const Conv
   lm.config = c;
   QuantContext ctx;
   ctx.model = &lm;
-  ctx.damp = o.damp;
-  ctx.act_order = o.act_order;
-  ctx.rtn = o.rtn;
-  ctx.clip_search = o.clip_search;
-  ctx.threads = o.threads > 0 ? o.threads
-                              : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  ctx.progress = o.progress;
+  QuantRuntime rt;
+  open_runtime(o, ctx, rt);
   for (int r = 0; r < o.rows; ++r) {  // random token ids, the same for every run
     std::vector<int> row;
     for (int i = 0; i < o.length; ++i)
@@ -106,14 +102,8 @@ void convert_synthetic(const ModelConfig& c, const std::string& name, const Conv
           out.push_back(a * uniform(kSeed + 7, uint64_t(id) * uint64_t(c.dim) + uint64_t(k)));
     return out;
   };
-  const std::string device = o.device.empty() ? default_quant_device() : o.device;
-  std::unique_ptr<GptqDevice> gpu;
-  if (device != "cpu") gpu = make_gptq_device(device);
-  ctx.gpu = gpu.get();
-  QuantTimings timings;
-  ctx.timings = &timings;
-  auto backend = backend_create(device == "cpu" ? "cpu" : device, ctx.threads);
-  ctx.backend = backend.get();
+  const std::string& device = rt.device;
+  QuantTimings& timings = rt.timings;
   if (o.chooser == "kl")
     std::fprintf(stderr,
                  "convert: --synthetic chooses by the plain error sum (the KL "

@@ -202,29 +202,24 @@ Tensor CpuBackend::upload_weight(const TensorView& w) {
   Tensor t;
   t.rows = w.rows();
   t.cols = w.cols();
-  if (is_qmixed_view(w)) {  // a mix of two widths (`gyre convert`): F32, the reference
+  // Gyre's own quantized layouts (GPTQ, `gyre convert`, mixes of two widths): F32 like GGUF.
+  auto dequantized = [&](auto&& dequantize_row) {
+    t.dtype = DType::F32;
+    t.owner = alloc_aligned(static_cast<size_t>(t.rows * t.cols) * sizeof(float));
+    t.data = t.owner.get();
+    pool_.parallel_for(t.rows, std::max<int64_t>(1, kMinWorkPerChunk / t.cols),
+                       [&](int64_t r0, int64_t r1) {
+                         for (int64_t r = r0; r < r1; ++r) dequantize_row(r, f32(t) + r * t.cols);
+                       });
+    return t;
+  };
+  if (is_qmixed_view(w)) {
     const QMixedHost& m = qmixed_of_view(w);
-    t.dtype = DType::F32;
-    t.owner = alloc_aligned(static_cast<size_t>(t.rows * t.cols) * sizeof(float));
-    t.data = t.owner.get();
-    pool_.parallel_for(t.rows, std::max<int64_t>(1, kMinWorkPerChunk / t.cols),
-                       [&](int64_t r0, int64_t r1) {
-                         for (int64_t r = r0; r < r1; ++r)
-                           qmixed_dequantize_row(m, r, f32(t) + r * t.cols);
-                       });
-    return t;
+    return dequantized([&](int64_t r, float* dst) { qmixed_dequantize_row(m, r, dst); });
   }
-  if (w.dtype == DType::QPACKED) {  // Gyre's own quantized layout (e.g. GPTQ): F32 like GGUF
+  if (w.dtype == DType::QPACKED) {
     const QWeightHost& q = qweight_of_view(w);
-    t.dtype = DType::F32;
-    t.owner = alloc_aligned(static_cast<size_t>(t.rows * t.cols) * sizeof(float));
-    t.data = t.owner.get();
-    pool_.parallel_for(t.rows, std::max<int64_t>(1, kMinWorkPerChunk / t.cols),
-                       [&](int64_t r0, int64_t r1) {
-                         for (int64_t r = r0; r < r1; ++r)
-                           qweight_dequantize_row(q, r, f32(t) + r * t.cols);
-                       });
-    return t;
+    return dequantized([&](int64_t r, float* dst) { qweight_dequantize_row(q, r, dst); });
   }
   const size_t row_bytes = dtype_row_bytes(w.dtype, t.cols);
   GYRE_CHECK(w.data != nullptr && w.nbytes == row_bytes * static_cast<size_t>(t.rows), "tensor ",

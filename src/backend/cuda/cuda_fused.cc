@@ -31,6 +31,29 @@ int swiglu_rows(int64_t hidden) {
 
 namespace {
 
+// Parts that cannot fuse in a packed layout: their float rows (`floats` keeps them alive) as F32
+// views in `dense`, which the caller fuses; returns an empty view.
+TensorView dense_parts(const std::vector<TensorView>& parts,
+                       std::vector<std::vector<float>>& floats, std::vector<TensorView>& dense) {
+  floats.resize(parts.size());
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const int64_t rows = parts[i].rows(), cols = parts[i].cols();
+    floats[i].resize(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      if (is_qmixed_view(parts[i]))
+        qmixed_dequantize_row(qmixed_of_view(parts[i]), r, floats[i].data() + r * cols);
+      else
+        qweight_dequantize_row(qweight_of_view(parts[i]), r, floats[i].data() + r * cols);
+    }
+    TensorView v = parts[i];
+    v.dtype = DType::F32;
+    v.data = floats[i].data();
+    v.nbytes = floats[i].size() * sizeof(float);
+    dense.push_back(v);
+  }
+  return TensorView{};
+}
+
 // Packed parts (GPTQ) fuse in the packed layout when they share it (same perm: q/k/v and gate/up
 // of act-order checkpoints usually do, having one input); otherwise their float rows are fused
 // and the fused weight is stored as FP16. `floats` keeps those rows alive.
@@ -45,19 +68,7 @@ TensorView fuse_packed(const std::vector<TensorView>& parts, int block, QWeightH
                        : qweight_interleave_rows(*hosts[0], *hosts[1], block);
     return qweight_view(parts[0].name, fused);
   }
-  floats.resize(parts.size());
-  for (size_t i = 0; i < parts.size(); ++i) {
-    const QWeightDesc& d = hosts[i]->desc;
-    floats[i].resize(static_cast<size_t>(d.rows) * d.cols);
-    for (int r = 0; r < d.rows; ++r)
-      qweight_dequantize_row(*hosts[i], r, floats[i].data() + static_cast<size_t>(r) * d.cols);
-    TensorView v = parts[i];
-    v.dtype = DType::F32;
-    v.data = floats[i].data();
-    v.nbytes = floats[i].size() * sizeof(float);
-    dense.push_back(v);
-  }
-  return TensorView{};  // the caller fuses `dense`
+  return dense_parts(parts, floats, dense);
 }
 
 // Mixed parts fuse as one mixed weight when they split their columns alike (q|k|v and gate|up
@@ -76,23 +87,7 @@ TensorView fuse_mixed(const std::vector<TensorView>& parts, int block, QMixedHos
                        : qmixed_interleave_rows(*hosts[0], *hosts[1], block);
     return qmixed_view(parts[0].name, fused);
   }
-  floats.resize(parts.size());
-  for (size_t i = 0; i < parts.size(); ++i) {
-    const int64_t rows = parts[i].rows(), cols = parts[i].cols();
-    floats[i].resize(static_cast<size_t>(rows * cols));
-    for (int64_t r = 0; r < rows; ++r) {
-      if (is_qmixed_view(parts[i]))
-        qmixed_dequantize_row(qmixed_of_view(parts[i]), r, floats[i].data() + r * cols);
-      else
-        qweight_dequantize_row(qweight_of_view(parts[i]), r, floats[i].data() + r * cols);
-    }
-    TensorView v = parts[i];
-    v.dtype = DType::F32;
-    v.data = floats[i].data();
-    v.nbytes = floats[i].size() * sizeof(float);
-    dense.push_back(v);
-  }
-  return TensorView{};  // the caller fuses `dense`
+  return dense_parts(parts, floats, dense);
 }
 
 }  // namespace

@@ -33,7 +33,7 @@ struct Slot {
   uint32_t m[ASYM ? (G32 ? 2 : 1) : 1];
 };
 
-template <int D, bool G32, bool ASYM, bool LOADS_ONLY = false>
+template <int D, bool G32, bool ASYM>
 __global__ void __launch_bounds__(512) gemv4_stream_kernel(Params p, int per) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __half* xs = reinterpret_cast<__half*>(smem_raw);
@@ -138,26 +138,10 @@ __global__ void __launch_bounds__(512) gemv4_stream_kernel(Params p, int per) {
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   float cg[4] = {0.f, 0.f, 0.f, 0.f}, cx[4] = {0.f, 0.f, 0.f, 0.f};
   auto flush = [&](uint32_t sr, uint32_t mr) {
-    const float2 s = __half22float2(as_half2(sr));
-    acc[0] += s.x * cg[0];
-    acc[1] += s.x * cg[1];
-    acc[2] += s.y * cg[2];
-    acc[3] += s.y * cg[3];
-    if constexpr (ASYM) {
-      const float2 m = __half22float2(as_half2(mr));
-      acc[0] += m.x * cx[0];
-      acc[1] += m.x * cx[1];
-      acc[2] += m.y * cx[2];
-      acc[3] += m.y * cx[3];
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) cg[i] = cx[i] = 0.f;
+    const float2 m = ASYM ? __half22float2(as_half2(mr)) : make_float2(0.f, 0.f);
+    flush_group(acc, cg, cx, __half22float2(as_half2(sr)), m, ASYM);
   };
   auto compute = [&](const Slot<G32, ASYM>& d, int b) {
-    if constexpr (LOADS_ONLY) {  // experiment: the load pipeline alone
-      acc[0] += __uint_as_float((d.q.x ^ d.q.y ^ d.q.z ^ d.q.w ^ d.s[0]) & 0x007FFFFFu);
-      return;
-    }
     const uint4 x0 = *reinterpret_cast<const uint4*>(xrow + 64 * b);
     const uint4 x1 = *reinterpret_cast<const uint4*>(xrow + 64 * b + 32);
     const uint32_t words[4] = {d.q.x, d.q.y, d.q.z, d.q.w};
@@ -197,10 +181,10 @@ __global__ void __launch_bounds__(512) gemv4_stream_kernel(Params p, int per) {
 
 int g_depth = 0, g_sms = 0, g_smem_optin = 0;
 
-template <int D, bool G32, bool ASYM, bool LOADS_ONLY = false>
+template <int D, bool G32, bool ASYM>
 void launch_d(const Params& q, int per, unsigned blocks, unsigned threads, int smem,
               cudaStream_t stream) {
-  auto kernel = gemv4_stream_kernel<D, G32, ASYM, LOADS_ONLY>;
+  auto kernel = gemv4_stream_kernel<D, G32, ASYM>;
   // Once per instantiation: allow the largest dynamic size next to the static reduction space
   // (the 48 KB default counts static and dynamic shared memory together).
   static bool raised = false;
@@ -261,7 +245,6 @@ void launch_gemv4_stream(const Params& p, int ksplit, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>((q.tiles + tiles_per_block - 1) / tiles_per_block);
   const unsigned threads = warps * 32;
   const int smem = stream_smem(q);
-  if (g_depth == 5) return launch_d<4, false, false, true>(q, per, blocks, threads, smem, stream);
   if (g_depth == 8) return launch_depth<8>(q, per, blocks, threads, smem, stream);
   if (g_depth == 16) return launch_depth<16>(q, per, blocks, threads, smem, stream);
   return launch_depth<4>(q, per, blocks, threads, smem, stream);

@@ -156,6 +156,24 @@ __device__ __forceinline__ void int4_word_to_fragment(uint32_t w, __half2 lo_bas
   memcpy(&a[3], &r3, 4);
 }
 
+// End of one scale group in the n <= 8 GEMVs: acc += s * (the group's sums cg) (+ m * the sums of
+// x, cx, when asymmetric) for rows g / g + 8 (s.x / s.y); cg and cx restart at zero.
+__device__ __forceinline__ void flush_group(float (&acc)[4], float (&cg)[4], float (&cx)[4],
+                                            float2 s, float2 m, bool asym) {
+  acc[0] += s.x * cg[0];
+  acc[1] += s.x * cg[1];
+  acc[2] += s.y * cg[2];
+  acc[3] += s.y * cg[3];
+  if (asym) {
+    acc[0] += m.x * cx[0];
+    acc[1] += m.x * cx[1];
+    acc[2] += m.y * cx[2];
+    acc[3] += m.y * cx[3];
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) cg[i] = cx[i] = 0.f;
+}
+
 // c += A (16x16, row) * B (16x8, col), FP16 inputs, float accumulators (sm_80+).
 __device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], uint32_t b0,
                                           uint32_t b1) {

@@ -132,20 +132,8 @@ __global__ void __launch_bounds__(512) gemv4_kernel(Params p) {
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   // Rows g, g+8 x tokens 2t, 2t+1: acc += s * sum(q x) (+ m * sum(x)) for one group.
   auto flush = [&](float(&cg)[4], float(&cx)[4], uint2 sr, uint2 mr) {
-    const float2 s = pair_to_float2(sr, p.scale_f32);
-    acc[0] += s.x * cg[0];
-    acc[1] += s.x * cg[1];
-    acc[2] += s.y * cg[2];
-    acc[3] += s.y * cg[3];
-    if (p.asym) {
-      const float2 m = pair_to_float2(mr, p.scale_f32);
-      acc[0] += m.x * cx[0];
-      acc[1] += m.x * cx[1];
-      acc[2] += m.y * cx[2];
-      acc[3] += m.y * cx[3];
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) cg[i] = cx[i] = 0.f;
+    const float2 m = p.asym ? pair_to_float2(mr, p.scale_f32) : make_float2(0.f, 0.f);
+    flush_group(acc, cg, cx, pair_to_float2(sr, p.scale_f32), m, p.asym);
   };
   auto compute = [&](const BlockData& d) {
     const uint32_t words[4] = {d.q.x, d.q.y, d.q.z, d.q.w};
