@@ -250,9 +250,7 @@ void tile_int4_upload(const uint8_t* host_q, const uint8_t* host_scales, const u
 bool gemv4_stream_supported(const Params& p);
 void launch_gemv4_stream(const Params& p, int ksplit, cudaStream_t stream);
 
-// The register-fed kernel above by default: the shared-memory ring kernels (qlinear_gemv4.cu,
-// set_gemv_kernel(2 or 3)) measured 5-25% slower on every Llama shape on H100 (round 4 in
-// bench/qlinear_notes.md) and stay as opt-in experiments.
+// The 4-bit decode GEMV dispatch (set_gemv_kernel: 0 auto, 1 register-fed, 4 stream).
 void launch_gemv4(const Params& p, cudaStream_t stream) {
   // The stream kernel (qlinear_gemv_stream.cu) by default at n <= 2, where it measured faster
   // on every Llama shape on H100 (bench/qlinear_notes.md, round 5); the register-fed kernel
