@@ -25,6 +25,7 @@
 #include "engine/generator.h"
 #include "engine/transformer.h"
 #include "model/loader.h"
+#include "paged_batch_util.h"
 #ifdef GYRE_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -116,33 +117,10 @@ class PagedPair {
   double step(const std::vector<Seq>& seqs, const std::vector<int>& first,
               const std::vector<int>& rows, int layer, int window, uint64_t generation,
               std::mt19937& rng) {
-    std::vector<int32_t> positions, seq_starts{0}, context_lens, tables;
-    std::vector<int64_t> slots;
-    int max_pages = 0;
-    for (const Seq& q : seqs) max_pages = std::max(max_pages, static_cast<int>(q.pages.size()));
-    for (size_t i = 0; i < seqs.size(); ++i) {
-      for (int r = 0; r < rows[i]; ++r) {
-        const int pos = first[i] + r;
-        positions.push_back(pos);
-        slots.push_back(int64_t{seqs[i].pages[size_t(pos / s_.page_size)]} * s_.page_size +
-                        pos % s_.page_size);
-      }
-      seq_starts.push_back(static_cast<int32_t>(positions.size()));
-      context_lens.push_back(first[i] + rows[i]);
-      std::vector<int32_t> t = seqs[i].pages;
-      t.resize(size_t(max_pages), -1);
-      tables.insert(tables.end(), t.begin(), t.end());
-    }
-    PagedBatch b;
-    b.rows = static_cast<int>(positions.size());
-    b.seqs = static_cast<int>(seqs.size());
-    b.positions = positions.data();
-    b.slots = slots.data();
-    b.seq_starts = seq_starts.data();
-    b.context_lens = context_lens.data();
-    b.page_tables = tables.data();
-    b.max_pages = max_pages;
-    b.generation = generation;
+    std::vector<std::vector<int32_t>> pages;
+    for (const Seq& q : seqs) pages.push_back(q.pages);
+    const HostPagedBatch hb(pages, first, rows, s_.page_size, generation);
+    const PagedBatch& b = hb.batch;
     const int64_t n = b.rows, qc = int64_t{s_.n_heads} * s_.head_dim,
                   kvc = int64_t{s_.n_kv_heads} * s_.head_dim;
     Pair q = upload(cpu_, gpu_, random_f16(size_t(n * qc), rng), n, qc);

@@ -54,27 +54,44 @@ __global__ void paged_store_kernel(KvStoreArgs a, const int64_t* slots, int page
   });
 }
 
+// What one block of the split grid (x: split, y: KV head x head group, z: listed row) attends:
+// its row's query heads, key range and partial-result slot (null with one split).
+struct PagedSplitBlock {
+  int D, kvh, row, gn, lo, end;
+  int64_t first;  // the first query head's row in q / out, in units of head_dim
+  float* part;
+};
+
+__device__ __forceinline__ PagedSplitBlock paged_split_block(const PagedAttentionArgs& a,
+                                                             int n_sub) {
+  using split_attn::kMaxGroup;
+  PagedSplitBlock b;
+  b.D = a.head_dim;
+  b.kvh = blockIdx.y / n_sub;
+  const int sub = blockIdx.y % n_sub, listed = blockIdx.z;
+  b.row = a.split_rows[listed];
+  const int group = a.n_heads / a.n_kv_heads;
+  const int g0 = sub * kMaxGroup;
+  b.gn = min(kMaxGroup, group - g0);
+  const int head0 = b.kvh * group + g0;
+  const int pos = a.positions[b.row];
+  b.lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
+  b.end = pos + 1;
+  b.first = static_cast<int64_t>(b.row) * a.n_heads + head0;
+  b.part = a.splits > 1 ? a.partial + (static_cast<int64_t>(listed) * a.n_heads + head0) *
+                                          a.splits * (b.D + 2)
+                        : nullptr;
+  return b;
+}
+
 template <int T>
 __global__ void __launch_bounds__(split_attn::kThreads)
     paged_split_kernel(PagedAttentionArgs a, int n_sub) {
   pdl_begin();
-  using split_attn::kMaxGroup;
-  const int D = a.head_dim;
-  const int kvh = blockIdx.y / n_sub, sub = blockIdx.y % n_sub;
-  const int listed = blockIdx.z;
-  const int row = a.split_rows[listed];
-  const int group = a.n_heads / a.n_kv_heads;
-  const int g0 = sub * kMaxGroup;
-  const int gn = min(kMaxGroup, group - g0);
-  const int head0 = kvh * group + g0;
-  const int pos = a.positions[row];
-  const int lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
-  const int64_t first = static_cast<int64_t>(row) * a.n_heads + head0;
-  float* part = a.splits > 1 ? a.partial + (static_cast<int64_t>(listed) * a.n_heads + head0) *
-                                               a.splits * (D + 2)
-                             : nullptr;
-  split_attn::split_attend<T>(paged_kv(a, a.row_seq[row], kvh), a.q + first * D, a.out + first * D,
-                              part, D, gn, lo, pos + 1, blockIdx.x, a.splits, a.scale);
+  const PagedSplitBlock b = paged_split_block(a, n_sub);
+  split_attn::split_attend<T>(paged_kv(a, a.row_seq[b.row], b.kvh), a.q + b.first * b.D,
+                              a.out + b.first * b.D, b.part, b.D, b.gn, b.lo, b.end, blockIdx.x,
+                              a.splits, a.scale);
 }
 
 // The same grid with the decode block (head dims % 8 == 0 up to 128).
@@ -82,24 +99,10 @@ template <int T, int L, int G>
 __global__ void __launch_bounds__(decode_attn::kThreads)
     paged_decode_kernel(PagedAttentionArgs a, int n_sub) {
   pdl_begin();
-  using split_attn::kMaxGroup;
-  const int D = a.head_dim;
-  const int kvh = blockIdx.y / n_sub, sub = blockIdx.y % n_sub;
-  const int listed = blockIdx.z;
-  const int row = a.split_rows[listed];
-  const int group = a.n_heads / a.n_kv_heads;
-  const int g0 = sub * kMaxGroup;
-  const int gn = min(kMaxGroup, group - g0);
-  const int head0 = kvh * group + g0;
-  const int pos = a.positions[row];
-  const int lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
-  const int64_t first = static_cast<int64_t>(row) * a.n_heads + head0;
-  float* part = a.splits > 1 ? a.partial + (static_cast<int64_t>(listed) * a.n_heads + head0) *
-                                               a.splits * (D + 2)
-                             : nullptr;
-  decode_attn::decode_attend<T, L, G>(paged_kv(a, a.row_seq[row], kvh), a.q + first * D,
-                                      a.out + first * D, part, D, gn, lo, pos + 1, blockIdx.x,
-                                      a.splits, a.scale);
+  const PagedSplitBlock b = paged_split_block(a, n_sub);
+  decode_attn::decode_attend<T, L, G>(paged_kv(a, a.row_seq[b.row], b.kvh), a.q + b.first * b.D,
+                                      a.out + b.first * b.D, b.part, b.D, b.gn, b.lo, b.end,
+                                      blockIdx.x, a.splits, a.scale);
 }
 
 template <int D, int T>
