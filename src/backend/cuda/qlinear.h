@@ -118,7 +118,12 @@ void set_batch_tiles_per_warp(int tiles);
 // kernel's configuration (1..10: consumer warps / tiles per warp / column blocks per stage
 // 8/2/4, 16/1/4, 8/1/8, 8/2/8, 4/2/8 with the weights by bulk copy, 6..10 the same by
 // cp.async; 0 = auto), split-K (1, 2, 4, 8; 0 = auto) and producer warps (1..4; 0 = auto).
+// 5 = the stream batch kernel (qlinear_batch_stream.cu: x staged in shared memory per K-chunk,
+// a register ring of weights; n <= 64, else the automatic choice), 6 = the automatic choice
+// without it (the round-5 dispatch, for benchmarks); its tiles per warp (1, 2; 0 = auto) and
+// K-chunks (0 = auto; raised to the fewest that fit shared memory).
 void set_batch_kernel(int kernel);
+void set_batch_stream_config(int tiles_per_warp, int ksplit);
 void set_batch4_ksplit(int ksplit);
 void set_batch4_tiles_per_warp(int tiles);
 void set_batch_bulk_config(int config, int ksplit, int producers = 0);
