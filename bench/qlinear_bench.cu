@@ -142,8 +142,9 @@ void bench_bstream(__half* x, __half* y, double copy_gbs) {
                            {1024, 4096}, {14336, 4096}, {128256, 4096}};
   const int ns[] = {16, 32, 64};
   double old_us[7][3] = {}, auto_us[7][3] = {}, best_us[7][3] = {}, pct[7][3][3] = {};
-  int best_cfg[7][3][2] = {};
-  std::printf("\nBSTREAM (4-bit g128 sym): path old = round-5 dispatch, s<mt>/<ks> = stream\n");
+  int best_cfg[7][3][4] = {};
+  std::printf(
+      "\nBSTREAM (4-bit g128 sym): path old = round-5 dispatch, s<mt>/<ks>/<warps> = stream\n");
   for (int si = 0; si < 7; ++si) {
     const auto& sh = shapes[si];
     QWeightDesc d;
@@ -157,52 +158,58 @@ void bench_bstream(__half* x, __half* y, double copy_gbs) {
     for (int c = 0; c < copies; ++c) ws.push_back(make(sh[0], sh[1], 4, 128, 51 + c));
     for (int ni = 0; ni < 3; ++ni) {
       const int n = ns[ni];
-      auto run = [&](int kernel, int mt, int ks) {
+      auto run = [&](int kernel, int mt, int ks, int warps, int sk) {
         qlinear_detail::set_batch_kernel(kernel);
-        qlinear_detail::set_batch_stream_config(mt, ks);
+        qlinear_detail::set_batch_stream_config(mt, ks, warps, sk);
         const float ms =
             time_ms([&](int i) { qlinear_batch(ws[i % copies].w, x, y, n, nullptr, nullptr); }, 40);
         CK(cudaGetLastError());
         const double moved = bytes + 2.0 * n * (sh[0] + sh[1]);
         const double p = 100.0 * moved / ms / 1e6 / copy_gbs;
         char name[24];
-        std::snprintf(name, sizeof name, kernel == 6 ? "old" : "s%d/%d", mt, ks);
+        if (sk >= 0)
+          std::snprintf(name, sizeof name, "k%d/%d/%d", mt, sk, warps);
+        else
+          std::snprintf(name, sizeof name, kernel == 6 ? "old" : "s%d/%d/%d", mt, ks, warps);
         std::printf("%6dx%-7d %3d %7s %9.2f %6.1f%%\n", sh[0], sh[1], n, name, ms * 1e3, p);
         return std::make_pair(ms * 1e3, p);
       };
-      auto o = run(6, 0, 0);
+      auto o = run(6, 0, 0, 0, -1);
       old_us[si][ni] = o.first;
       pct[si][ni][0] = o.second;
-      auto a = run(5, 0, 0);
+      auto a = run(5, 0, 0, 0, -1);
       auto_us[si][ni] = best_us[si][ni] = a.first;
       pct[si][ni][1] = pct[si][ni][2] = a.second;
-      for (const int mt : {1, 2}) {
-        for (const int ks : {0, 1, 2, 3, 4, 6, 8, 12, 16}) {
-          if (mt == 2 && ks == 0) continue;  // the automatic plan
-          auto v = run(5, mt, ks);
-          if (v.first < best_us[si][ni]) {
-            best_us[si][ni] = v.first;
-            pct[si][ni][2] = v.second;
-            best_cfg[si][ni][0] = mt;
-            best_cfg[si][ni][1] = ks;
+      for (const int warps : {8, 16}) {
+        for (const int mt : {1, 2}) {
+          for (const int ks : {0, 1, 2, 3, 4, 6, 8, 12, 16, -1000, -132, -264, -396}) {
+            const int sk = ks < 0 ? -ks : -1;  // negative: stream-K with that many blocks
+            auto v = run(5, mt, ks < 0 ? 0 : ks, warps, sk == 1000 ? 0 : sk);
+            if (v.first < best_us[si][ni]) {
+              best_us[si][ni] = v.first;
+              pct[si][ni][2] = v.second;
+              best_cfg[si][ni][0] = mt;
+              best_cfg[si][ni][1] = ks;
+              best_cfg[si][ni][2] = warps;
+            }
           }
         }
       }
     }
     qlinear_detail::set_batch_kernel(0);
-    qlinear_detail::set_batch_stream_config(0, 0);
+    qlinear_detail::set_batch_stream_config(0, 0, 0, -1);
     for (auto& w : ws) CK(cudaFree(w.mem));
   }
   std::printf(
       "\nBSTREAM SUMMARY (us, %% of copy %.0f GB/s): old dispatch | stream auto | stream "
-      "best (mt/ks)\n",
+      "best (mt/ks/warps; ks -B: stream-K over B blocks, -1000: auto)\n",
       copy_gbs);
   for (int si = 0; si < 7; ++si)
     for (int ni = 0; ni < 3; ++ni)
-      std::printf("%6dx%-7d n=%2d  %8.2f %5.1f%% | %8.2f %5.1f%% | %8.2f %5.1f%% (%d/%d)\n",
+      std::printf("%6dx%-7d n=%2d  %8.2f %5.1f%% | %8.2f %5.1f%% | %8.2f %5.1f%% (%d/%d/%d)\n",
                   shapes[si][0], shapes[si][1], ns[ni], old_us[si][ni], pct[si][ni][0],
                   auto_us[si][ni], pct[si][ni][1], best_us[si][ni], pct[si][ni][2],
-                  best_cfg[si][ni][0], best_cfg[si][ni][1]);
+                  best_cfg[si][ni][0], best_cfg[si][ni][1], best_cfg[si][ni][2]);
   for (int ni = 0; ni < 3; ++ni) {
     double sum[3] = {};
     for (int si = 0; si < 4; ++si) {  // fused QKV, o, gate/up, down

@@ -129,13 +129,17 @@ void expect_close(const std::vector<uint16_t>& got, const std::vector<double>& r
   if (ref.size() >= 64) EXPECT_LT(std::sqrt(err2 / ref2), 2e-3);
 }
 
-void force(int tiles_per_warp, int ksplit) {
+void force(const int (&cfg)[4]) {
   qlinear_detail::set_batch_kernel(5);
-  qlinear_detail::set_batch_stream_config(tiles_per_warp, ksplit);
+  qlinear_detail::set_batch_stream_config(cfg[0], cfg[1], cfg[2], cfg[3]);
 }
 void unforce() {
   qlinear_detail::set_batch_kernel(0);
-  qlinear_detail::set_batch_stream_config(0, 0);
+  qlinear_detail::set_batch_stream_config(0, 0, 0, -1);
+}
+std::string name(const int (&cfg)[4]) {
+  return " cfg " + std::to_string(cfg[0]) + "/" + std::to_string(cfg[1]) + "/" +
+         std::to_string(cfg[2]) + "/" + std::to_string(cfg[3]);
 }
 
 const Layout kLayouts[] = {
@@ -143,8 +147,12 @@ const Layout kLayouts[] = {
     {"g32_sym", 32, false, false, DType::F32},    {"g32_asym_perm", 32, true, true, DType::F32},
     {"gguf_q4_0", 32, false, false, DType::Q4_0}, {"gguf_q4_k_f32", 32, true, false, DType::Q4_K},
 };
-// {tiles per warp, K-chunks}; 0 = automatic (chunks: raised to what fits shared memory).
-const int kConfigs[][2] = {{0, 0}, {1, 0}, {2, 1}, {1, 3}, {2, 8}};
+// {tiles per warp, K-chunks, warps per block, stream-K blocks}; 0 = automatic (chunks and
+// blocks: raised to what fits shared memory), stream-K -1 = off. 13 blocks over 3 tile groups
+// give ranges that span two groups.
+const int kConfigs[][4] = {{0, 0, 0, -1}, {1, 0, 8, -1}, {2, 1, 16, -1}, {1, 3, 16, -1},
+                           {2, 8, 8, -1}, {1, 0, 16, 0}, {2, 0, 8, 0},   {2, 0, 16, 5},
+                           {1, 0, 8, 13}, {2, 0, 16, 1}};
 
 // Plain output with bias (qlinear_batch): rows that leave partial 16-row tiles and partial tile
 // groups, a half 64-column block (160 columns), chunks that do not divide the column blocks.
@@ -167,11 +175,10 @@ TEST(CudaQlinearBStream, MatchesFloat64) {
       x.upload(xh);
       bias.upload(bh);
       for (const auto& cfg : kConfigs) {
-        force(cfg[0], cfg[1]);
+        force(cfg);
         for (const int n : ns) {
           SCOPED_TRACE(l.name + " rows " + std::to_string(rows) + " cols " + std::to_string(cols) +
-                       " n " + std::to_string(n) + " cfg " + std::to_string(cfg[0]) + "/" +
-                       std::to_string(cfg[1]));
+                       " n " + std::to_string(n) + name(cfg));
           y.poison();
           qlinear_batch(dw, x.p, y.p, n, bias.p, nullptr);
           CUDA_OK(cudaDeviceSynchronize());
@@ -202,10 +209,9 @@ TEST(CudaQlinearBStream, EpiloguesMatchFloat64) {
     DeviceHalves x(size_t(n_max) * cols), out(size_t(n_max) * rows);
     x.upload(xh);
     for (const auto& cfg : kConfigs) {
-      force(cfg[0], cfg[1]);
+      force(cfg);
       for (const int n : {9, 20, 33, 64}) {
-        SCOPED_TRACE(l.name + " n " + std::to_string(n) + " cfg " + std::to_string(cfg[0]) + "/" +
-                     std::to_string(cfg[1]));
+        SCOPED_TRACE(l.name + " n " + std::to_string(n) + name(cfg));
         out.poison();
         ASSERT_TRUE(qlinear_gemv_swiglu(dw, x.p, out.p, n, hidden, nullptr));
         CUDA_OK(cudaDeviceSynchronize());

@@ -120,10 +120,13 @@ void set_batch_tiles_per_warp(int tiles);
 // cp.async; 0 = auto), split-K (1, 2, 4, 8; 0 = auto) and producer warps (1..4; 0 = auto).
 // 5 = the stream batch kernel (qlinear_batch_stream.cu: x staged in shared memory per K-chunk,
 // a register ring of weights; n <= 64, else the automatic choice), 6 = the automatic choice
-// without it (the round-5 dispatch, for benchmarks); its tiles per warp (1, 2; 0 = auto) and
-// K-chunks (0 = auto; raised to the fewest that fit shared memory).
+// without it (the round-5 dispatch, for benchmarks); its tiles per warp (1, 2; 0 = auto),
+// K-chunks (0 = auto; raised to the fewest that fit shared memory), warps per block (8, 16;
+// 0 = auto) and stream-K partition (-1 = off: the K-chunk grid; 0 = one block per SM (two of 8
+// warps); > 0 = that many blocks).
 void set_batch_kernel(int kernel);
-void set_batch_stream_config(int tiles_per_warp, int ksplit);
+void set_batch_stream_config(int tiles_per_warp, int ksplit, int warps = 0,
+                             int streamk_blocks = -1);
 void set_batch4_ksplit(int ksplit);
 void set_batch4_tiles_per_warp(int tiles);
 void set_batch_bulk_config(int config, int ksplit, int producers = 0);

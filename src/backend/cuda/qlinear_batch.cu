@@ -336,8 +336,8 @@ void launch_batch(const Params& p, cudaStream_t stream) {
     // cp.async / cluster kernel, except 2048..6143 rows at n <= 32, where the register-fed
     // kernel's many warps win.
     // Kernel 6: the automatic choice without the stream batch kernel (the round-5 dispatch,
-    // for benchmarks).
-    const bool automatic = g_batch_kernel == 0 || g_batch_kernel == 6;
+    // for benchmarks); kernel 5 where the stream kernel cannot run: the automatic choice.
+    const bool automatic = g_batch_kernel == 0 || g_batch_kernel == 5 || g_batch_kernel == 6;
     if (g_batch_kernel == 2 && p.perm == nullptr) return launch_batch_bulk(p, stream);
     if (g_batch_kernel == 3) return launch_batch4(p, stream);
     if ((g_batch_kernel == 5 && batch_stream_supported(p)) ||
