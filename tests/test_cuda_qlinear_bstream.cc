@@ -147,11 +147,11 @@ const Layout kLayouts[] = {
     {"g32_sym", 32, false, false, DType::F32},    {"g32_asym_perm", 32, true, true, DType::F32},
     {"gguf_q4_0", 32, false, false, DType::Q4_0}, {"gguf_q4_k_f32", 32, true, false, DType::Q4_K},
 };
-// {tiles per warp, K-chunks, warps per block, stream-K blocks}; 0 = automatic (chunks and
-// blocks: raised to what fits shared memory), stream-K -1 = off. 13 blocks over 3 tile groups
-// give ranges that span two groups.
-const int kConfigs[][4] = {{0, 0, 0, -1}, {1, 0, 8, -1}, {2, 1, 16, -1}, {1, 3, 16, -1},
-                           {2, 8, 8, -1}, {1, 0, 16, 0}, {2, 0, 8, 0},   {2, 0, 16, 5},
+// {tiles per warp, K-chunks, warps per block, partition}; 0 = automatic (chunks and blocks:
+// raised to what fits shared memory); partition -1 = automatic, -2 = the K-chunk grid, >= 0 =
+// stream-K blocks (0 = one per SM). 13 blocks over 3 tile groups give ranges that span two groups.
+const int kConfigs[][4] = {{0, 0, 0, -1}, {1, 0, 8, -2}, {2, 1, 16, -2}, {1, 3, 16, -2},
+                           {2, 8, 8, -2}, {1, 0, 16, 0}, {2, 0, 8, 0},   {2, 0, 16, 5},
                            {1, 0, 8, 13}, {2, 0, 16, 1}};
 
 // Plain output with bias (qlinear_batch): rows that leave partial 16-row tiles and partial tile
@@ -192,6 +192,38 @@ TEST(CudaQlinearBStream, MatchesFloat64) {
       qweight_free(dw);
       if (HasFatalFailure()) return;
     }
+  }
+}
+
+// The automatic dispatch (qlinear_matmul, kernel 0) on a weight large enough for it to pick the
+// stream kernel (>= 128 tiles; at 33..64 tokens up to 384), with the knobs at their defaults.
+TEST(CudaQlinearBStream, DispatchMatchesFloat64) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Layout layouts[] = {kLayouts[0], kLayouts[5]};
+  constexpr int kMaxN = 64, rows = 2056, cols = 1024;
+  uint32_t seed = 7300;
+  unforce();
+  for (const Layout& l : layouts) {
+    const QWeightHost w = make_weight(l, rows, cols, seed++);
+    const std::vector<uint16_t> xh = random_halves(size_t(kMaxN) * cols, 1.0f, seed++);
+    const std::vector<uint16_t> bh = random_halves(rows, 0.5f, seed++);
+    const Reference ref = reference(w, xh, &bh, kMaxN);
+    QWeightDevice dw = qweight_upload(w);
+    DeviceHalves x(size_t(kMaxN) * cols), y(size_t(kMaxN) * rows), bias(rows);
+    x.upload(xh);
+    bias.upload(bh);
+    for (const int n : {9, 16, 32, 40, 64}) {
+      SCOPED_TRACE(l.name + " n " + std::to_string(n));
+      y.poison();
+      qlinear_matmul(dw, x.p, y.p, n, bias.p, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      const size_t count = size_t(n) * rows;
+      expect_close(y.download(count), {ref.y.begin(), ref.y.begin() + count},
+                   {ref.mag.begin(), ref.mag.begin() + count});
+      if (HasFatalFailure()) break;
+    }
+    qweight_free(dw);
+    if (HasFatalFailure()) return;
   }
 }
 

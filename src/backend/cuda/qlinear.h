@@ -122,8 +122,8 @@ void set_batch_tiles_per_warp(int tiles);
 // a register ring of weights; n <= 64, else the automatic choice), 6 = the automatic choice
 // without it (the round-5 dispatch, for benchmarks); its tiles per warp (1, 2; 0 = auto),
 // K-chunks (0 = auto; raised to the fewest that fit shared memory), warps per block (8, 16;
-// 0 = auto) and stream-K partition (-1 = off: the K-chunk grid; 0 = one block per SM (two of 8
-// warps); > 0 = that many blocks).
+// 0 = auto) and partition (-1 = auto; -2 = the K-chunk grid; 0 = stream-K over one block per SM
+// (two of 8 warps); > 0 = stream-K over that many blocks).
 void set_batch_kernel(int kernel);
 void set_batch_stream_config(int tiles_per_warp, int ksplit, int warps = 0,
                              int streamk_blocks = -1);

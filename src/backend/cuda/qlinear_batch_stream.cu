@@ -36,7 +36,8 @@ constexpr int kWsFloats = 4 << 20;       // split-K workspace (16 MB)
 constexpr int kMaxUnits = 1 << 16;       // per-warp arrival counters
 __device__ float4 g_ws[kWsFloats / 4];   // zero between launches
 __device__ unsigned g_count[kMaxUnits];  // zero between launches
-int g_mt = 0, g_ks = 0, g_warps = 0, g_streamk = -1, g_sms = 0, g_optin = 0;
+constexpr int kStreamKAuto = -1;         // set_batch_stream_config (-2: the K-chunk grid)
+int g_mt = 0, g_ks = 0, g_warps = 0, g_streamk = kStreamKAuto, g_sms = 0, g_optin = 0;
 
 template <int MT, bool G32, bool ASYM>
 struct Slot {
@@ -271,20 +272,25 @@ struct Plan {
   bool ok = false;
 };
 
-// Automatic choices, from the round-6 sweep (bench/qlinear_notes.md).
+// The launch plan: forced knobs where set, else the choices measured best on H100 (round 6 of
+// bench/qlinear_notes.md): 16-warp blocks; two tiles per warp up to 32 tokens on weights of
+// >= 57344 (tile, column block) pairs (4096x14336, 14336x4096 and larger), else one; a stream-K
+// wave, except where the tile groups alone fill the GPU (the LM head): there the K-chunk grid
+// with the fewest chunks that fit shared memory.
 Plan plan(const Params& p) {
   Plan pl;
   pl.nt = p.n <= 16 ? 2 : p.n <= 32 ? 4 : 8;
-  pl.mt = g_mt != 0 ? g_mt : 2;
-  pl.warps = g_warps != 0 ? g_warps : 8;
+  pl.warps = g_warps != 0 ? g_warps : 16;
+  pl.mt = g_mt != 0 ? g_mt : pl.nt <= 4 && int64_t{p.tiles} * p.kblocks >= 57344 ? 2 : 1;
   pl.units = (p.tiles + pl.mt - 1) / pl.mt;
   pl.groups = (pl.units + pl.warps - 1) / pl.warps;
   const int per_max = max_per(pl.warps, pl.nt);
-  if (g_streamk >= 0) {
+  const bool automatic = g_streamk == kStreamKAuto;
+  if (g_streamk >= 0 || (automatic && pl.groups < g_sms)) {
     // Stream-K: g_streamk blocks (0 = one per SM, or two for 8-warp blocks), at least enough for
     // every block's columns to fit shared memory, at most one per (group, column block).
     const int64_t total = int64_t{pl.groups} * p.kblocks;
-    int64_t blocks = g_streamk != 0 ? g_streamk : g_sms * (pl.warps == 8 ? 2 : 1);
+    int64_t blocks = g_streamk > 0 ? g_streamk : g_sms * (pl.warps == 8 ? 2 : 1);
     blocks = std::max(blocks, (total + per_max - 1) / per_max);
     blocks = std::min(blocks, total);
     pl.streamk = 1;
@@ -293,14 +299,15 @@ Plan plan(const Params& p) {
   } else {
     const int ks_min = (p.kblocks + per_max - 1) / per_max;
     int ks = std::max(g_ks, ks_min);
-    if (g_ks == 0) {
+    if (g_ks == 0 && !automatic) {
       // Fill about 16 resident warps per SM, keeping >= 8 column blocks per chunk.
       while (pl.groups * ks * pl.warps < 16 * g_sms && p.kblocks >= 8 * (ks + 1)) ++ks;
     }
     pl.per = (p.kblocks + ks - 1) / ks;
     pl.ks = (p.kblocks + pl.per - 1) / pl.per;  // no empty chunk
   }
-  const bool split = pl.streamk ? pl.ks > pl.groups : pl.ks > 1;
+  // Stream-K may split any group; the K-chunk grid only with more than one chunk.
+  const bool split = pl.streamk || pl.ks > 1;
   pl.ok =
       p.bits == 4 && p.n >= 1 && p.n <= 64 &&
       (!split || (int64_t{pl.units} * pl.mt * pl.nt * 128 <= kWsFloats && pl.units <= kMaxUnits));
@@ -368,10 +375,14 @@ bool batch_stream_supported(const Params& p) {
   return plan(p).ok;
 }
 
-// Measured on H100 (bench/qlinear_notes.md, round 6): where the stream batch kernel beats the
-// earlier dispatch.
+// Where the stream batch kernel measured faster than the round-5 dispatch on H100
+// (bench/qlinear_notes.md, round 6): // 4-bit, 9..64 tokens, >= 128 tiles (2048 rows; 1024x4096
+// kept the round-5 kernels), and at 33..64 tokens only up to 384 tiles (6144 rows): gate/up,
+// 14336x4096 and the LM head measured faster on the round-5 kernels there.
 bool batch_stream_preferred(const Params& p) {
-  return false && batch_stream_supported(p);
+  if (p.bits != 4 || p.n < 9 || p.n > 64 || p.tiles < 128 || (p.n > 32 && p.tiles > 384))
+    return false;
+  return batch_stream_supported(p);
 }
 
 void launch_batch_stream(const Params& p, cudaStream_t stream) {
