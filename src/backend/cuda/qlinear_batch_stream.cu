@@ -141,36 +141,24 @@ __global__ void __launch_bounds__(W * 32, W == 8 && MT * NT <= 8 ? 2 : 1)
       __syncthreads();  // every warp is done with the previous piece's x
     }
 
-    // Stage x [8 NT][columns of this piece]: whole 8-column pieces, zeros past n and cols, in
-    // four cp.async groups (the first kDepth column blocks, then thirds of the rest in whole
-    // kDepth runs) so that compute starts on the first while the others arrive.
-    const int len = kb1 - kb0, stride = len * 64 + kXPad;
-    int bound[5];
-    bound[0] = 0;
-    bound[1] = min(len, kDepth);
-    const int third = ((len - bound[1]) / 3 + kDepth - 1) / kDepth * kDepth;
-    bound[2] = min(len, bound[1] + third);
-    bound[3] = min(len, bound[2] + third);
-    bound[4] = len;
+    // Stage x [8 NT][columns of this piece]: whole 8-column pieces, zeros past n and cols.
+    const int stride = (kb1 - kb0) * 64 + kXPad, chunks = (kb1 - kb0) * 8;
+    for (int i = threadIdx.x; i < 8 * NT * chunks; i += W * 32) {
+      const int row = i / chunks, c = 64 * kb0 + 8 * (i % chunks);
+      __half* dst = xs + row * stride + 8 * (i % chunks);
+      const bool in = row < p.n && c < p.cols;
+      const __half* src = p.x + int64_t{in ? row : 0} * p.cols;
+      if (p.perm == nullptr) {
+        cp_async16(dst, src + (in ? c : 0), in ? 16 : 0);
+      } else {
+        __half h[8];
 #pragma unroll
-    for (int part = 0; part < 4; ++part) {
-      const int c0 = bound[part] * 8, chunks = (bound[part + 1] - bound[part]) * 8;
-      for (int i = threadIdx.x; i < 8 * NT * chunks; i += W * 32) {
-        const int row = i / chunks, cc = c0 + i % chunks, c = 64 * kb0 + 8 * cc;
-        __half* dst = xs + row * stride + 8 * cc;
-        const bool in = row < p.n && c < p.cols;
-        const __half* src = p.x + int64_t{in ? row : 0} * p.cols;
-        if (p.perm == nullptr) {
-          cp_async16(dst, src + (in ? c : 0), in ? 16 : 0);
-        } else {
-          __half h[8];
-#pragma unroll
-          for (int k = 0; k < 8; ++k) h[k] = in ? src[__ldg(p.perm + c + k)] : __float2half_rn(0.f);
-          memcpy(dst, h, 16);
-        }
+        for (int k = 0; k < 8; ++k) h[k] = in ? src[__ldg(p.perm + c + k)] : __float2half_rn(0.f);
+        memcpy(dst, h, 16);
       }
-      asm volatile("cp.async.commit_group;" ::: "memory");
     }
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+    __syncthreads();
 
     float acc[MT * NT * 4];
 #pragma unroll
@@ -204,23 +192,13 @@ __global__ void __launch_bounds__(W * 32, W == 8 && MT * NT <= 8 ? 2 : 1)
       }
     };
 
-    // Part by part (block-uniform bounds, so every warp meets each barrier): wait for this
-    // thread's copies of the part, then the barrier makes everyone's visible.
+    for (int i0 = 0; i0 < nb; i0 += kDepth) {
 #pragma unroll
-    for (int part = 0; part < 4; ++part) {
-      if (part == 0) asm volatile("cp.async.wait_group 3;" ::: "memory");
-      if (part == 1) asm volatile("cp.async.wait_group 2;" ::: "memory");
-      if (part == 2) asm volatile("cp.async.wait_group 1;" ::: "memory");
-      if (part == 3) asm volatile("cp.async.wait_group 0;" ::: "memory");
-      __syncthreads();
-      for (int i0 = bound[part]; i0 < min(nb, bound[part + 1]); i0 += kDepth) {
-#pragma unroll
-        for (int u = 0; u < kDepth; ++u) {  // bound[] are multiples of kDepth: slot u holds i
-          const int i = i0 + u;
-          if (i < nb) {
-            compute(ring[u], i);
-            if (i + kDepth < nb) fetch(kb0 + i + kDepth, ring[u]);
-          }
+      for (int u = 0; u < kDepth; ++u) {
+        const int i = i0 + u;
+        if (i < nb) {
+          compute(ring[u], i);
+          if (i + kDepth < nb) fetch(kb0 + i + kDepth, ring[u]);
         }
       }
     }
