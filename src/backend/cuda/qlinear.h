@@ -58,8 +58,9 @@ bool qlinear_fuses_norm(const QWeightDevice& w, int n);
 // weight per 64 tokens: each weight fragment serves up to 8 n8 token tiles), 4- and 8-bit.
 // qlinear_gemm: any n >= 1 (tensor cores, 128x128 tiles); meant for prefill.
 // qlinear_matmul: picks one by n and shape as measured on H100 (bench/qlinear_notes.md,
-// round 3): gemv for n <= 8 (8-bit: n <= 4), batch up to 128, gemm beyond and for n > 64 on
-// the largest weights.
+// rounds 3-6): gemv for n <= 8 (8-bit: n <= 4), batch up to 128 (4-bit n = 9..64 mostly the
+// stream batch kernel, qlinear_batch_stream.cu), gemm beyond and for n > 64 on the largest
+// weights.
 // 2/3/5/6 bits (qlinear_bits.cu): every entry point runs the narrow-width GEMV, eight tokens per
 // pass over the weight (bandwidth-bound at n <= 8); callers with a cuBLAS handle should
 // dequantize to FP16 beyond qlinear_direct_max_rows (the CUDA backend does).

@@ -1,8 +1,9 @@
 // Quantized matmul for serving batches (n = 1..128 rows) on the tensor cores, register-fed: one
 // pass over the weight per 64 tokens, each weight fragment reused for several n8 column tiles.
-// Used for 8-bit weights and for 4-bit ones of 2048..6143 rows at n <= 32 (launch_batch); other
-// 4-bit cases go to the cp.async / cluster kernel of qlinear_batch4.cu or, where it measured
-// faster, the bulk-copy kernel of qlinear_batch_bulk.cu.
+// Used for 8-bit weights and for 4-bit ones of 2048..6143 rows at n <= 32 (launch_batch) where
+// the stream kernel does not run; other 4-bit cases go to the stream kernel of
+// qlinear_batch_stream.cu, the cp.async / cluster kernel of qlinear_batch4.cu or the bulk-copy
+// kernel of qlinear_batch_bulk.cu, each where it measured fastest.
 //
 // A warp owns MT 16-row tiles and NT n8 token tiles (so 8 * NT tokens) and walks the 64-column
 // blocks ks, ks + ksplit, ...; ksplit warps of one block split the columns of the same tiles
