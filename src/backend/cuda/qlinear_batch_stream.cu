@@ -8,15 +8,17 @@
 // ~10-16 GB/s per thread block, too few bytes in flight per SM; the register ring fixed that for
 // the n = 1 GEMV. Here it is applied to 9..64 tokens.
 //
-// Work split: block (x, y) owns tile group x (W = 8 or 16 warps x MT 16-row tiles) and the y-th
-// K-chunk of `per` 64-column blocks; x [8 NT tokens][per * 64 columns] is staged for that chunk
-// (its size bounds `per`). With one chunk (ks = 1) each warp stores its tiles directly.
-// Otherwise the chunks' partial fragments meet in a global float workspace by vector atomics
+// Work split: a tile group is W = 8 or 16 warps x MT 16-row tiles; a block runs a range of its
+// 64-column blocks and stages x [8 NT tokens][those columns] (its size bounds the range). Two
+// partitions (see Range): a grid of K-chunks, or stream-K (one equal range of (group, column
+// block) pairs per block, one wave). A group run by one block stores directly. Otherwise the
+// pieces' partial fragments meet in a global float workspace by vector atomics
 // (red.global.add.v4.f32) in fragment order, and the warp that arrives last for its tiles (a
 // per-warp counter) reads the sums, clears the workspace and counter for the next launch, and
 // runs the same epilogue (bias, split outputs, SwiGLU, accumulate). The workspace is a fixed
 // __device__ array: no allocation (graph capture) and no memset; kernels of this family on one
-// stream never overlap in their post-wait parts (PDL waits for the previous grid's completion).
+// stream never overlap in their post-wait parts (PDL waits for the previous grid's completion),
+// but two streams running them at once would share it (the CUDA backend has one stream).
 #include <algorithm>
 
 #include "backend/cuda/qlinear_kernels.cuh"
@@ -376,7 +378,7 @@ bool batch_stream_supported(const Params& p) {
 }
 
 // Where the stream batch kernel measured faster than the round-5 dispatch on H100
-// (bench/qlinear_notes.md, round 6): // 4-bit, 9..64 tokens, >= 128 tiles (2048 rows; 1024x4096
+// (bench/qlinear_notes.md, round 6): 4-bit, 9..64 tokens, >= 128 tiles (2048 rows; 1024x4096
 // kept the round-5 kernels), and at 33..64 tokens only up to 384 tiles (6144 rows): gate/up,
 // 14336x4096 and the LM head measured faster on the round-5 kernels there.
 bool batch_stream_preferred(const Params& p) {
