@@ -229,10 +229,40 @@ void bench_bstream(__half* x, __half* y, double copy_gbs) {
   }
 }
 
+// `qlinear_bench bstream-one ROWS COLS N MT KS WARPS PARTITION`: one forced stream-kernel
+// configuration (set_batch_stream_config arguments; kernel 6 = the round-5 dispatch when MT is
+// -1), timed once, for profilers (ncu --kernel-name regex:bstream --launch-skip 10 ...).
+void bench_bstream_one(char** argv, __half* x, __half* y, double copy_gbs) {
+  const int rows = std::atoi(argv[2]), cols = std::atoi(argv[3]), n = std::atoi(argv[4]);
+  const int mt = std::atoi(argv[5]), ks = std::atoi(argv[6]), warps = std::atoi(argv[7]);
+  const int partition = std::atoi(argv[8]);
+  QWeightDesc d;
+  d.bits = 4;
+  d.group_size = 128;
+  d.rows = rows;
+  d.cols = cols;
+  const double bytes = double(d.qweight_bytes()) + d.scale_count() * 2.0;
+  const int copies = std::max(2, int(std::ceil(300e6 / bytes)));
+  std::vector<Weight> ws;
+  for (int c = 0; c < copies; ++c) ws.push_back(make(rows, cols, 4, 128, 51 + c));
+  qlinear_detail::set_batch_kernel(mt < 0 ? 6 : 5);
+  qlinear_detail::set_batch_stream_config(std::max(mt, 0), ks, warps, partition);
+  const float ms =
+      time_ms([&](int i) { qlinear_batch(ws[i % copies].w, x, y, n, nullptr, nullptr); }, 40);
+  CK(cudaGetLastError());
+  const double moved = bytes + 2.0 * n * (rows + cols);
+  std::printf("%dx%d n=%d mt %d ks %d warps %d partition %d: %.2f us, %.1f%% of copy\n", rows, cols,
+              n, mt, ks, warps, partition, ms * 1e3, 100.0 * moved / ms / 1e6 / copy_gbs);
+  qlinear_detail::set_batch_kernel(0);
+  qlinear_detail::set_batch_stream_config(0, 0, 0, -1);
+  for (auto& w : ws) CK(cudaFree(w.mem));
+}
+
 int main(int argc, char** argv) {
   const bool bulk_only = argc > 1 && std::string(argv[1]) == "bulk";
   const bool head_only = argc > 1 && std::string(argv[1]) == "head";
   const bool bstream_only = argc > 1 && std::string(argv[1]) == "bstream";
+  const bool bstream_one = argc == 9 && std::string(argv[1]) == "bstream-one";
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
@@ -260,6 +290,11 @@ int main(int argc, char** argv) {
   fill_halves<<<1024, 256>>>(x, 2048 * 14336, -1.0f, 2.0f, 5);
   if (head_only) {
     bench_head(x, y, copy_gbs);
+    CK(cudaDeviceSynchronize());
+    return 0;
+  }
+  if (bstream_one) {
+    bench_bstream_one(argv, x, y, copy_gbs);
     CK(cudaDeviceSynchronize());
     return 0;
   }
