@@ -126,7 +126,9 @@ void expect_close(const std::vector<uint16_t>& got, const std::vector<double>& r
     err2 += (g - ref[i]) * (g - ref[i]);
     ref2 += ref[i] * ref[i];
   }
-  if (ref.size() >= 64) EXPECT_LT(std::sqrt(err2 / ref2), 2e-3);
+  if (ref.size() >= 64) {
+    EXPECT_LT(std::sqrt(err2 / ref2), 2e-3);
+  }
 }
 
 void force(const int (&cfg)[4]) {
