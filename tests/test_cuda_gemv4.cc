@@ -19,118 +19,13 @@
 #include "backend/cuda/qlinear.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "qlinear_test_util.h"
 
 namespace gyre {
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-struct Buf {
-  __half* p = nullptr;
-  size_t n = 0;
-  explicit Buf(size_t count) : n(count) {
-    if (cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(count, 1) * 2) != cudaSuccess)
-      p = nullptr;
-  }
-  ~Buf() { cudaFree(p); }
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-  void upload(const std::vector<uint16_t>& h) {
-    cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice);
-  }
-  std::vector<uint16_t> download() const {
-    std::vector<uint16_t> h(n);
-    cudaMemcpy(h.data(), p, n * 2, cudaMemcpyDeviceToHost);
-    return h;
-  }
-  void poison() { cudaMemset(p, 0xff, n * 2); }  // FP16 NaN
-};
-
-std::vector<uint16_t> random_halves(size_t n, float scale, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-scale, scale);
-  std::vector<uint16_t> h(n);
-  for (auto& v : h) v = f32_to_f16(u(rng));
-  return h;
-}
-
-struct Layout {
-  const char* name;
-  int group;
-  bool asym, perm;
-  DType gguf;  // F32: round-to-nearest from random floats
-};
-
-QWeightHost make_weight(const Layout& l, int rows, int cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  if (l.gguf != DType::F32) {
-    const DTypeInfo& info = dtype_info(l.gguf);
-    const size_t blocks = size_t(rows) * cols / info.block_elems;
-    std::vector<uint8_t> b(blocks * info.block_bytes);
-    for (auto& x : b) x = static_cast<uint8_t>(rng());
-    std::uniform_real_distribution<float> scale(-0.002f, 0.002f);
-    for (size_t i = 0; i < blocks; ++i) {  // finite f16 scale fields
-      const uint16_t d = f32_to_f16(scale(rng)), m = f32_to_f16(scale(rng));
-      std::memcpy(b.data() + i * info.block_bytes, &d, 2);
-      if (l.gguf == DType::Q4_K) std::memcpy(b.data() + i * info.block_bytes + 2, &m, 2);
-    }
-    return qweight_pack_from_gguf(l.gguf, b.data(), rows, cols);
-  }
-  std::uniform_real_distribution<float> u(-0.05f, 0.05f);
-  std::vector<float> w(size_t(rows) * cols);
-  for (float& v : w) v = u(rng);
-  std::vector<int32_t> perm(cols);
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  return qweight_pack_from_f32(w.data(), rows, cols, 4, l.group, l.asym,
-                               l.perm ? perm.data() : nullptr);
-}
-
-// float64 y [n, rows] = x W^T (+ bias) and sum |x w| per element (the FP16 error scale).
-struct Reference {
-  std::vector<double> y, mag;
-};
-
-Reference reference(const QWeightHost& w, const std::vector<uint16_t>& x,
-                    const std::vector<uint16_t>* bias, int n) {
-  const int rows = w.desc.rows, cols = w.desc.cols;
-  Reference r;
-  r.y.assign(size_t(n) * rows, 0.0);
-  r.mag.assign(r.y.size(), 0.0);
-  std::vector<float> wrow(cols);
-  for (int row = 0; row < rows; ++row) {
-    qweight_dequantize_row(w, row, wrow.data());
-    for (int t = 0; t < n; ++t) {
-      double acc = bias ? f16_to_f32((*bias)[row]) : 0.0, mag = std::fabs(acc);
-      for (int c = 0; c < cols; ++c) {
-        const double p = double(f16_to_f32(x[size_t(t) * cols + c])) * wrow[c];
-        acc += p;
-        mag += std::fabs(p);
-      }
-      r.y[size_t(t) * rows + row] = acc;
-      r.mag[size_t(t) * rows + row] = mag;
-    }
-  }
-  return r;
-}
-
-void expect_close(const std::vector<uint16_t>& got, const std::vector<double>& ref,
-                  const std::vector<double>& mag) {
-  double err2 = 0, ref2 = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double g = f16_to_f32(got[i]);
-    ASSERT_FALSE(std::isnan(g)) << "unwritten element " << i;
-    ASSERT_NEAR(g, ref[i], 4e-3 * mag[i] + 1e-3 * std::fabs(ref[i]) + 1e-6) << "element " << i;
-    err2 += (g - ref[i]) * (g - ref[i]);
-    ref2 += ref[i] * ref[i];
-  }
-  if (ref.size() >= 64) {
-    EXPECT_LT(std::sqrt(err2 / ref2), 2e-3);
-  }
-}
+using namespace qtest;
+using Buf = DeviceHalves;
 
 // {kernel (0 auto, 1 register-fed, 4 stream), unused, blocks in flight per warp (stream), split-K};
 // 0 = auto.

@@ -16,36 +16,13 @@
 #include "backend/cuda/qlinear.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "qlinear_test_util.h"
 
 namespace gyre {
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
-
-// A device buffer of halves, freed on scope exit.
-struct DeviceHalves {
-  __half* p = nullptr;
-  size_t n = 0;
-  explicit DeviceHalves(size_t count) : n(count) {
-    if (cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(count, 1) * 2) != cudaSuccess)
-      p = nullptr;
-  }
-  ~DeviceHalves() { cudaFree(p); }
-  void upload(const std::vector<uint16_t>& h) {
-    cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice);
-  }
-  std::vector<uint16_t> download() const {
-    std::vector<uint16_t> h(n);
-    cudaMemcpy(h.data(), p, n * 2, cudaMemcpyDeviceToHost);
-    return h;
-  }
-  void poison() { cudaMemset(p, 0xff, n * 2); }  // 0xffff is a NaN in FP16
-};
+using qtest::DeviceHalves;
+using qtest::have_gpu;
 
 std::vector<float> random_floats(size_t n, float scale, uint32_t seed) {
   std::mt19937 rng(seed);

@@ -17,119 +17,12 @@
 #include "backend/cpu/qlinear_ref.h"
 #include "backend/cuda/qlinear.h"
 #include "core/half.h"
+#include "qlinear_test_util.h"
 
 namespace gyre {
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
-
-struct DeviceHalves {
-  __half* p = nullptr;
-  size_t n = 0;
-  explicit DeviceHalves(size_t count) : n(count) {
-    if (cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(count, 1) * 2) != cudaSuccess)
-      p = nullptr;
-  }
-  ~DeviceHalves() { cudaFree(p); }
-  void upload(const std::vector<uint16_t>& h) {
-    cudaMemcpy(p, h.data(), h.size() * 2, cudaMemcpyHostToDevice);
-  }
-  std::vector<uint16_t> download(size_t count) const {
-    std::vector<uint16_t> h(count);
-    cudaMemcpy(h.data(), p, count * 2, cudaMemcpyDeviceToHost);
-    return h;
-  }
-  void poison() { cudaMemset(p, 0xff, n * 2); }  // 0xffff is a NaN in FP16
-};
-
-std::vector<uint16_t> random_halves(size_t n, float scale, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-scale, scale);
-  std::vector<uint16_t> h(n);
-  for (auto& v : h) v = f32_to_f16(u(rng));
-  return h;
-}
-
-struct Layout {
-  std::string name;
-  int group;
-  bool asym, perm;
-  DType gguf;  // F32: round-to-nearest from floats
-};
-
-QWeightHost make_weight(const Layout& l, int rows, int cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  if (l.gguf != DType::F32) {
-    // Random GGUF blocks with small finite f16 scale (and min) fields.
-    const DTypeInfo& info = dtype_info(l.gguf);
-    const size_t blocks = size_t(rows) * cols / info.block_elems;
-    std::vector<uint8_t> b(blocks * info.block_bytes);
-    for (auto& x : b) x = static_cast<uint8_t>(rng());
-    std::uniform_real_distribution<float> scale(-0.002f, 0.002f);
-    for (size_t i = 0; i < blocks; ++i) {
-      const uint16_t d = f32_to_f16(scale(rng)), m = f32_to_f16(scale(rng));
-      std::memcpy(b.data() + i * info.block_bytes, &d, 2);
-      if (l.gguf == DType::Q4_K) std::memcpy(b.data() + i * info.block_bytes + 2, &m, 2);
-    }
-    return qweight_pack_from_gguf(l.gguf, b.data(), rows, cols);
-  }
-  std::uniform_real_distribution<float> u(-0.05f, 0.05f);
-  std::vector<float> w(size_t(rows) * cols);
-  for (float& v : w) v = u(rng);
-  std::vector<int32_t> perm(cols);
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  return qweight_pack_from_f32(w.data(), rows, cols, 4, l.group, l.asym,
-                               l.perm ? perm.data() : nullptr);
-}
-
-// float64 x W^T (+ bias) [n, rows] and the sums of |products| (the FP16 error scale).
-struct Reference {
-  std::vector<double> y, mag;
-};
-Reference reference(const QWeightHost& w, const std::vector<uint16_t>& xh,
-                    const std::vector<uint16_t>* bias, int n) {
-  const int rows = w.desc.rows, cols = w.desc.cols;
-  Reference r;
-  r.y.assign(size_t(n) * rows, 0.0);
-  r.mag.assign(r.y.size(), 0.0);
-  std::vector<float> wrow(cols);
-  for (int row = 0; row < rows; ++row) {
-    qweight_dequantize_row(w, row, wrow.data());
-    for (int t = 0; t < n; ++t) {
-      double acc = bias ? f16_to_f32((*bias)[row]) : 0.0, mag = std::fabs(acc);
-      for (int c = 0; c < cols; ++c) {
-        const double p = double(f16_to_f32(xh[size_t(t) * cols + c])) * wrow[c];
-        acc += p;
-        mag += std::fabs(p);
-      }
-      r.y[size_t(t) * rows + row] = acc;
-      r.mag[size_t(t) * rows + row] = mag;
-    }
-  }
-  return r;
-}
-
-void expect_close(const std::vector<uint16_t>& got, const std::vector<double>& ref,
-                  const std::vector<double>& mag) {
-  ASSERT_EQ(got.size(), ref.size());
-  double err2 = 0, ref2 = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double g = f16_to_f32(got[i]);
-    ASSERT_FALSE(std::isnan(g)) << "unwritten element " << i;
-    ASSERT_NEAR(g, ref[i], 4e-3 * mag[i] + 1e-3 * std::fabs(ref[i]) + 1e-6) << "element " << i;
-    err2 += (g - ref[i]) * (g - ref[i]);
-    ref2 += ref[i] * ref[i];
-  }
-  if (ref.size() >= 64) {
-    EXPECT_LT(std::sqrt(err2 / ref2), 2e-3);
-  }
-}
+using namespace qtest;
 
 void force(const int (&cfg)[4]) {
   qlinear_detail::set_batch_kernel(5);
