@@ -60,6 +60,7 @@ struct PagedSplitBlock {
   int D, kvh, row, gn, lo, end;
   int64_t first;  // the first query head's row in q / out, in units of head_dim
   float* part;
+  unsigned* counter;  // its combine counter (attention_share.cuh); null: the combine kernel
 };
 
 __device__ __forceinline__ PagedSplitBlock paged_split_block(const PagedAttentionArgs& a,
@@ -81,6 +82,8 @@ __device__ __forceinline__ PagedSplitBlock paged_split_block(const PagedAttentio
   b.part = a.splits > 1 ? a.partial + (static_cast<int64_t>(listed) * a.n_heads + head0) *
                                           a.splits * (b.D + 2)
                         : nullptr;
+  b.counter =
+      a.counters && a.splits > 1 ? a.counters + blockIdx.z * gridDim.y + blockIdx.y : nullptr;
   return b;
 }
 
@@ -91,7 +94,7 @@ __global__ void __launch_bounds__(split_attn::kThreads)
   const PagedSplitBlock b = paged_split_block(a, n_sub);
   split_attn::split_attend<T>(paged_kv(a, a.row_seq[b.row], b.kvh), a.q + b.first * b.D,
                               a.out + b.first * b.D, b.part, b.D, b.gn, b.lo, b.end, blockIdx.x,
-                              a.splits, a.scale);
+                              a.splits, a.scale, b.counter, a.single_span);
 }
 
 // The same grid with the decode block (head dims % 8 == 0 up to 128).
@@ -102,7 +105,7 @@ __global__ void __launch_bounds__(decode_attn::kThreads)
   const PagedSplitBlock b = paged_split_block(a, n_sub);
   decode_attn::decode_attend<T, L, G>(paged_kv(a, a.row_seq[b.row], b.kvh), a.q + b.first * b.D,
                                       a.out + b.first * b.D, b.part, b.D, b.gn, b.lo, b.end,
-                                      blockIdx.x, a.splits, a.scale);
+                                      blockIdx.x, a.splits, a.scale, b.counter, a.single_span);
 }
 
 template <int D, int T>
@@ -197,7 +200,7 @@ void paged_attention(const PagedAttentionArgs& a, cudaStream_t s) {
     GYRE_CUDA_LAUNCHED();
   });
   if (a.n_split_rows == 0) return;
-  if (a.splits > 1)
+  if (a.splits > 1 && a.counters == nullptr)
     split_combine(a.out, a.partial, a.n_split_rows, a.n_heads, a.head_dim, a.splits, a.split_rows,
                   s);
 }
