@@ -292,7 +292,7 @@ __device__ __forceinline__ void decode_attend(const Kv& kv, const half* qrow, ha
     }
   }
   if (share.shares > 1 && counter != nullptr)
-    split_share::combine_if_last<G>(part, orow, counter, D, gn, splits, share.shares);
+    split_share::combine_if_last(part, orow, counter, D, gn, splits, share.shares);
 }
 
 // Calls f(std::integral_constant<int, L>{}, std::integral_constant<int, G>{}) for the lanes per

@@ -51,62 +51,74 @@ __device__ __forceinline__ Share share_of(int lo, int hi, int split, int splits,
 // block's first head, (D + 2) floats per (head, split): acc[D], m, l; heads `splits` apart).
 // The last of the `shares` blocks of the counter's (row, head group) combines them into orow
 // (gn heads of D dims): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max m_s.
-// G: the most heads a block holds (static shared memory for the split weights). Not inlined:
-// inlined, it moved ptxas's register choices for the attention loop before it (one FP16 head of
-// the decode block 96 -> 108 registers, 5 -> 4 resident blocks; one q4 head 128 -> 227).
-template <int G>
-__device__ __noinline__ void combine_if_last(const float* part, half* orow, unsigned* counter,
-                                             int D, int gn, int splits, int shares) {
-  __shared__ float weight_s[G][kMaxSplits];
-  __shared__ float inv_l_s[G];
+// The tail is latency (measured, H100, llama3-8b shape: ~3 us for 4 partials with a
+// __threadfence per thread, shared split weights and a second pass), so: one release/acquire
+// ticket by thread 0 after the block barrier (the barrier orders the block's partial stores
+// before it, as CUTLASS's block barriers do), then one pass over the splits per output with an
+// online merge (each split's m, l and acc loaded together, 2 outputs per thread, 8 splits per
+// round in flight). Not inlined: inlined, it moved ptxas's register choices for the attention
+// loop before it (one FP16 head of the decode block 96 -> 108 registers, 5 -> 4 resident blocks;
+// one q4 head 128 -> 227).
+static __device__ __noinline__ void combine_if_last(const float* part, half* orow,
+                                                    unsigned* counter, int D, int gn, int splits,
+                                                    int shares) {
   __shared__ bool last_s;
-  __threadfence();  // this block's partial is visible before its ticket
   __syncthreads();
   if (threadIdx.x == 0) {
-    const bool last = atomicAdd(counter, 1u) == static_cast<unsigned>(shares - 1);
-    if (last) atomicExch(counter, 0u);  // every other block of this launch has counted
+    unsigned ticket;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
+                 : "=r"(ticket)
+                 : "l"(counter)
+                 : "memory");
+    const bool last = ticket == static_cast<unsigned>(shares - 1);
+    if (last) *counter = 0;  // every other block of this launch has counted
     last_s = last;
   }
   __syncthreads();
   if (!last_s) return;
-  __threadfence();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int stride = D + 2;
-  for (int g = warp; g < gn; g += warps) {
-    const float* pg = part + static_cast<int64_t>(g) * splits * stride;
-    float mx = -FLT_MAX;
-    for (int s = lane; s < shares; s += 32) mx = fmaxf(mx, __ldcg(pg + s * stride + D));
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float l = 0.0f;
-    for (int s = lane; s < shares; s += 32) {
-      const float w = __expf(__ldcg(pg + s * stride + D) - mx);
-      weight_s[g][s] = w;
-      l += __ldcg(pg + s * stride + D + 1) * w;
-    }
-    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-    if (lane == 0) inv_l_s[g] = l > 0.0f ? 1.0f / l : 0.0f;
-  }
-  __syncthreads();
-  // Dim pairs (8-byte loads: stride is even) when D is even; 8 splits per round in flight.
+  // Dim pairs (8-byte loads: the stride is even) when D is even.
   const int width = (D & 1) == 0 ? 2 : 1;
-  const int per_head = D / width;
-  for (int i = threadIdx.x; i < gn * per_head; i += blockDim.x) {
-    const int g = i / per_head, d = width * (i % per_head);
-    const float* pg = part + static_cast<int64_t>(g) * splits * stride + d;
-    float ax = 0.0f, ay = 0.0f;
-    if (width == 2) {
+  const int per_head = D / width, total = gn * per_head;
+  constexpr int kOut = 2;
+  for (int i0 = threadIdx.x; i0 < total; i0 += kOut * blockDim.x) {
+    const float* head[kOut];  // the head's partial of split 0
+    int dim[kOut];
+    float mx[kOut], l[kOut], ax[kOut], ay[kOut];
+#pragma unroll
+    for (int o = 0; o < kOut; ++o) {
+      const int i = min(i0 + o * static_cast<int>(blockDim.x), total - 1);
+      head[o] = part + static_cast<int64_t>(i / per_head) * splits * stride;
+      dim[o] = width * (i % per_head);
+      mx[o] = -FLT_MAX;
+      l[o] = ax[o] = ay[o] = 0.0f;
+    }
 #pragma unroll 8
-      for (int s = 0; s < shares; ++s) {
-        const float2 v = __ldcg(reinterpret_cast<const float2*>(pg + s * stride));
-        ax += v.x * weight_s[g][s];
-        ay += v.y * weight_s[g][s];
+    for (int s = 0; s < shares; ++s) {
+#pragma unroll
+      for (int o = 0; o < kOut; ++o) {
+        const float* ps = head[o] + s * stride;
+        const float m = __ldcg(ps + D), ls = __ldcg(ps + D + 1);
+        const float2 v = width == 2 ? __ldcg(reinterpret_cast<const float2*>(ps + dim[o]))
+                                    : make_float2(__ldcg(ps + dim[o]), 0.0f);
+        const float m_new = fmaxf(mx[o], m);
+        const float keep = __expf(mx[o] - m_new), w = __expf(m - m_new);
+        mx[o] = m_new;
+        l[o] = l[o] * keep + ls * w;
+        ax[o] = ax[o] * keep + v.x * w;
+        ay[o] = ay[o] * keep + v.y * w;
       }
-      const float inv = inv_l_s[g];
-      *reinterpret_cast<half2*>(orow + g * D + d) = __floats2half2_rn(ax * inv, ay * inv);
-    } else {
-#pragma unroll 8
-      for (int s = 0; s < shares; ++s) ax += __ldcg(pg + s * stride) * weight_s[g][s];
-      orow[g * D + d] = __float2half(ax * inv_l_s[g]);
+    }
+#pragma unroll
+    for (int o = 0; o < kOut; ++o) {
+      const int i = i0 + o * static_cast<int>(blockDim.x);
+      if (i >= total) break;
+      const int g = i / per_head, d = dim[o];
+      const float inv = l[o] > 0.0f ? 1.0f / l[o] : 0.0f;
+      if (width == 2)
+        *reinterpret_cast<half2*>(orow + g * D + d) = __floats2half2_rn(ax[o] * inv, ay[o] * inv);
+      else
+        orow[g * D + d] = __float2half(ax[o] * inv);
     }
   }
 }

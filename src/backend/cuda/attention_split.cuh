@@ -221,7 +221,7 @@ __device__ __forceinline__ void split_attend(const Kv& kv, const half* qrow, hal
       p[d] = d < D ? acc_s[g * D + d] : (d == D ? m_s[g] : l_s[g]);
     }
     if (counter != nullptr)
-      split_share::combine_if_last<kMaxGroup>(part, orow, counter, D, gn, splits, share.shares);
+      split_share::combine_if_last(part, orow, counter, D, gn, splits, share.shares);
   }
 }
 

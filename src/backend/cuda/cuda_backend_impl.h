@@ -69,7 +69,7 @@ struct StagedInts {
 
 // Split attention: contexts of at most this many keys are attended by one block per head group
 // (no partials; chosen by measurement, bench/NOTES.md "attn1").
-constexpr int kDefaultSingleSpan = 128;
+constexpr int kDefaultSingleSpan = 256;
 
 // The fused rope/store arguments (cuda_common.h) of q (rotated in place), k and v.
 RopeStoreArgs rope_store_args(half* q, const Tensor& k, const Tensor& v, const KvStoreArgs& store,
