@@ -2,12 +2,12 @@
 // kernel (attention_share.cuh: the last block of a head group combines; contexts up to the
 // single-block span take one block) and the fused rope + KV store (rope_store.cuh via
 // Backend::rope_attention), both against the CPU backend (the reference, checked against float64
-// in test_cpu_ops.cc) with the same cache type. Key counts 1, 7, 129, 1000, 4100 and the steps
-// after them (the counters must be left at zero for the next launch); head dims 13 (the generic
-// block), 40, 64, 80, 96, 128, 256; GQA and MHA; f16/q8/q4 caches; every share mode through the
-// environment switches read when a CUDA backend is made (GYRE_CUDA_ATTN_SINGLE: 0 = always split,
-// huge = always one block; GYRE_CUDA_SPLIT_COMBINE=kernel: the separate combine kernel). Inputs
-// are FP16-exact, so both backends store identical rows. Skipped without a GPU.
+// in test_cpu_ops.cc) with the same cache type. Key counts 1, 7, 129, 250, 1000, 4100 and the
+// steps after them (the counters must be left at zero for the next launch); head dims 13 (the
+// generic block), 40, 64, 80, 96, 128, 256; GQA and MHA; f16/q8/q4 caches; every share mode through
+// the environment switches read when a CUDA backend is made (GYRE_CUDA_ATTN_SINGLE: 0 = always
+// split, huge = always one block; GYRE_CUDA_SPLIT_COMBINE=kernel: the separate combine kernel).
+// Inputs are FP16-exact, so both backends store identical rows. Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -138,9 +138,10 @@ void run_attention(const char* type, const Shape& s, const std::vector<int>& ste
   }
 }
 
-// Steps leaving 1, 7, 129, 1000 keys (and decode rows after each). Few KV heads: the CPU
-// reference's prefill is quadratic.
-const std::vector<int> kSteps = {1, 6, 122, 1, 870, 1, 1};
+// Steps leaving 1, 7, 129 and 250 keys, with decode rows after them; one shape also goes to
+// 1000 keys. Few KV heads: the CPU reference's prefill is quadratic.
+const std::vector<int> kSteps = {1, 6, 122, 1, 120, 1};
+const std::vector<int> kLongSteps = {1, 6, 122, 1, 870, 1, 1};
 const char* const kTypes[] = {"f16", "q8", "q4"};
 
 TEST(CudaAttentionCombine, InKernelCombineAllShapesAndTypes) {
@@ -148,10 +149,12 @@ TEST(CudaAttentionCombine, InKernelCombineAllShapesAndTypes) {
   std::mt19937 rng(777);
   // GQA 4 and 3, MHA, head dims 128/64/80/96/40 and 13 (the generic block), and a group of 10
   // (two head groups per KV head).
-  for (const char* type : kTypes)
-    for (const Shape& s : {Shape{4, 1, 128}, Shape{3, 1, 64}, Shape{2, 2, 80}, Shape{2, 1, 96},
-                           Shape{2, 1, 40}, Shape{2, 1, 13}, Shape{10, 1, 64}})
+  for (const char* type : kTypes) {
+    run_attention(type, Shape{4, 1, 128}, kLongSteps, {}, rng);
+    for (const Shape& s : {Shape{3, 1, 64}, Shape{2, 2, 80}, Shape{2, 1, 96}, Shape{2, 1, 40},
+                           Shape{2, 1, 13}, Shape{10, 1, 64}})
       run_attention(type, s, kSteps, {}, rng);
+  }
 }
 
 TEST(CudaAttentionCombine, EveryShareMode) {

@@ -55,7 +55,7 @@ __device__ __forceinline__ Share share_of(int lo, int hi, int split, int splits,
 // __threadfence per thread, shared split weights and a second pass), so: one release/acquire
 // ticket by thread 0 after the block barrier (the barrier orders the block's partial stores
 // before it, as CUTLASS's block barriers do), then one pass over the splits per output with an
-// online merge (each split's m, l and acc loaded together, 2 outputs per thread, 8 splits per
+// online merge (each split's m, l and acc loaded together, 2 outputs per thread, 16 splits per
 // round in flight). Not inlined: inlined, it moved ptxas's register choices for the attention
 // loop before it (one FP16 head of the decode block 96 -> 108 registers, 5 -> 4 resident blocks;
 // one q4 head 128 -> 227).
@@ -93,7 +93,7 @@ static __device__ __noinline__ void combine_if_last(const float* part, half* oro
       mx[o] = -FLT_MAX;
       l[o] = ax[o] = ay[o] = 0.0f;
     }
-#pragma unroll 8
+#pragma unroll 16
     for (int s = 0; s < shares; ++s) {
 #pragma unroll
       for (int o = 0; o < kOut; ++o) {

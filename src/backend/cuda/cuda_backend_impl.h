@@ -68,8 +68,9 @@ struct StagedInts {
 };
 
 // Split attention: contexts of at most this many keys are attended by one block per head group
-// (no partials; chosen by measurement, bench/NOTES.md "attn1").
-constexpr int kDefaultSingleSpan = 256;
+// (no partials). Measured (H100, bench/NOTES.md "attn1"): one block beats the split + in-kernel
+// combine up to ~170 keys for the Llama-3-8B shape (100 keys: 5.7 vs 7.2 us), ~100 for MHA.
+constexpr int kDefaultSingleSpan = 128;
 
 // The fused rope/store arguments (cuda_common.h) of q (rotated in place), k and v.
 RopeStoreArgs rope_store_args(half* q, const Tensor& k, const Tensor& v, const KvStoreArgs& store,
