@@ -36,9 +36,11 @@ __global__ void kv_store_kernel(KvStoreArgs a, const half* k, const half* v, con
                    [&](int t, int h) { return static_cast<int64_t>(h) * a.max_seq + base + t; });
 }
 
-// The combine counter of this block's (query, head group); null: the combine kernel runs after.
-__device__ __forceinline__ unsigned* block_counter(const AttentionArgs& a) {
-  return a.counters && a.splits > 1 ? a.counters + blockIdx.z * gridDim.y + blockIdx.y : nullptr;
+// This block's combine options: the counter of its (query, head group) (null: the combine
+// kernel runs after), the single-block span and the PDL trigger span.
+__device__ __forceinline__ split_share::Combine block_combine(const AttentionArgs& a) {
+  return {a.counters && a.splits > 1 ? a.counters + blockIdx.z * gridDim.y + blockIdx.y : nullptr,
+          a.single_span, a.trigger_span};
 }
 
 // rope_store.cuh's body at the rows kv_store writes (position *pos0 + row).
@@ -54,7 +56,7 @@ __global__ void __launch_bounds__(kRopeStoreThreads)
 
 template <int T>
 __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, int n_sub) {
-  pdl_begin();
+  pdl_wait();  // the block lets the next kernel in (attention_share.cuh)
   const int D = a.head_dim;
   const int kvh = blockIdx.y / n_sub, sub = blockIdx.y % n_sub;
   const int qi = blockIdx.z;
@@ -67,13 +69,13 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, in
   const int64_t first = static_cast<int64_t>(qi) * a.n_heads + head0;
   split_attend<T>(contiguous_kv(a, kvh), a.q + first * D, a.out + first * D,
                   a.splits > 1 ? a.partial + first * a.splits * (D + 2) : nullptr, D, gn, lo,
-                  pos + 1, blockIdx.x, a.splits, a.scale, block_counter(a), a.single_span);
+                  pos + 1, blockIdx.x, a.splits, a.scale, block_combine(a));
 }
 
 // The same grid with the decode block (attention_decode.cuh): head dims % 8 == 0 up to 128.
 template <int T, int L, int G>
 __global__ void __launch_bounds__(decode_attn::kThreads) decode_kernel(AttentionArgs a, int n_sub) {
-  pdl_begin();
+  pdl_wait();  // the block lets the next kernel in (attention_share.cuh)
   const int D = a.head_dim;
   const int kvh = blockIdx.y / n_sub, sub = blockIdx.y % n_sub;
   const int qi = blockIdx.z;
@@ -87,7 +89,7 @@ __global__ void __launch_bounds__(decode_attn::kThreads) decode_kernel(Attention
   decode_attn::decode_attend<T, L, G>(
       contiguous_kv(a, kvh), a.q + first * D, a.out + first * D,
       a.splits > 1 ? a.partial + first * a.splits * (D + 2) : nullptr, D, gn, lo, pos + 1,
-      blockIdx.x, a.splits, a.scale, block_counter(a), a.single_span);
+      blockIdx.x, a.splits, a.scale, block_combine(a));
 }
 
 // Blocks of the decode kernel resident per SM (registers bound it), per instantiation.

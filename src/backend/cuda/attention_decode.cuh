@@ -123,14 +123,15 @@ __device__ __forceinline__ void reduce_scatter(float (&v)[Total], int lane) {
 }
 
 // Attends the row's query heads [0, gn) (gn <= G, at qrow / orow) over keys [lo, hi) cut into
-// `splits` shares; this block takes share `split` (attention_share.cuh: counter, single_span).
+// `splits` shares; this block takes share `split` (attention_share.cuh: cmb). Call pdl_wait
+// before: this lets the next kernel in.
 // part: as split_attend's ((D + 2) floats per (head, split): acc, m, l; heads `splits` shares
 // apart). L lanes per row (8 or 16, D <= 8 L).
 template <int T, int L, int G, class Kv>
 __device__ __forceinline__ void decode_attend(const Kv& kv, const half* qrow, half* orow,
                                               float* part, int D, int gn, int lo, int hi, int split,
-                                              int splits, float scale, unsigned* counter,
-                                              int single_span) {
+                                              int splits, float scale,
+                                              const split_share::Combine& cmb) {
   constexpr int R = 32 / L;  // rows per load instruction
   // Row loads per lane per step (registers: 8 dims each, raw and decoded): 8, 4 for 8 heads;
   // 16 for q4 rows of one head (4-byte loads: more rows keep as many bytes in flight). Measured
@@ -148,8 +149,9 @@ __device__ __forceinline__ void decode_attend(const Kv& kv, const half* qrow, ha
   const int d0 = 8 * l;
   const bool active = d0 < D;
 
+  const bool triggered = split_share::early_trigger(hi - lo, cmb);
   const split_share::Share share =
-      split_share::share_of(lo, hi, split, splits, counter != nullptr, single_span);
+      split_share::share_of(lo, hi, split, splits, cmb.counter != nullptr, cmb.single_span);
   if (share.idle) return;
   const int my_lo = share.lo, my_hi = share.hi;
 
@@ -248,7 +250,8 @@ __device__ __forceinline__ void decode_attend(const Kv& kv, const half* qrow, ha
     }
   }
 
-  // Merge the warp's row groups (same dims, other keys), then the warps.
+  if (!triggered) pdl_launch_dependents();
+    // Merge the warp's row groups (same dims, other keys), then the warps.
 #pragma unroll
   for (int g = 0; g < G; ++g) {
 #pragma unroll
@@ -291,8 +294,8 @@ __device__ __forceinline__ void decode_attend(const Kv& kv, const half* qrow, ha
       }
     }
   }
-  if (share.shares > 1 && counter != nullptr)
-    split_share::combine_if_last(part, orow, counter, D, gn, splits, share.shares);
+  if (share.shares > 1 && cmb.counter != nullptr)
+    split_share::combine_if_last(part, orow, cmb.counter, D, gn, splits, share.shares);
 }
 
 // Calls f(std::integral_constant<int, L>{}, std::integral_constant<int, G>{}) for the lanes per

@@ -25,6 +25,28 @@ namespace gyre::cuda::split_share {
 constexpr int kMinChunk = 32;
 constexpr int kMaxSplits = 128;
 
+// How a block of a split launch shares and combines (AttentionArgs / PagedAttentionArgs fields).
+// trigger_span: PDL (launch.h) lets the next kernel in at the block's start for contexts of at
+// most this many keys, else only after the block has read its keys. Measured (H100, 4-bit
+// Llama-3-8B decode, bench/NOTES.md "attn1"): with the combine in this kernel the next kernel is
+// the Wo GEMV, whose weight prefetch runs before its PDL wait; let in at the start, at 8k keys it
+// competed with the attention's reads (decode 327.6 -> 319.1 tok/s against the separate combine
+// kernel, which lets the GEMV in only once the attention is done), while at 128 keys the overlap
+// helps.
+struct Combine {
+  unsigned* counter;  // this block's (row, head group) counter; null: the combine kernel
+  int single_span;    // contexts of at most this many keys take one share
+  int trigger_span;
+};
+
+// Lets the next kernel launch (PDL) at the block's start (after pdl_wait) for spans of at most
+// trigger_span keys; returns whether it was done (else the caller does it after its keys).
+__device__ __forceinline__ bool early_trigger(int span, const Combine& c) {
+  const bool early = span <= c.trigger_span;
+  if (early) pdl_launch_dependents();
+  return early;
+}
+
 struct Share {
   int lo, hi;  // this block's keys
   int shares;  // partial results to combine; 1: the block with keys writes the output itself
@@ -55,10 +77,10 @@ __device__ __forceinline__ Share share_of(int lo, int hi, int split, int splits,
 // __threadfence per thread, shared split weights and a second pass), so: one release/acquire
 // ticket by thread 0 after the block barrier (the barrier orders the block's partial stores
 // before it, as CUTLASS's block barriers do), then one pass over the splits per output with an
-// online merge (each split's m, l and acc loaded together, 2 outputs per thread, 16 splits per
-// round in flight). Not inlined: inlined, it moved ptxas's register choices for the attention
-// loop before it (one FP16 head of the decode block 96 -> 108 registers, 5 -> 4 resident blocks;
-// one q4 head 128 -> 227).
+// online merge (each split's m, l and acc loaded together, 2 outputs per thread, 8 splits per
+// round in flight; 16 took the kernels' registers past the attention loop's). Not inlined:
+// inlined, it moved ptxas's register choices for the attention loop before it (one FP16 head of
+// the decode block 96 -> 108 registers, 5 -> 4 resident blocks; one q4 head 128 -> 227).
 static __device__ __noinline__ void combine_if_last(const float* part, half* orow,
                                                     unsigned* counter, int D, int gn, int splits,
                                                     int shares) {
@@ -93,7 +115,7 @@ static __device__ __noinline__ void combine_if_last(const float* part, half* oro
       mx[o] = -FLT_MAX;
       l[o] = ax[o] = ay[o] = 0.0f;
     }
-#pragma unroll 16
+#pragma unroll 8
     for (int s = 0; s < shares; ++s) {
 #pragma unroll
       for (int o = 0; o < kOut; ++o) {

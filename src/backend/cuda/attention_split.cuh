@@ -40,14 +40,14 @@ inline size_t smem_bytes(int head_dim, int kv_kind) {
 }
 
 // Attends rows' query heads [head0, head0 + gn) (already at qrow / orow) over keys [lo, hi)
-// cut into `splits` shares; this block takes share `split` (attention_share.cuh: counter,
-// single_span). part: the partials of head0, (D + 2) floats per (head, split), heads `splits`
-// shares apart.
+// cut into `splits` shares; this block takes share `split` (attention_share.cuh: cmb). Call
+// pdl_wait before: this lets the next kernel in. part: the partials of head0, (D + 2) floats per
+// (head, split), heads `splits` shares apart.
 template <int T, class Kv>
 __device__ __forceinline__ void split_attend(const Kv& kv, const half* qrow, half* orow,
                                              float* part, int D, int gn, int lo, int hi, int split,
-                                             int splits, float scale, unsigned* counter,
-                                             int single_span) {
+                                             int splits, float scale,
+                                             const split_share::Combine& cmb) {
   extern __shared__ float smem[];
   long long* voff_s = reinterpret_cast<long long*>(smem);  // [kThreads] value row bytes (paged)
   float* q_s = smem + 2 * kThreads;                        // [kMaxGroup][D], pre-scaled
@@ -63,8 +63,9 @@ __device__ __forceinline__ void split_attend(const Kv& kv, const half* qrow, hal
   const int P = kv_param_halves_of<T>(D);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const bool triggered = split_share::early_trigger(hi - lo, cmb);
   const split_share::Share share =
-      split_share::share_of(lo, hi, split, splits, counter != nullptr, single_span);
+      split_share::share_of(lo, hi, split, splits, cmb.counter != nullptr, cmb.single_span);
   if (share.idle) return;
   const int my_lo = share.lo, my_hi = share.hi;
 
@@ -209,6 +210,7 @@ __device__ __forceinline__ void split_attend(const Kv& kv, const half* qrow, hal
     __syncthreads();
   }
 
+  if (!triggered) pdl_launch_dependents();
   if (share.shares == 1) {
     for (int i = tid; i < gn * D; i += kThreads) {
       const float l = l_s[i / D];
@@ -220,8 +222,8 @@ __device__ __forceinline__ void split_attend(const Kv& kv, const half* qrow, hal
       float* p = part + (static_cast<int64_t>(g) * splits + split) * (D + 2);
       p[d] = d < D ? acc_s[g * D + d] : (d == D ? m_s[g] : l_s[g]);
     }
-    if (counter != nullptr)
-      split_share::combine_if_last(part, orow, counter, D, gn, splits, share.shares);
+    if (cmb.counter != nullptr)
+      split_share::combine_if_last(part, orow, cmb.counter, D, gn, splits, share.shares);
   }
 }
 

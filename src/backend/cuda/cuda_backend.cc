@@ -101,6 +101,8 @@ CudaBackend::CudaBackend(int device, const BackendOptions& options)
     combine_in_kernel_ = std::string(c) != "kernel";
   if (const char* n = std::getenv("GYRE_CUDA_ATTN_SINGLE"); n && *n)
     single_span_ = std::max(0, std::atoi(n));
+  if (const char* n = std::getenv("GYRE_CUDA_ATTN_TRIGGER"); n && *n)
+    trigger_span_ = std::max(0, std::atoi(n));
   cudaDeviceProp prop{};
   GYRE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   sm_count_ = prop.multiProcessorCount;
@@ -431,15 +433,6 @@ unsigned* CudaBackend::split_counters(size_t n) {
     counters_n_ = count;
   }
   return static_cast<unsigned*>(counters_.get());
-}
-
-void CudaBackend::set_split_combine(unsigned*& counters, int& single_span, int splits,
-                                    size_t n_counters) {
-  counters = nullptr;
-  single_span = 0;
-  if (splits <= 1 || !combine_in_kernel_) return;
-  counters = split_counters(n_counters);
-  single_span = single_span_;
 }
 
 }  // namespace cuda

@@ -71,6 +71,9 @@ struct StagedInts {
 // (no partials). Measured (H100, bench/NOTES.md "attn1"): one block beats the split + in-kernel
 // combine up to ~170 keys for the Llama-3-8B shape (100 keys: 5.7 vs 7.2 us), ~100 for MHA.
 constexpr int kDefaultSingleSpan = 128;
+// ... and contexts of more keys let the next kernel launch (PDL) only after their keys are read
+// (split_share::Combine::trigger_span).
+constexpr int kDefaultTriggerSpan = 1024;
 
 // The fused rope/store arguments (cuda_common.h) of q (rotated in place), k and v.
 RopeStoreArgs rope_store_args(half* q, const Tensor& k, const Tensor& v, const KvStoreArgs& store,
@@ -178,8 +181,17 @@ class CudaBackend final : public Backend {
   float* workspace(size_t floats);
   // At least n zeroed combine counters (attention_share.cuh; the kernels leave them zero).
   unsigned* split_counters(size_t n);
-  // Counters and single-block span for a split attention launch (null/0: the combine kernel).
-  void set_split_combine(unsigned*& counters, int& single_span, int splits, size_t n_counters);
+  // Counters, single-block span and PDL trigger span of a split attention launch (null/0: the
+  // combine kernel).
+  template <class Args>
+  void set_split_combine(Args& a, size_t n_counters) {
+    a.trigger_span = trigger_span_;
+    a.counters = nullptr;
+    a.single_span = 0;
+    if (a.splits <= 1 || !combine_in_kernel_) return;
+    a.counters = split_counters(n_counters);
+    a.single_span = single_span_;
+  }
   half* fused_scratch(size_t halves);
   // Mixed-width weights (cuda_qmixed.cc): upload, y [n, rows] = W x (+ bias) as the sum of the
   // parts' products, one part's product, and the scratch of gathered inputs and partial sums.
@@ -211,9 +223,11 @@ class CudaBackend final : public Backend {
   std::shared_ptr<void> counters_;
   size_t counters_n_ = 0;
   // GYRE_CUDA_SPLIT_COMBINE=kernel: the separate combine kernel (A/B); GYRE_CUDA_ATTN_SINGLE=N:
-  // contexts of at most N keys are attended by one block per head group.
+  // contexts of at most N keys are attended by one block per head group; GYRE_CUDA_ATTN_TRIGGER=N:
+  // contexts of more than N keys let the next kernel in after their keys.
   bool combine_in_kernel_ = true;
   int single_span_ = kDefaultSingleSpan;
+  int trigger_span_ = kDefaultTriggerSpan;  // GYRE_CUDA_ATTN_TRIGGER=N
   std::shared_ptr<void> to_host_buf_, to_host_pinned_;
   std::shared_ptr<void> dequant_;  // FP16 copy of a quantized weight for prefill GEMMs
   size_t dequant_elems_ = 0;

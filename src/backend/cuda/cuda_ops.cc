@@ -278,8 +278,7 @@ void CudaBackend::attend(Tensor& out, const Tensor& q, const Tensor& k, const Te
   a.splits =
       attention_splits(n, p.n_heads, p.n_kv_heads, p.head_dim, a.kv_type, c->max_seq(), sm_count_);
   a.partial = workspace(attention_workspace_floats(n, p.n_heads, p.head_dim, a.splits));
-  set_split_combine(a.counters, a.single_span, a.splits,
-                    attention_counters(n, p.n_heads, p.n_kv_heads));
+  set_split_combine(a, attention_counters(n, p.n_heads, p.n_kv_heads));
   cuda::attention(a, stream_);
 }
 

@@ -374,8 +374,7 @@ void CudaBackend::attend_paged(Tensor& out, const Tensor& q, const Tensor& k, co
   if (forced_paged_splits() > 0) a.splits = forced_paged_splits();
   if (a.splits > 1)
     a.partial = workspace(paged_workspace_floats(st.n_split_rows, p.n_heads, p.head_dim, a.splits));
-  set_split_combine(a.counters, a.single_span, a.splits,
-                    attention_counters(st.n_split_rows, p.n_heads, p.n_kv_heads));
+  set_split_combine(a, attention_counters(st.n_split_rows, p.n_heads, p.n_kv_heads));
   paged_attention(a, stream_);
 }
 

@@ -90,22 +90,22 @@ __device__ __forceinline__ PagedSplitBlock paged_split_block(const PagedAttentio
 template <int T>
 __global__ void __launch_bounds__(split_attn::kThreads)
     paged_split_kernel(PagedAttentionArgs a, int n_sub) {
-  pdl_begin();
+  pdl_wait();  // the block lets the next kernel in (attention_share.cuh)
   const PagedSplitBlock b = paged_split_block(a, n_sub);
   split_attn::split_attend<T>(paged_kv(a, a.row_seq[b.row], b.kvh), a.q + b.first * b.D,
                               a.out + b.first * b.D, b.part, b.D, b.gn, b.lo, b.end, blockIdx.x,
-                              a.splits, a.scale, b.counter, a.single_span);
+                              a.splits, a.scale, {b.counter, a.single_span, a.trigger_span});
 }
 
 // The same grid with the decode block (head dims % 8 == 0 up to 128).
 template <int T, int L, int G>
 __global__ void __launch_bounds__(decode_attn::kThreads)
     paged_decode_kernel(PagedAttentionArgs a, int n_sub) {
-  pdl_begin();
+  pdl_wait();  // the block lets the next kernel in (attention_share.cuh)
   const PagedSplitBlock b = paged_split_block(a, n_sub);
-  decode_attn::decode_attend<T, L, G>(paged_kv(a, a.row_seq[b.row], b.kvh), a.q + b.first * b.D,
-                                      a.out + b.first * b.D, b.part, b.D, b.gn, b.lo, b.end,
-                                      blockIdx.x, a.splits, a.scale, b.counter, a.single_span);
+  decode_attn::decode_attend<T, L, G>(
+      paged_kv(a, a.row_seq[b.row], b.kvh), a.q + b.first * b.D, a.out + b.first * b.D, b.part, b.D,
+      b.gn, b.lo, b.end, blockIdx.x, a.splits, a.scale, {b.counter, a.single_span, a.trigger_span});
 }
 
 template <int D, int T>

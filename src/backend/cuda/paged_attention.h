@@ -31,6 +31,7 @@ struct PagedAttentionArgs {
   // contexts of at most this many keys are attended by one block (with counters).
   unsigned* counters = nullptr;
   int single_span = 0;
+  int trigger_span = 1 << 30;  // PDL: longer contexts let the next kernel in after their keys
   // Prefill tiles for the tensor-core kernel: [n_tiles][3] = first row, rows (<= 64), sequence;
   // a tile's rows have consecutive positions starting at positions[first row].
   const int32_t* tiles = nullptr;
