@@ -97,9 +97,22 @@ __global__ void __launch_bounds__(split_attn::kThreads)
                               a.splits, a.scale, {b.counter, a.single_span, a.trigger_span});
 }
 
+// Resident blocks per SM the paged decode kernel's registers must allow: what each instantiation
+// had before the in-kernel combine (attention_share.cuh) and the late PDL trigger moved ptxas's
+// choices (q8, 4 heads of <= 64 dims: 168 -> 177 registers, 3 -> 2 blocks; q8, one head: 96 ->
+// 128, 5 -> 4). Not measured on the GPU beyond the tests (ptxas -v only).
+template <int T, int L, int G>
+constexpr int paged_min_blocks() {
+  if constexpr (G >= 8) return 2;
+  if constexpr (G >= 4) return 3;
+  if constexpr (T == kKvQ8 || (T == kKvQ4 && L == 8)) return 5;
+  if constexpr (T == kKvQ4) return 4;
+  return 1;  // FP16, one head: 4 blocks by itself (a bound of 4 made ptxas spill)
+}
+
 // The same grid with the decode block (head dims % 8 == 0 up to 128).
 template <int T, int L, int G>
-__global__ void __launch_bounds__(decode_attn::kThreads)
+__global__ void __launch_bounds__(decode_attn::kThreads, (paged_min_blocks<T, L, G>()))
     paged_decode_kernel(PagedAttentionArgs a, int n_sub) {
   pdl_wait();  // the block lets the next kernel in (attention_share.cuh)
   const PagedSplitBlock b = paged_split_block(a, n_sub);
