@@ -133,9 +133,136 @@ void bench_head(const __half* x, __half* y, double copy_gbs) {
   for (auto& w : ws) CK(cudaFree(w.mem));
 }
 
+// `qlinear_bench bstream`: 4-bit serving batches (round 6): the round-5 dispatch ("old", kernel
+// 6) against the stream batch kernel (qlinear_batch_stream.cu) at its automatic plan and forced
+// tiles per warp / K-chunks, on the six Llama-3-8B shapes and the LM head at n = 16, 32, 64;
+// then the layer sums (fused QKV + o + gate/up + down).
+void bench_bstream(__half* x, __half* y, double copy_gbs) {
+  const int shapes[][2] = {{6144, 4096}, {4096, 4096},  {28672, 4096}, {4096, 14336},
+                           {1024, 4096}, {14336, 4096}, {128256, 4096}};
+  const int ns[] = {16, 32, 64};
+  double old_us[7][3] = {}, auto_us[7][3] = {}, best_us[7][3] = {}, pct[7][3][3] = {};
+  int best_cfg[7][3][4] = {};
+  std::printf(
+      "\nBSTREAM (4-bit g128 sym): old = round-5 dispatch (kernel 6), dispatch = kernel 0, "
+      "s<mt>/<ks>/<warps> = stream over the K-chunk grid, k<mt>/<blocks>/<warps> = stream-K\n");
+  for (int si = 0; si < 7; ++si) {
+    const auto& sh = shapes[si];
+    QWeightDesc d;
+    d.bits = 4;
+    d.group_size = 128;
+    d.rows = sh[0];
+    d.cols = sh[1];
+    const double bytes = double(d.qweight_bytes()) + d.scale_count() * 2.0;
+    const int copies = std::max(2, int(std::ceil(300e6 / bytes)));
+    std::vector<Weight> ws;
+    for (int c = 0; c < copies; ++c) ws.push_back(make(sh[0], sh[1], 4, 128, 51 + c));
+    for (int ni = 0; ni < 3; ++ni) {
+      const int n = ns[ni];
+      auto run = [&](int kernel, int mt, int ks, int warps, int sk) {
+        qlinear_detail::set_batch_kernel(kernel);
+        qlinear_detail::set_batch_stream_config(mt, ks, warps, sk);
+        const float ms =
+            time_ms([&](int i) { qlinear_batch(ws[i % copies].w, x, y, n, nullptr, nullptr); }, 40);
+        CK(cudaGetLastError());
+        const double moved = bytes + 2.0 * n * (sh[0] + sh[1]);
+        const double p = 100.0 * moved / ms / 1e6 / copy_gbs;
+        char name[24];
+        if (kernel == 5 && sk >= 0)
+          std::snprintf(name, sizeof name, "k%d/%d/%d", mt, sk, warps);
+        else
+          std::snprintf(name, sizeof name,
+                        kernel == 6   ? "old"
+                        : kernel == 0 ? "dispatch"
+                                      : "s%d/%d/%d",
+                        mt, ks, warps);
+        std::printf("%6dx%-7d %3d %7s %9.2f %6.1f%%\n", sh[0], sh[1], n, name, ms * 1e3, p);
+        return std::make_pair(ms * 1e3, p);
+      };
+      auto o = run(6, 0, 0, 0, -2);
+      old_us[si][ni] = o.first;
+      pct[si][ni][0] = o.second;
+      auto a = run(0, 0, 0, 0, -1);  // the dispatch: stream kernel where preferred
+      auto_us[si][ni] = best_us[si][ni] = a.first;
+      pct[si][ni][1] = pct[si][ni][2] = a.second;
+      for (const int warps : {8, 16}) {
+        for (const int mt : {1, 2}) {
+          for (const int ks : {0, 1, 2, 3, 4, 6, 8, 12, 16, -1000, -132, -264, -396}) {
+            const int sk = ks < 0 ? -ks : -2;  // negative: stream-K with that many blocks
+            auto v = run(5, mt, ks < 0 ? 0 : ks, warps, sk == 1000 ? 0 : sk);
+            if (v.first < best_us[si][ni]) {
+              best_us[si][ni] = v.first;
+              pct[si][ni][2] = v.second;
+              best_cfg[si][ni][0] = mt;
+              best_cfg[si][ni][1] = ks;
+              best_cfg[si][ni][2] = warps;
+            }
+          }
+        }
+      }
+    }
+    qlinear_detail::set_batch_kernel(0);
+    qlinear_detail::set_batch_stream_config(0, 0, 0, -1);
+    for (auto& w : ws) CK(cudaFree(w.mem));
+  }
+  std::printf(
+      "\nBSTREAM SUMMARY (us, %% of copy %.0f GB/s): round-5 dispatch | dispatch now | stream "
+      "best (mt/ks/warps; ks -B: stream-K over B blocks, -1000: auto)\n",
+      copy_gbs);
+  for (int si = 0; si < 7; ++si)
+    for (int ni = 0; ni < 3; ++ni)
+      std::printf("%6dx%-7d n=%2d  %8.2f %5.1f%% | %8.2f %5.1f%% | %8.2f %5.1f%% (%d/%d/%d)\n",
+                  shapes[si][0], shapes[si][1], ns[ni], old_us[si][ni], pct[si][ni][0],
+                  auto_us[si][ni], pct[si][ni][1], best_us[si][ni], pct[si][ni][2],
+                  best_cfg[si][ni][0], best_cfg[si][ni][1], best_cfg[si][ni][2]);
+  for (int ni = 0; ni < 3; ++ni) {
+    double sum[3] = {};
+    for (int si = 0; si < 4; ++si) {  // fused QKV, o, gate/up, down
+      sum[0] += old_us[si][ni];
+      sum[1] += auto_us[si][ni];
+      sum[2] += std::min(old_us[si][ni], best_us[si][ni]);
+    }
+    std::printf(
+        "LAYER n=%2d: round-5 dispatch %.1f us, dispatch now %.1f us, min(old, stream best) "
+        "%.1f us\n",
+        ns[ni], sum[0], sum[1], sum[2]);
+  }
+}
+
+// `qlinear_bench bstream-one ROWS COLS N MT KS WARPS PARTITION`: one forced stream-kernel
+// configuration (set_batch_stream_config arguments; kernel 6 = the round-5 dispatch when MT is
+// -1), timed once, for profilers (ncu --kernel-name regex:bstream --launch-skip 10 ...).
+void bench_bstream_one(char** argv, __half* x, __half* y, double copy_gbs) {
+  const int rows = std::atoi(argv[2]), cols = std::atoi(argv[3]), n = std::atoi(argv[4]);
+  const int mt = std::atoi(argv[5]), ks = std::atoi(argv[6]), warps = std::atoi(argv[7]);
+  const int partition = std::atoi(argv[8]);
+  QWeightDesc d;
+  d.bits = 4;
+  d.group_size = 128;
+  d.rows = rows;
+  d.cols = cols;
+  const double bytes = double(d.qweight_bytes()) + d.scale_count() * 2.0;
+  const int copies = std::max(2, int(std::ceil(300e6 / bytes)));
+  std::vector<Weight> ws;
+  for (int c = 0; c < copies; ++c) ws.push_back(make(rows, cols, 4, 128, 51 + c));
+  qlinear_detail::set_batch_kernel(mt < 0 ? 6 : 5);
+  qlinear_detail::set_batch_stream_config(std::max(mt, 0), ks, warps, partition);
+  const float ms =
+      time_ms([&](int i) { qlinear_batch(ws[i % copies].w, x, y, n, nullptr, nullptr); }, 40);
+  CK(cudaGetLastError());
+  const double moved = bytes + 2.0 * n * (rows + cols);
+  std::printf("%dx%d n=%d mt %d ks %d warps %d partition %d: %.2f us, %.1f%% of copy\n", rows, cols,
+              n, mt, ks, warps, partition, ms * 1e3, 100.0 * moved / ms / 1e6 / copy_gbs);
+  qlinear_detail::set_batch_kernel(0);
+  qlinear_detail::set_batch_stream_config(0, 0, 0, -1);
+  for (auto& w : ws) CK(cudaFree(w.mem));
+}
+
 int main(int argc, char** argv) {
   const bool bulk_only = argc > 1 && std::string(argv[1]) == "bulk";
   const bool head_only = argc > 1 && std::string(argv[1]) == "head";
+  const bool bstream_only = argc > 1 && std::string(argv[1]) == "bstream";
+  const bool bstream_one = argc == 9 && std::string(argv[1]) == "bstream-one";
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
@@ -163,6 +290,16 @@ int main(int argc, char** argv) {
   fill_halves<<<1024, 256>>>(x, 2048 * 14336, -1.0f, 2.0f, 5);
   if (head_only) {
     bench_head(x, y, copy_gbs);
+    CK(cudaDeviceSynchronize());
+    return 0;
+  }
+  if (bstream_one) {
+    bench_bstream_one(argv, x, y, copy_gbs);
+    CK(cudaDeviceSynchronize());
+    return 0;
+  }
+  if (bstream_only) {
+    bench_bstream(x, y, copy_gbs);
     CK(cudaDeviceSynchronize());
     return 0;
   }

@@ -13,7 +13,7 @@ core=(src/backend/cpu/qlinear_ref.cc src/core/dtype.cc src/core/tensor.cc
       src/core/quant_blocks.cc)
 cuda=(src/backend/cuda/qlinear.cu src/backend/cuda/qlinear_gemm.cu src/backend/cuda/qlinear_tiled.cu
       src/backend/cuda/qlinear_batch.cu src/backend/cuda/qlinear_batch4.cu
-src/backend/cuda/qlinear_batch_bulk.cu
+src/backend/cuda/qlinear_batch_bulk.cu src/backend/cuda/qlinear_batch_stream.cu
       src/backend/cuda/qlinear_bits.cu src/backend/cuda/qlinear_gemv_stream.cu
       src/backend/cuda/elementwise.cu)
 for f in "${core[@]}" "${cuda[@]}"; do
@@ -27,9 +27,11 @@ nvcc "${flags[@]}" -x cu -c bench/gemv4_bench.cu -o "$out/main/gemv4_bench.o" &
 nvcc "${flags[@]}" -x cu -c tests/test_cuda_gemv4.cc -o "$out/main/tests_gemv4.o" &
 nvcc "${flags[@]}" -x cu -c bench/qlinear_bits_bench.cu -o "$out/main/bits_bench.o" &
 nvcc "${flags[@]}" -x cu -c tests/test_cuda_qbits.cc -o "$out/main/bits_tests.o" &
+nvcc "${flags[@]}" -x cu -c tests/test_cuda_qlinear_bstream.cc -o "$out/main/tests_bstream.o" &
 wait
 nvcc "${flags[@]}" "$out/main/bench.o" "$out"/*.o -o "$out/qlinear_bench"
 nvcc "${flags[@]}" "$out/main/gemv4_bench.o" "$out"/*.o -o "$out/gemv4_bench"
 nvcc "${flags[@]}" "$out/main/bits_bench.o" "$out"/*.o -o "$out/qlinear_bits_bench"
 nvcc "${flags[@]}" "$out/main/tests.o" "$out/main/tests_gemv4.o" "$out/main/bits_tests.o" \
+  "$out/main/tests_bstream.o" \
   "$out"/*.o -lgtest -lgtest_main -lpthread -o "$out/qlinear_tests"

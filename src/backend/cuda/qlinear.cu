@@ -29,6 +29,7 @@ void launch_batch(const Params& p, cudaStream_t stream);  // qlinear_batch.cu
 bool batch_prefers_gemm(const Params& p);                 // qlinear_batch.cu
 void prepare_batch4();                                    // qlinear_batch4.cu
 void prepare_batch_bulk();                                // qlinear_batch_bulk.cu
+void prepare_batch_stream();                              // qlinear_batch_stream.cu
 // qlinear_bits.cu: 2/3/5/6 bits (any n, eight tokens per pass) and their dequantization.
 void launch_gemv_bits(const Params& p, cudaStream_t stream);
 void launch_dequant_bits(const Params& p, __half* out, cudaStream_t stream);
@@ -297,6 +298,7 @@ QWeightDevice qweight_upload(const QWeightHost& w) {
     if (d.bits == 4) {
       qlinear_detail::prepare_batch4();
       qlinear_detail::prepare_batch_bulk();
+      qlinear_detail::prepare_batch_stream();
       const Params p = layout_params(out);
       qlinear_detail::tile_int4_upload(
           w.qweight.data(), w.scales.data(), d.asymmetric ? w.mins.data() : nullptr, p,

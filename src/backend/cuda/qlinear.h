@@ -58,8 +58,9 @@ bool qlinear_fuses_norm(const QWeightDevice& w, int n);
 // weight per 64 tokens: each weight fragment serves up to 8 n8 token tiles), 4- and 8-bit.
 // qlinear_gemm: any n >= 1 (tensor cores, 128x128 tiles); meant for prefill.
 // qlinear_matmul: picks one by n and shape as measured on H100 (bench/qlinear_notes.md,
-// round 3): gemv for n <= 8 (8-bit: n <= 4), batch up to 128, gemm beyond and for n > 64 on
-// the largest weights.
+// rounds 3-6): gemv for n <= 8 (8-bit: n <= 4), batch up to 128 (4-bit n = 9..64 mostly the
+// stream batch kernel, qlinear_batch_stream.cu), gemm beyond and for n > 64 on the largest
+// weights.
 // 2/3/5/6 bits (qlinear_bits.cu): every entry point runs the narrow-width GEMV, eight tokens per
 // pass over the weight (bandwidth-bound at n <= 8); callers with a cuBLAS handle should
 // dequantize to FP16 beyond qlinear_direct_max_rows (the CUDA backend does).
@@ -118,7 +119,15 @@ void set_batch_tiles_per_warp(int tiles);
 // kernel's configuration (1..10: consumer warps / tiles per warp / column blocks per stage
 // 8/2/4, 16/1/4, 8/1/8, 8/2/8, 4/2/8 with the weights by bulk copy, 6..10 the same by
 // cp.async; 0 = auto), split-K (1, 2, 4, 8; 0 = auto) and producer warps (1..4; 0 = auto).
+// 5 = the stream batch kernel (qlinear_batch_stream.cu: x staged in shared memory per K-chunk,
+// a register ring of weights; n <= 64, else the automatic choice), 6 = the automatic choice
+// without it (the round-5 dispatch, for benchmarks); its tiles per warp (1, 2; 0 = auto),
+// K-chunks (0 = auto; raised to the fewest that fit shared memory), warps per block (8, 16;
+// 0 = auto) and partition (-1 = auto; -2 = the K-chunk grid; 0 = stream-K over one block per SM
+// (two of 8 warps); > 0 = stream-K over that many blocks).
 void set_batch_kernel(int kernel);
+void set_batch_stream_config(int tiles_per_warp, int ksplit, int warps = 0,
+                             int streamk_blocks = -1);
 void set_batch4_ksplit(int ksplit);
 void set_batch4_tiles_per_warp(int tiles);
 void set_batch_bulk_config(int config, int ksplit, int producers = 0);

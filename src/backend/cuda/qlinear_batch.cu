@@ -1,8 +1,9 @@
 // Quantized matmul for serving batches (n = 1..128 rows) on the tensor cores, register-fed: one
 // pass over the weight per 64 tokens, each weight fragment reused for several n8 column tiles.
-// Used for 8-bit weights and for 4-bit ones of 2048..6143 rows at n <= 32 (launch_batch); other
-// 4-bit cases go to the cp.async / cluster kernel of qlinear_batch4.cu or, where it measured
-// faster, the bulk-copy kernel of qlinear_batch_bulk.cu.
+// Used for 8-bit weights and for 4-bit ones of 2048..6143 rows at n <= 32 (launch_batch) where
+// the stream kernel does not run; other 4-bit cases go to the stream kernel of
+// qlinear_batch_stream.cu, the cp.async / cluster kernel of qlinear_batch4.cu or the bulk-copy
+// kernel of qlinear_batch_bulk.cu, each where it measured fastest.
 //
 // A warp owns MT 16-row tiles and NT n8 token tiles (so 8 * NT tokens) and walks the 64-column
 // blocks ks, ks + ksplit, ...; ksplit warps of one block split the columns of the same tiles
@@ -25,10 +26,13 @@
 
 namespace gyre::qlinear_detail {
 
-void check_cuda(cudaError_t e, const char* what);              // qlinear.cu
-void launch_batch4(const Params& p, cudaStream_t stream);      // qlinear_batch4.cu
-void launch_batch_bulk(const Params& p, cudaStream_t stream);  // qlinear_batch_bulk.cu
-bool batch_bulk_preferred(const Params& p);                    // qlinear_batch_bulk.cu
+void check_cuda(cudaError_t e, const char* what);                // qlinear.cu
+void launch_batch4(const Params& p, cudaStream_t stream);        // qlinear_batch4.cu
+void launch_batch_bulk(const Params& p, cudaStream_t stream);    // qlinear_batch_bulk.cu
+bool batch_bulk_preferred(const Params& p);                      // qlinear_batch_bulk.cu
+void launch_batch_stream(const Params& p, cudaStream_t stream);  // qlinear_batch_stream.cu
+bool batch_stream_supported(const Params& p);                    // qlinear_batch_stream.cu
+bool batch_stream_preferred(const Params& p);                    // qlinear_batch_stream.cu
 
 namespace {
 
@@ -332,10 +336,16 @@ void launch_batch(const Params& p, cudaStream_t stream) {
     // Automatic: the bulk-copy kernel where it measured faster (batch_bulk_preferred), else the
     // cp.async / cluster kernel, except 2048..6143 rows at n <= 32, where the register-fed
     // kernel's many warps win.
+    // Kernel 6: the automatic choice without the stream batch kernel (the round-5 dispatch,
+    // for benchmarks); kernel 5 where the stream kernel cannot run: the automatic choice.
+    const bool automatic = g_batch_kernel == 0 || g_batch_kernel == 5 || g_batch_kernel == 6;
     if (g_batch_kernel == 2 && p.perm == nullptr) return launch_batch_bulk(p, stream);
     if (g_batch_kernel == 3) return launch_batch4(p, stream);
-    if (g_batch_kernel == 0 && batch_bulk_preferred(p)) return launch_batch_bulk(p, stream);
-    if (g_batch_kernel == 0 && !(p.n <= 32 && p.tiles >= 128 && p.tiles < 384))
+    if ((g_batch_kernel == 5 && batch_stream_supported(p)) ||
+        (g_batch_kernel == 0 && batch_stream_preferred(p)))
+      return launch_batch_stream(p, stream);
+    if (automatic && batch_bulk_preferred(p)) return launch_batch_bulk(p, stream);
+    if (automatic && !(p.n <= 32 && p.tiles >= 128 && p.tiles < 384))
       return launch_batch4(p, stream);
   }
   // One 16-row tile per warp up to 32 tokens; two beyond (x reuse), with a 2-way split-K on
