@@ -250,9 +250,10 @@ __device__ __forceinline__ void decode_attend(const Kv& kv, const half* qrow, ha
     }
   }
 
-  if (!triggered) pdl_launch_dependents();  // long contexts: after the keys are read
-
-    // Merge the warp's row groups (same dims, other keys), then the warps.
+  if (!triggered) {  // long contexts: the next kernel is let in now that the keys are read
+    pdl_launch_dependents();
+  }
+  // Merge the warp's row groups (same dims, other keys), then the warps.
 #pragma unroll
   for (int g = 0; g < G; ++g) {
 #pragma unroll
