@@ -3,9 +3,10 @@
 // Check: every (shape, cache type, key count, window, queries) case against a float64 reference
 // computed on the host from the cache rows as stored (read back, dequantized by core/kv_quant's
 // CPU code), for the decode block (attention_decode.cuh) and the generic block (split_attend).
-// Bench: one layer's decode attention at 1k/8k/32k keys for the llama2-7b (32/32 heads) and
-// llama3-8b (32/8) shapes, head dim 128: median us over graph-free back-to-back launches,
-// rotating over several caches so that L2 does not hold the keys, and GB/s of the cache read.
+// Bench: one layer's decode attention at 100 to 32k keys for the llama2-7b (32/32 heads) and
+// llama3-8b (32/8) shapes, head dim 128: median us of launches back to back in a graph, rotating
+// over several caches so that L2 does not hold the keys, and GB/s of the cache read; per way of
+// combining the split partials (attention_share.cuh).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -196,8 +197,27 @@ float* workspace(size_t floats) {
   return g_workspace;
 }
 
+// Combine counters (attention_share.cuh): zeroed once, the kernels leave them zero.
+unsigned* counters() {
+  static unsigned* c = [] {
+    unsigned* p = nullptr;
+    CK(cudaMalloc(&p, (1 << 16) * sizeof(unsigned)));
+    CK(cudaMemset(p, 0, (1 << 16) * sizeof(unsigned)));
+    return p;
+  }();
+  return c;
+}
+
+// How a split launch combines: the separate kernel (single < 0), else in the attention kernel
+// with contexts of at most `single` keys taken by one block.
+template <class Args>
+void set_combine(Args& a, int single) {
+  a.counters = single >= 0 && a.splits > 1 ? counters() : nullptr;
+  a.single_span = std::max(0, single);
+}
+
 AttentionArgs contiguous_args(const Cache& c, const half* q, half* out, const int32_t* pos0,
-                              int n_q, int window, bool generic) {
+                              int n_q, int window, bool generic, int single = -1) {
   AttentionArgs a;
   a.q = q;
   a.k_cache = c.k;
@@ -218,6 +238,7 @@ AttentionArgs contiguous_args(const Cache& c, const half* q, half* out, const in
   a.splits = attention_splits(n_q, a.n_heads, a.n_kv_heads, a.head_dim, a.kv_type, c.max_seq, g_sms,
                               generic);
   a.partial = workspace(attention_workspace_floats(n_q, a.n_heads, a.head_dim, a.splits));
+  set_combine(a, single);
   return a;
 }
 
@@ -283,7 +304,7 @@ void free_paged(Paged& p) {
 }
 
 PagedAttentionArgs paged_args(const Cache& c, const Paged& p, const half* q, half* out, int n_q,
-                              int keys, int window, bool generic) {
+                              int keys, int window, bool generic, int single = -1) {
   PagedAttentionArgs a;
   a.q = q;
   a.out = out;
@@ -308,6 +329,7 @@ PagedAttentionArgs paged_args(const Cache& c, const Paged& p, const half* q, hal
   a.splits =
       attention_splits(n_q, a.n_heads, a.n_kv_heads, a.head_dim, a.kv_type, keys, g_sms, generic);
   a.partial = workspace(paged_workspace_floats(n_q, a.n_heads, a.head_dim, a.splits));
+  set_combine(a, single);
   return a;
 }
 
@@ -339,13 +361,17 @@ int check_all() {
             CK(cudaMemcpy(pos0, &p0, 4, cudaMemcpyHostToDevice));
             const auto ref = reference(cs, qh, K, V, 1.0f / std::sqrt(float(sh.dim)));
             Paged pg = make_paged(c, keys, n_q, rng);
-            for (int variant = 0; variant < 4; ++variant) {
+            // Bits: generic block, paged cache; then the combine: kernel, in the attention
+            // kernel with no single-block span, with a 64-key one.
+            for (int variant = 0; variant < 12; ++variant) {
               const bool generic = variant & 1, paged = variant & 2;
+              const int single = variant / 4 == 0 ? -1 : variant / 4 == 1 ? 0 : 64;
               CK(cudaMemset(out, 0xFF, out_count * 2));  // NaN: every output must be written
               if (paged)
-                paged_attention(paged_args(c, pg, q, out, n_q, keys, window, generic), nullptr);
+                paged_attention(paged_args(c, pg, q, out, n_q, keys, window, generic, single),
+                                nullptr);
               else
-                attention(contiguous_args(c, q, out, pos0, n_q, window, generic), nullptr);
+                attention(contiguous_args(c, q, out, pos0, n_q, window, generic, single), nullptr);
               CK(cudaDeviceSynchronize());
               std::vector<uint16_t> got(out_count);
               CK(cudaMemcpy(got.data(), out, out_count * 2, cudaMemcpyDeviceToHost));
@@ -354,9 +380,11 @@ int check_all() {
               if (!(e < 2e-3)) {
                 ++failures;
                 std::printf(
-                    "FAIL %s heads %d/%d dim %d %s keys %d window %d n_q %d: %s block: %g\n",
+                    "FAIL %s heads %d/%d dim %d %s keys %d window %d n_q %d: %s block, single "
+                    "%d: %g\n",
                     paged ? "paged" : "contiguous", sh.heads, sh.kv_heads, sh.dim,
-                    kv_type_name(type), keys, window, n_q, generic ? "generic" : "decode", e);
+                    kv_type_name(type), keys, window, n_q, generic ? "generic" : "decode", single,
+                    e);
               }
             }
             free_paged(pg);
@@ -375,14 +403,17 @@ void bench_all() {
     Shape sh;
   };
   const Named shapes[] = {{"llama2-7b", {32, 32, 128}}, {"llama3-8b", {32, 8, 128}}};
-  std::printf("%-10s %-4s %6s %7s | %9s %8s | %9s %8s | %9s %8s | %6s\n", "shape", "kv", "keys",
-              "MB", "old us", "GB/s", "new us", "GB/s", "paged us", "GB/s", "splits");
+  // Decode block, one query; the partials combined by: the separate kernel ("kernel"), the last
+  // block in the attention kernel ("last"), or no split: one block per head group for the whole
+  // context ("one", up to 1024 keys); and the paged cache with "last".
+  std::printf("%-10s %-4s %6s %7s | %9s %9s %9s %9s | %7s %7s | %6s\n", "shape", "kv", "keys", "MB",
+              "kernel us", "last us", "one us", "paged us", "GB/s k", "GB/s l", "splits");
   std::mt19937 rng(7);
   cudaStream_t stream;
   CK(cudaStreamCreate(&stream));
   for (const Named& nm : shapes)
     for (KvType type : {KvType::F16, KvType::Q8, KvType::Q4})
-      for (int keys : {1024, 8192, 32768}) {
+      for (int keys : {100, 256, 384, 512, 768, 1024, 8192, 32768}) {
         // Enough caches that their total exceeds L2 (50 MB) several times over.
         Cache one;
         one.alloc(type, nm.sh, keys);
@@ -391,7 +422,8 @@ void bench_all() {
         const int copies = std::max(2, std::min(16, static_cast<int>(400.0 / mb)));
         std::vector<Cache> caches(copies);
         for (auto& c : caches) {
-          c.alloc(type, nm.sh, keys);
+          // Short contexts in a cache of 8k rows (the split count follows max_seq, as in gyre).
+          c.alloc(type, nm.sh, std::max(keys, 8192));
           fill(c, keys, rng());
         }
         half* q = upload(random_halves(size_t(nm.sh.heads) * nm.sh.dim, rng, 1.0f));
@@ -406,9 +438,13 @@ void bench_all() {
         cudaEvent_t e0, e1;
         CK(cudaEventCreate(&e0));
         CK(cudaEventCreate(&e1));
-        double us[3];
+        double us[4];
         int splits_new = 0;
-        for (int variant = 0; variant < 3; ++variant) {  // old, new, new paged
+        for (int variant = 0; variant < 4; ++variant) {
+          if (variant == 2 && keys > 1024) {
+            us[2] = 0;
+            continue;
+          }
           // One graph of launches back to back (as in a decode step), each on the next cache:
           // the median of 5 replays of the mean per launch. Arguments (and the workspace) are
           // made before the capture.
@@ -417,15 +453,18 @@ void bench_all() {
           std::vector<PagedAttentionArgs> pargs;
           for (int it = 0; it < per_round; ++it) {
             const int i = it % copies;
-            if (variant == 2)
-              pargs.push_back(paged_args(caches[i], pgs[i], q, out, 1, keys, 0, false));
+            if (variant == 3)
+              pargs.push_back(paged_args(caches[i], pgs[i], q, out, 1, keys, 0, false, 0));
             else
-              cargs.push_back(contiguous_args(caches[i], q, out, pos0, 1, 0, variant == 0));
+              cargs.push_back(contiguous_args(caches[i], q, out, pos0, 1, 0, false,
+                                              variant == 0   ? -1
+                                              : variant == 1 ? 0
+                                                             : 1 << 30));
           }
           if (variant == 1) splits_new = cargs[0].splits;
           CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
           for (int it = 0; it < per_round; ++it) {
-            if (variant == 2)
+            if (variant == 3)
               paged_attention(pargs[it], stream);
             else
               attention(cargs[it], stream);
@@ -449,9 +488,9 @@ void bench_all() {
           std::sort(times.begin(), times.end());
           us[variant] = 1000.0 * times[times.size() / 2];
         }
-        std::printf("%-10s %-4s %6d %7.1f | %9.1f %8.0f | %9.1f %8.0f | %9.1f %8.0f | %6d\n",
-                    nm.name, kv_type_name(type), keys, mb, us[0], mb * 1e-3 / (us[0] * 1e-6), us[1],
-                    mb * 1e-3 / (us[1] * 1e-6), us[2], mb * 1e-3 / (us[2] * 1e-6), splits_new);
+        std::printf("%-10s %-4s %6d %7.1f | %9.2f %9.2f %9.2f %9.2f | %7.0f %7.0f | %6d\n", nm.name,
+                    kv_type_name(type), keys, mb, us[0], us[1], us[2], us[3],
+                    mb * 1e-3 / (us[0] * 1e-6), mb * 1e-3 / (us[1] * 1e-6), splits_new);
         for (auto& pg : pgs) free_paged(pg);
         cudaEventDestroy(e0);
         cudaEventDestroy(e1);

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <utility>
+#include <vector>
 
 #include "backend/backend.h"
 #include "core/error.h"
@@ -127,6 +129,15 @@ void Backend::rope_qk(Tensor& q, int n_heads, Tensor& k, int n_kv_heads, int hea
                       const int32_t* positions, const RopeTable& table) {
   rope(q, n_heads, head_dim, positions, table);
   rope(k, n_kv_heads, head_dim, positions, table);
+}
+
+void Backend::rope_attention(Tensor& out, Tensor& q, Tensor& k, const Tensor& v, KvCache& cache,
+                             int layer, int pos0, const AttentionParams& p,
+                             const RopeTable& table) {
+  std::vector<int32_t> positions(static_cast<size_t>(std::max<int64_t>(q.rows, 0)));
+  std::iota(positions.begin(), positions.end(), pos0);
+  rope_qk(q, p.n_heads, k, p.n_kv_heads, p.head_dim, positions.data(), table);
+  attention(out, q, k, v, cache, layer, pos0, p);
 }
 
 void Backend::matmul_split(const std::vector<Tensor*>& outs, const Tensor& x, const Tensor& w,

@@ -130,12 +130,10 @@ void Transformer::run_layers(const int32_t* tokens, int n, Attend&& attend) {
   if (fuse) backend_.rmsnorm(xn, x, final_norm_, c.norm_eps);  // the LM head reads xn
 }
 
-void Transformer::run_ops(const int32_t* tokens, int n, int pos, const int32_t* positions,
-                          bool all_logits) {
+void Transformer::run_ops(const int32_t* tokens, int n, int pos, bool all_logits) {
   const AttentionParams ap = attention_params();
   run_layers(tokens, n, [&](Tensor& att, Tensor& q, Tensor& k, Tensor& v, int layer) {
-    backend_.rope_qk(q, config_.n_heads, k, config_.n_kv_heads, config_.head_dim, positions, rope_);
-    backend_.attention(att, q, k, v, *cache_, layer, pos, ap);
+    backend_.rope_attention(att, q, k, v, *cache_, layer, pos, ap, rope_);
   });
   const int first = all_logits ? 0 : n - 1;
   const int rows = n - first;
@@ -161,7 +159,7 @@ void Transformer::forward(const int32_t* tokens, int n, int pos, float* logits, 
 
   // Single-token decode steps replay a recorded graph when the backend has one. Dynamic NTK
   // changes the rotary table every step, so it never records.
-  auto ops = [&] { run_ops(tokens, n, pos, positions.data(), all_logits); };
+  auto ops = [&] { run_ops(tokens, n, pos, all_logits); };
   if (n == 1 && backend_.graph_capable() && c.rope.scaling != RopeScaling::DynamicNtk) {
     backend_.stage_step_inputs(tokens, positions.data(), n, pos);
     run_recorded(0, ops);

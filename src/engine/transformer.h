@@ -52,7 +52,7 @@ class Transformer {
   template <typename Attend>
   void run_layers(const int32_t* tokens, int n, Attend&& attend);
   // Every backend op of one forward pass, up to the logits in logits_ (device side).
-  void run_ops(const int32_t* tokens, int n, int pos, const int32_t* positions, bool all_logits);
+  void run_ops(const int32_t* tokens, int n, int pos, bool all_logits);
   // Runs ops() as the backend's record for `bucket` (Backend::capture_begin): replayed when one
   // exists; else run eagerly the first time (lazy allocations happen there), recorded and
   // replayed from the second. The step's inputs must be staged already.

@@ -18,6 +18,7 @@
 
 #include "backend/cuda/attention_decode.cuh"
 #include "backend/cuda/attention_split.cuh"
+#include "backend/cuda/rope_store.cuh"
 
 namespace gyre::cuda {
 
@@ -35,9 +36,27 @@ __global__ void kv_store_kernel(KvStoreArgs a, const half* k, const half* v, con
                    [&](int t, int h) { return static_cast<int64_t>(h) * a.max_seq + base + t; });
 }
 
+// This block's combine options: the counter of its (query, head group) (null: the combine
+// kernel runs after), the single-block span and the PDL trigger span.
+__device__ __forceinline__ split_share::Combine block_combine(const AttentionArgs& a) {
+  return {a.counters && a.splits > 1 ? a.counters + blockIdx.z * gridDim.y + blockIdx.y : nullptr,
+          a.single_span, a.trigger_span};
+}
+
+// rope_store.cuh's body at the rows kv_store writes (position *pos0 + row).
+template <int T>
+__global__ void __launch_bounds__(kRopeStoreThreads)
+    rope_kv_store_kernel(RopeStoreArgs a, const int32_t* pos0) {
+  pdl_begin();
+  const int row = blockIdx.x;
+  const int position = *pos0 + row;
+  rope_store_row<T>(a, row, position,
+                    [&](int h) { return static_cast<int64_t>(h) * a.store.max_seq + position; });
+}
+
 template <int T>
 __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, int n_sub) {
-  pdl_begin();
+  pdl_wait();  // the block lets the next kernel in (attention_share.cuh)
   const int D = a.head_dim;
   const int kvh = blockIdx.y / n_sub, sub = blockIdx.y % n_sub;
   const int qi = blockIdx.z;
@@ -50,13 +69,13 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, in
   const int64_t first = static_cast<int64_t>(qi) * a.n_heads + head0;
   split_attend<T>(contiguous_kv(a, kvh), a.q + first * D, a.out + first * D,
                   a.splits > 1 ? a.partial + first * a.splits * (D + 2) : nullptr, D, gn, lo,
-                  pos + 1, blockIdx.x, a.splits, a.scale);
+                  pos + 1, blockIdx.x, a.splits, a.scale, block_combine(a));
 }
 
 // The same grid with the decode block (attention_decode.cuh): head dims % 8 == 0 up to 128.
 template <int T, int L, int G>
 __global__ void __launch_bounds__(decode_attn::kThreads) decode_kernel(AttentionArgs a, int n_sub) {
-  pdl_begin();
+  pdl_wait();  // the block lets the next kernel in (attention_share.cuh)
   const int D = a.head_dim;
   const int kvh = blockIdx.y / n_sub, sub = blockIdx.y % n_sub;
   const int qi = blockIdx.z;
@@ -70,7 +89,7 @@ __global__ void __launch_bounds__(decode_attn::kThreads) decode_kernel(Attention
   decode_attn::decode_attend<T, L, G>(
       contiguous_kv(a, kvh), a.q + first * D, a.out + first * D,
       a.splits > 1 ? a.partial + first * a.splits * (D + 2) : nullptr, D, gn, lo, pos + 1,
-      blockIdx.x, a.splits, a.scale);
+      blockIdx.x, a.splits, a.scale, block_combine(a));
 }
 
 // Blocks of the decode kernel resident per SM (registers bound it), per instantiation.
@@ -124,6 +143,16 @@ void kv_store(const KvStoreArgs& a, const half* k, const half* v, const int32_t*
   GYRE_CUDA_LAUNCHED();
 }
 
+void rope_kv_store(const RopeStoreArgs& a, const int32_t* pos0, cudaStream_t s) {
+  check_rope_store(a);
+  if (a.store.n <= 0) return;
+  const dim3 grid(static_cast<unsigned>(a.store.n), rope_store_head_groups(a));
+  with_kv_kind(a.store.kv_type, [&](auto kind) {
+    launch(rope_kv_store_kernel<decltype(kind)::value>, grid, kRopeStoreThreads, 0, s, a, pos0);
+  });
+  GYRE_CUDA_LAUNCHED();
+}
+
 void attention(const AttentionArgs& a, cudaStream_t s) {
   GYRE_CHECK(a.head_dim > 0 && a.head_dim <= kMaxHeadDim, "CUDA attention supports head_dim up to ",
              kMaxHeadDim, ", got ", a.head_dim);
@@ -147,8 +176,13 @@ void attention(const AttentionArgs& a, cudaStream_t s) {
     });
   }
   GYRE_CUDA_LAUNCHED();
-  if (a.splits > 1)
+  if (a.splits > 1 && a.counters == nullptr)
     split_combine(a.out, a.partial, a.n_q, a.n_heads, a.head_dim, a.splits, nullptr, s);
+}
+
+size_t attention_counters(int n_q, int n_heads, int n_kv_heads) {
+  const int group = n_heads / std::max(1, n_kv_heads);
+  return static_cast<size_t>(n_q) * n_kv_heads * ((group + kMaxGroup - 1) / kMaxGroup);
 }
 
 }  // namespace gyre::cuda

@@ -18,6 +18,7 @@
 #pragma once
 #include <cfloat>
 
+#include "backend/cuda/attention_share.cuh"
 #include "backend/cuda/kv_quant.cuh"
 #include "backend/cuda/launch.h"
 
@@ -26,8 +27,6 @@ namespace gyre::cuda::decode_attn {
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kMaxHeadDim = 128;
-// Smallest share of the context per split (as split_attend's: short contexts use few blocks).
-constexpr int kMinChunk = 32;
 
 // Head dims this block handles: 8 dims per lane, 16-byte aligned rows.
 inline bool supported(int head_dim) {
@@ -124,12 +123,15 @@ __device__ __forceinline__ void reduce_scatter(float (&v)[Total], int lane) {
 }
 
 // Attends the row's query heads [0, gn) (gn <= G, at qrow / orow) over keys [lo, hi) cut into
-// `splits` shares; this block takes share `split`. part: as split_attend's ((D + 2) floats per
-// (head, split): acc, m, l; heads `splits` shares apart). L lanes per row (8 or 16, D <= 8 L).
+// `splits` shares; this block takes share `split` (attention_share.cuh: cmb). Call pdl_wait
+// before: this lets the next kernel in.
+// part: as split_attend's ((D + 2) floats per (head, split): acc, m, l; heads `splits` shares
+// apart). L lanes per row (8 or 16, D <= 8 L).
 template <int T, int L, int G, class Kv>
 __device__ __forceinline__ void decode_attend(const Kv& kv, const half* qrow, half* orow,
                                               float* part, int D, int gn, int lo, int hi, int split,
-                                              int splits, float scale) {
+                                              int splits, float scale,
+                                              const split_share::Combine& cmb) {
   constexpr int R = 32 / L;  // rows per load instruction
   // Row loads per lane per step (registers: 8 dims each, raw and decoded): 8, 4 for 8 heads;
   // 16 for q4 rows of one head (4-byte loads: more rows keep as many bytes in flight). Measured
@@ -147,10 +149,11 @@ __device__ __forceinline__ void decode_attend(const Kv& kv, const half* qrow, ha
   const int d0 = 8 * l;
   const bool active = d0 < D;
 
-  int chunk = (hi - lo + splits - 1) / splits;
-  if (splits > 1) chunk = max(chunk, kMinChunk);
-  const int my_lo = min(hi, lo + split * chunk);
-  const int my_hi = min(hi, my_lo + chunk);
+  const bool triggered = split_share::early_trigger(hi - lo, cmb);
+  const split_share::Share share =
+      split_share::share_of(lo, hi, split, splits, cmb.counter != nullptr, cmb.single_span);
+  if (share.idle) return;
+  const int my_lo = share.lo, my_hi = share.hi;
 
   float q[G][8];
 #pragma unroll
@@ -247,6 +250,9 @@ __device__ __forceinline__ void decode_attend(const Kv& kv, const half* qrow, ha
     }
   }
 
+  if (!triggered) {  // long contexts: the next kernel is let in now that the keys are read
+    pdl_launch_dependents();
+  }
   // Merge the warp's row groups (same dims, other keys), then the warps.
 #pragma unroll
   for (int g = 0; g < G; ++g) {
@@ -279,7 +285,7 @@ __device__ __forceinline__ void decode_attend(const Kv& kv, const half* qrow, ha
       a += acc_s[w][g][d] * f;
       sum += l_s[w][g] * f;
     }
-    if (splits == 1) {
+    if (share.shares == 1) {
       orow[i] = __float2half(sum > 0.0f ? a / sum : 0.0f);
     } else {
       float* pp = part + (static_cast<int64_t>(g) * splits + split) * (D + 2);
@@ -290,6 +296,8 @@ __device__ __forceinline__ void decode_attend(const Kv& kv, const half* qrow, ha
       }
     }
   }
+  if (share.shares > 1 && cmb.counter != nullptr)
+    split_share::combine_if_last(part, orow, cmb.counter, D, gn, splits, share.shares);
 }
 
 // Calls f(std::integral_constant<int, L>{}, std::integral_constant<int, G>{}) for the lanes per

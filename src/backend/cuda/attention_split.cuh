@@ -15,6 +15,7 @@
 #pragma once
 #include <cfloat>
 
+#include "backend/cuda/attention_share.cuh"
 #include "backend/cuda/kv_quant.cuh"
 #include "backend/cuda/launch.h"
 
@@ -23,10 +24,8 @@ namespace gyre::cuda::split_attn {
 constexpr int kThreads = 128;  // also keys per chunk
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxGroup = 8;
-// Smallest share of the context per split. Measured (ncu, H100, Llama-3-8B shape, 130 keys):
-// with 128-key shares one block did all the work of a decode step at short context, 58 us per
-// layer; smaller shares spread short contexts over several blocks.
-constexpr int kMinChunk = 32;
+using split_share::kMaxSplits;
+using split_share::kMinChunk;
 constexpr int kMaxHeadDim = 256;
 
 // Shared memory of split_attend; q8/q4 add the chunk's value-row params (kThreads rows).
@@ -41,12 +40,14 @@ inline size_t smem_bytes(int head_dim, int kv_kind) {
 }
 
 // Attends rows' query heads [head0, head0 + gn) (already at qrow / orow) over keys [lo, hi)
-// cut into `splits` shares; this block takes share `split`. part: the partials of head0,
-// (D + 2) floats per (head, split), heads `splits` shares apart.
+// cut into `splits` shares; this block takes share `split` (attention_share.cuh: cmb). Call
+// pdl_wait before: this lets the next kernel in. part: the partials of head0, (D + 2) floats per
+// (head, split), heads `splits` shares apart.
 template <int T, class Kv>
 __device__ __forceinline__ void split_attend(const Kv& kv, const half* qrow, half* orow,
                                              float* part, int D, int gn, int lo, int hi, int split,
-                                             int splits, float scale) {
+                                             int splits, float scale,
+                                             const split_share::Combine& cmb) {
   extern __shared__ float smem[];
   long long* voff_s = reinterpret_cast<long long*>(smem);  // [kThreads] value row bytes (paged)
   float* q_s = smem + 2 * kThreads;                        // [kMaxGroup][D], pre-scaled
@@ -62,10 +63,11 @@ __device__ __forceinline__ void split_attend(const Kv& kv, const half* qrow, hal
   const int P = kv_param_halves_of<T>(D);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  int chunk = (hi - lo + splits - 1) / splits;
-  if (splits > 1) chunk = max(chunk, kMinChunk);
-  const int my_lo = min(hi, lo + split * chunk);
-  const int my_hi = min(hi, my_lo + chunk);
+  const bool triggered = split_share::early_trigger(hi - lo, cmb);
+  const split_share::Share share =
+      split_share::share_of(lo, hi, split, splits, cmb.counter != nullptr, cmb.single_span);
+  if (share.idle) return;
+  const int my_lo = share.lo, my_hi = share.hi;
 
   for (int i = tid; i < gn * D; i += kThreads) {
     q_s[i] = __half2float(qrow[i]) * scale;
@@ -208,7 +210,8 @@ __device__ __forceinline__ void split_attend(const Kv& kv, const half* qrow, hal
     __syncthreads();
   }
 
-  if (splits == 1) {
+  if (!triggered) pdl_launch_dependents();
+  if (share.shares == 1) {
     for (int i = tid; i < gn * D; i += kThreads) {
       const float l = l_s[i / D];
       orow[i] = __float2half(l > 0.0f ? acc_s[i] / l : 0.0f);
@@ -219,6 +222,8 @@ __device__ __forceinline__ void split_attend(const Kv& kv, const half* qrow, hal
       float* p = part + (static_cast<int64_t>(g) * splits + split) * (D + 2);
       p[d] = d < D ? acc_s[g * D + d] : (d == D ? m_s[g] : l_s[g]);
     }
+    if (cmb.counter != nullptr)
+      split_share::combine_if_last(part, orow, cmb.counter, D, gn, splits, share.shares);
   }
 }
 
@@ -228,7 +233,6 @@ __device__ __forceinline__ void split_attend(const Kv& kv, const half* qrow, hal
 // groups of threads each sum every groups-th split of their dims (independent loads, so a
 // combine over ~50 splits is a round trip or two, not one per split), summed in shared memory.
 // Internal linkage: each .cu file that includes this gets its own copy.
-constexpr int kMaxSplits = 128;
 constexpr int kCombineGroups = 4;
 static __global__ void split_combine_kernel(half* out, const float* partial, int splits, int dim,
                                             int n_heads, const int32_t* rows, int groups) {

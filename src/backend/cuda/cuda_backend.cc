@@ -97,6 +97,12 @@ CudaBackend::CudaBackend(int device, const BackendOptions& options)
     graphs_enabled_ = buckets_enabled_ = std::string(g) != "0";
   if (const char* f = std::getenv("GYRE_CUDA_FUSED_ROPE"))
     fused_rope_store_ = std::string(f) != "0";
+  if (const char* c = std::getenv("GYRE_CUDA_SPLIT_COMBINE"))
+    combine_in_kernel_ = std::string(c) != "kernel";
+  if (const char* n = std::getenv("GYRE_CUDA_ATTN_SINGLE"); n && *n)
+    single_span_ = std::max(0, std::atoi(n));
+  if (const char* n = std::getenv("GYRE_CUDA_ATTN_TRIGGER"); n && *n)
+    trigger_span_ = std::max(0, std::atoi(n));
   cudaDeviceProp prop{};
   GYRE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   sm_count_ = prop.multiProcessorCount;
@@ -415,6 +421,18 @@ float* CudaBackend::workspace(size_t floats) {
     workspace_floats_ = floats;
   }
   return static_cast<float*>(workspace_.get());
+}
+
+unsigned* CudaBackend::split_counters(size_t n) {
+  if (n > counters_n_) {
+    GYRE_CHECK(!capturing_, "internal: counter growth while capturing a CUDA graph");
+    drop_graph();
+    const size_t count = std::max<size_t>(n, 1024);
+    counters_ = device_alloc(count * sizeof(unsigned), "the attention combine counters");
+    GYRE_CUDA_CHECK(cudaMemsetAsync(counters_.get(), 0, count * sizeof(unsigned), stream_));
+    counters_n_ = count;
+  }
+  return static_cast<unsigned*>(counters_.get());
 }
 
 }  // namespace cuda

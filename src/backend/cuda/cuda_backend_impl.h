@@ -67,6 +67,18 @@ struct StagedInts {
   cudaEvent_t copied = nullptr;  // the last copy out of `pinned` (before it is overwritten)
 };
 
+// Split attention: contexts of at most this many keys are attended by one block per head group
+// (no partials). Measured (H100, bench/NOTES.md "attn1"): one block beats the split + in-kernel
+// combine up to ~170 keys for the Llama-3-8B shape (100 keys: 5.7 vs 7.2 us), ~100 for MHA.
+constexpr int kDefaultSingleSpan = 128;
+// ... and contexts of more keys let the next kernel launch (PDL) only after their keys are read
+// (split_share::Combine::trigger_span).
+constexpr int kDefaultTriggerSpan = 1024;
+
+// The fused rope/store arguments (cuda_common.h) of q (rotated in place), k and v.
+RopeStoreArgs rope_store_args(half* q, const Tensor& k, const Tensor& v, const KvStoreArgs& store,
+                              const RopeTable& table, const float* inv_freq, int n_heads);
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const BackendOptions& options);
@@ -91,6 +103,9 @@ class CudaBackend final : public Backend {
             const RopeTable& table) override;
   void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, KvCache& cache,
                  int layer, int pos0, const AttentionParams& p) override;
+  // One kernel rotates q and k and stores k, v (GYRE_CUDA_FUSED_ROPE=0: rope_qk + attention).
+  void rope_attention(Tensor& out, Tensor& q, Tensor& k, const Tensor& v, KvCache& cache, int layer,
+                      int pos0, const AttentionParams& p, const RopeTable& table) override;
   void silu_mul(Tensor& out, const Tensor& gate, const Tensor& up) override;
   // Fused projections (cuda_fused.cc): Q|K|V rows stacked, gate/up interleaved by 8 rows.
   Tensor upload_fused(const std::vector<TensorView>& parts, FusedKind kind) override;
@@ -155,10 +170,28 @@ class CudaBackend final : public Backend {
   void attend_paged(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
                     PagedKvCache& cache, int layer, const PagedBatch& batch,
                     const AttentionParams& p, const RopeTable* rope);
+  // attention, the same (contiguous cache).
+  void attend(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, KvCache& cache,
+              int layer, int pos0, const AttentionParams& p, const RopeTable* rope);
+  // The device rotary table of `rope` after checking it against head_dim.
+  const float* checked_rope_table(const RopeTable& rope, int head_dim);
   Tensor device_tensor(int64_t rows, int64_t cols, const std::string& what);
   void upload_converted(half* dst, const TensorView& w);
   bool try_upload_quantized(const TensorView& w, Tensor& out);
   float* workspace(size_t floats);
+  // At least n zeroed combine counters (attention_share.cuh; the kernels leave them zero).
+  unsigned* split_counters(size_t n);
+  // Counters, single-block span and PDL trigger span of a split attention launch (null/0: the
+  // combine kernel).
+  template <class Args>
+  void set_split_combine(Args& a, size_t n_counters) {
+    a.trigger_span = trigger_span_;
+    a.counters = nullptr;
+    a.single_span = 0;
+    if (a.splits <= 1 || !combine_in_kernel_) return;
+    a.counters = split_counters(n_counters);
+    a.single_span = single_span_;
+  }
   half* fused_scratch(size_t halves);
   // Mixed-width weights (cuda_qmixed.cc): upload, y [n, rows] = W x (+ bias) as the sum of the
   // parts' products, one part's product, and the scratch of gathered inputs and partial sums.
@@ -187,6 +220,14 @@ class CudaBackend final : public Backend {
   std::vector<std::pair<std::vector<float>, std::shared_ptr<void>>> rope_tables_;
   std::shared_ptr<void> workspace_;
   size_t workspace_floats_ = 0;
+  std::shared_ptr<void> counters_;
+  size_t counters_n_ = 0;
+  // GYRE_CUDA_SPLIT_COMBINE=kernel: the separate combine kernel (A/B); GYRE_CUDA_ATTN_SINGLE=N:
+  // contexts of at most N keys are attended by one block per head group; GYRE_CUDA_ATTN_TRIGGER=N:
+  // contexts of more than N keys let the next kernel in after their keys.
+  bool combine_in_kernel_ = true;
+  int single_span_ = kDefaultSingleSpan;
+  int trigger_span_ = kDefaultTriggerSpan;  // GYRE_CUDA_ATTN_TRIGGER=N
   std::shared_ptr<void> to_host_buf_, to_host_pinned_;
   std::shared_ptr<void> dequant_;  // FP16 copy of a quantized weight for prefill GEMMs
   size_t dequant_elems_ = 0;
@@ -213,7 +254,7 @@ class CudaBackend final : public Backend {
   int capture_bucket_ = 0;
   bool capturing_ = false;
   bool graphs_enabled_ = true, buckets_enabled_ = true;
-  bool fused_rope_store_ = true;
+  bool fused_rope_store_ = true;  // also the contiguous cache's rope_attention
   uint64_t graph_replays_ = 0;
   bool synthetic_ = false;
   uint64_t synthetic_seed_ = 0;

@@ -75,8 +75,16 @@ struct AttentionArgs {
   int splits = 1;  // context chunks per query, combined afterwards when > 1
   float scale = 0.0f;
   bool generic_block = false;  // split_attend for every head dim (benches comparing the blocks)
+  // Combine counters, zero between launches (attention_share.cuh): the last block of a split
+  // query's head group combines the partials. attention_counters() of them; null: the separate
+  // combine kernel. single_span: contexts of at most this many keys take one block (counters).
+  unsigned* counters = nullptr;
+  int single_span = 0;
+  int trigger_span = 1 << 30;  // PDL: longer contexts let the next kernel in after their keys
 };
 size_t attention_workspace_floats(int n_q, int n_heads, int head_dim, int splits);
+// Counters for a split launch of n_q rows (one per row and head group of <= 8 query heads).
+size_t attention_counters(int n_q, int n_heads, int n_kv_heads);
 // Context shares per query row for the split kernels (contiguous and paged) of `rows` rows whose
 // key ranges are at most max_span long: enough blocks to fill the GPU once. Depends only on
 // shapes, so a captured decode step replays at any position up to max_span.
@@ -96,6 +104,24 @@ struct KvStoreArgs {
 void kv_store(const KvStoreArgs& a, const half* k, const half* v, const int32_t* pos0,
               cudaStream_t s);
 void attention(const AttentionArgs& a, cudaStream_t s);
+// rope of q and k fused with the store (rope_store.cuh; the paged cache's version is in
+// paged_attention.h): q [n, n_heads * head_dim] is rotated in place; k [n, n_kv_heads *
+// head_dim] is rotated on its way into the cache (k itself is left as it was) and v is stored as
+// it is. The rotation is rope.cu's (same f32 math, rounded to FP16 before the store), so the
+// result equals rope then the store.
+struct RopeStoreArgs {
+  half* q = nullptr;
+  const half* k = nullptr;
+  const half* v = nullptr;
+  KvStoreArgs store;                // planes, kv_type, n (rows), n_kv_heads, head_dim, max_seq
+  const float* inv_freq = nullptr;  // [rot_dim / 2] (device)
+  int n_heads = 0, rot_dim = 0;
+  bool interleaved = false;
+  float attn_factor = 1.0f;
+};
+constexpr int kRopeStoreMaxHeadDim = 256;
+// The contiguous cache: row r at position *pos0 + r (kv_store's rows).
+void rope_kv_store(const RopeStoreArgs& a, const int32_t* pos0, cudaStream_t s);
 
 // ---- attention_prefill.cu ---- (tensor cores; same arguments, splits ignored)
 bool flash_prefill_supported(int head_dim);

@@ -179,8 +179,47 @@ const float* CudaBackend::rope_table(const std::vector<float>& inv_freq) {
   return static_cast<const float*>(dev.get());
 }
 
+RopeStoreArgs rope_store_args(half* q, const Tensor& k, const Tensor& v, const KvStoreArgs& store,
+                              const RopeTable& table, const float* inv_freq, int n_heads) {
+  RopeStoreArgs r;
+  r.q = q;
+  r.k = h(k);
+  r.v = h(v);
+  r.store = store;
+  r.inv_freq = inv_freq;
+  r.n_heads = n_heads;
+  r.rot_dim = table.rot_dim;
+  r.interleaved = table.interleaved;
+  r.attn_factor = table.attn_factor;
+  return r;
+}
+
+const float* CudaBackend::checked_rope_table(const RopeTable& rope, int head_dim) {
+  GYRE_CHECK(rope.rot_dim > 0 && rope.rot_dim <= head_dim && rope.rot_dim % 2 == 0 &&
+                 static_cast<int>(rope.inv_freq.size()) >= rope.rot_dim / 2,
+             "CUDA rope: bad rotary table (rot_dim ", rope.rot_dim, ")");
+  return rope_table(rope.inv_freq);
+}
+
 void CudaBackend::attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
                             KvCache& cache, int layer, int pos0, const AttentionParams& p) {
+  attend(out, q, k, v, cache, layer, pos0, p, nullptr);
+}
+
+void CudaBackend::rope_attention(Tensor& out, Tensor& q, Tensor& k, const Tensor& v, KvCache& cache,
+                                 int layer, int pos0, const AttentionParams& p,
+                                 const RopeTable& table) {
+  if (!fused_rope_store_) {
+    Backend::rope_attention(out, q, k, v, cache, layer, pos0, p, table);
+    return;
+  }
+  check_act(q, "rope_attention");
+  attend(out, q, k, v, cache, layer, pos0, p, &table);
+}
+
+void CudaBackend::attend(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
+                         KvCache& cache, int layer, int pos0, const AttentionParams& p,
+                         const RopeTable* rope) {
   auto* c = dynamic_cast<CudaKvCache*>(&cache);
   GYRE_CHECK(c != nullptr, "CUDA attention: the KV cache is not a CUDA cache");
   check_same(out, q, "attention");
@@ -194,6 +233,8 @@ void CudaBackend::attention(Tensor& out, const Tensor& q, const Tensor& k, const
              "CUDA attention: q/k/v widths do not match the head counts");
   GYRE_CHECK(pos0 >= 0 && pos0 + n <= c->max_seq(), "attention at positions ", pos0, "..", pos0 + n,
              " exceeds the KV cache of ", c->max_seq());
+  // Before the staging: a new rotary table synchronizes the stream once.
+  const float* inv_freq = rope ? checked_rope_table(*rope, p.head_dim) : nullptr;
   const int32_t* dev_pos0 = stage(pos0_, &pos0, 1);
   KvStoreArgs st;
   st.k_codes = c->codes(layer, 0);
@@ -205,7 +246,11 @@ void CudaBackend::attention(Tensor& out, const Tensor& q, const Tensor& k, const
   st.n_kv_heads = p.n_kv_heads;
   st.head_dim = p.head_dim;
   st.max_seq = c->max_seq();
-  kv_store(st, h(k), h(v), dev_pos0, stream_);
+  if (rope)  // q is the caller's non-const tensor (rope_attention)
+    rope_kv_store(rope_store_args(static_cast<half*>(q.data), k, v, st, *rope, inv_freq, p.n_heads),
+                  dev_pos0, stream_);
+  else
+    kv_store(st, h(k), h(v), dev_pos0, stream_);
 
   AttentionArgs a;
   a.q = h(q);
@@ -233,6 +278,7 @@ void CudaBackend::attention(Tensor& out, const Tensor& q, const Tensor& k, const
   a.splits =
       attention_splits(n, p.n_heads, p.n_kv_heads, p.head_dim, a.kv_type, c->max_seq(), sm_count_);
   a.partial = workspace(attention_workspace_floats(n, p.n_heads, p.head_dim, a.splits));
+  set_split_combine(a, attention_counters(n, p.n_heads, p.n_kv_heads));
   cuda::attention(a, stream_);
 }
 

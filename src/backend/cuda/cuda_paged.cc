@@ -313,12 +313,8 @@ void CudaBackend::attend_paged(Tensor& out, const Tensor& q, const Tensor& k, co
   GYRE_CHECK(q.cols == q_cols && out.cols == q_cols && k.cols == kv_cols && v.cols == kv_cols,
              "paged attention: q/out need ", q_cols, " columns and k/v ", kv_cols);
 
-  if (rope)
-    GYRE_CHECK(rope->rot_dim > 0 && rope->rot_dim <= p.head_dim && rope->rot_dim % 2 == 0 &&
-                   static_cast<int>(rope->inv_freq.size()) >= rope->rot_dim / 2,
-               "CUDA rope: bad rotary table (rot_dim ", rope->rot_dim, ")");
   // Before the step's upload: a new table synchronizes the stream once.
-  const float* inv_freq = rope ? rope_table(rope->inv_freq) : nullptr;
+  const float* inv_freq = rope ? checked_rope_table(*rope, p.head_dim) : nullptr;
   if (!paged_step_) paged_step_ = std::make_shared<PagedStep>();
   PagedStep& st = batch.bucketed ? bucket_step(batch.rows) : *paged_step_;
   if (!staged(st, cache, batch) || st.window != p.sliding_window) {
@@ -340,18 +336,11 @@ void CudaBackend::attend_paged(Tensor& out, const Tensor& q, const Tensor& k, co
   store.head_dim = p.head_dim;
   if (rope) {
     PagedRopeStoreArgs rs;
-    rs.q = static_cast<half*>(q.data);  // q is the caller's non-const tensor (rope_attention_paged)
-    rs.k = static_cast<const half*>(k.data);
-    rs.v = static_cast<const half*>(v.data);
-    rs.store = store;
+    // q is the caller's non-const tensor (rope_attention_paged).
+    rs.rope = rope_store_args(static_cast<half*>(q.data), k, v, store, *rope, inv_freq, p.n_heads);
     rs.positions = st.positions;
     rs.slots = st.slots;
-    rs.inv_freq = inv_freq;
-    rs.n_heads = p.n_heads;
-    rs.rot_dim = rope->rot_dim;
     rs.page_size = c.page_size();
-    rs.interleaved = rope->interleaved;
-    rs.attn_factor = rope->attn_factor;
     paged_rope_store(rs, stream_);
   } else {
     paged_kv_store(store, st.slots, c.page_size(), static_cast<const half*>(k.data),
@@ -385,6 +374,7 @@ void CudaBackend::attend_paged(Tensor& out, const Tensor& q, const Tensor& k, co
   if (forced_paged_splits() > 0) a.splits = forced_paged_splits();
   if (a.splits > 1)
     a.partial = workspace(paged_workspace_floats(st.n_split_rows, p.n_heads, p.head_dim, a.splits));
+  set_split_combine(a, attention_counters(st.n_split_rows, p.n_heads, p.n_kv_heads));
   paged_attention(a, stream_);
 }
 

@@ -11,11 +11,21 @@ namespace gyre::cuda {
 
 // First statement of every kernel launched with launch(): nothing before it may read what an
 // earlier kernel writes or write what an earlier kernel reads.
-__device__ __forceinline__ void pdl_begin() {
+// pdl_begin = pdl_wait, then pdl_launch_dependents; a kernel may let the next one in later
+// than its start (the split attention does for long contexts: attention_share.cuh).
+__device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+__device__ __forceinline__ void pdl_begin() {
+  pdl_wait();
+  pdl_launch_dependents();
 }
 
 bool pdl_supported();  // the current device is sm_90 or newer (elementwise.cu)

@@ -60,6 +60,7 @@ struct PagedSplitBlock {
   int D, kvh, row, gn, lo, end;
   int64_t first;  // the first query head's row in q / out, in units of head_dim
   float* part;
+  unsigned* counter;  // its combine counter (attention_share.cuh); null: the combine kernel
 };
 
 __device__ __forceinline__ PagedSplitBlock paged_split_block(const PagedAttentionArgs& a,
@@ -81,28 +82,43 @@ __device__ __forceinline__ PagedSplitBlock paged_split_block(const PagedAttentio
   b.part = a.splits > 1 ? a.partial + (static_cast<int64_t>(listed) * a.n_heads + head0) *
                                           a.splits * (b.D + 2)
                         : nullptr;
+  b.counter =
+      a.counters && a.splits > 1 ? a.counters + blockIdx.z * gridDim.y + blockIdx.y : nullptr;
   return b;
 }
 
 template <int T>
 __global__ void __launch_bounds__(split_attn::kThreads)
     paged_split_kernel(PagedAttentionArgs a, int n_sub) {
-  pdl_begin();
+  pdl_wait();  // the block lets the next kernel in (attention_share.cuh)
   const PagedSplitBlock b = paged_split_block(a, n_sub);
   split_attn::split_attend<T>(paged_kv(a, a.row_seq[b.row], b.kvh), a.q + b.first * b.D,
                               a.out + b.first * b.D, b.part, b.D, b.gn, b.lo, b.end, blockIdx.x,
-                              a.splits, a.scale);
+                              a.splits, a.scale, {b.counter, a.single_span, a.trigger_span});
+}
+
+// Resident blocks per SM the paged decode kernel's registers must allow: what each instantiation
+// had before the in-kernel combine (attention_share.cuh) and the late PDL trigger moved ptxas's
+// choices (q8, 4 heads of <= 64 dims: 168 -> 177 registers, 3 -> 2 blocks; q8, one head: 96 ->
+// 128, 5 -> 4). Not measured on the GPU beyond the tests (ptxas -v only).
+template <int T, int L, int G>
+constexpr int paged_min_blocks() {
+  if constexpr (G >= 8) return 2;
+  if constexpr (G >= 4) return 3;
+  if constexpr (T == kKvQ8 || (T == kKvQ4 && L == 8)) return 5;
+  if constexpr (T == kKvQ4) return 4;
+  return 1;  // FP16, one head: 4 blocks by itself (a bound of 4 made ptxas spill)
 }
 
 // The same grid with the decode block (head dims % 8 == 0 up to 128).
 template <int T, int L, int G>
-__global__ void __launch_bounds__(decode_attn::kThreads)
+__global__ void __launch_bounds__(decode_attn::kThreads, (paged_min_blocks<T, L, G>()))
     paged_decode_kernel(PagedAttentionArgs a, int n_sub) {
-  pdl_begin();
+  pdl_wait();  // the block lets the next kernel in (attention_share.cuh)
   const PagedSplitBlock b = paged_split_block(a, n_sub);
-  decode_attn::decode_attend<T, L, G>(paged_kv(a, a.row_seq[b.row], b.kvh), a.q + b.first * b.D,
-                                      a.out + b.first * b.D, b.part, b.D, b.gn, b.lo, b.end,
-                                      blockIdx.x, a.splits, a.scale);
+  decode_attn::decode_attend<T, L, G>(
+      paged_kv(a, a.row_seq[b.row], b.kvh), a.q + b.first * b.D, a.out + b.first * b.D, b.part, b.D,
+      b.gn, b.lo, b.end, blockIdx.x, a.splits, a.scale, {b.counter, a.single_span, a.trigger_span});
 }
 
 template <int D, int T>
@@ -197,7 +213,7 @@ void paged_attention(const PagedAttentionArgs& a, cudaStream_t s) {
     GYRE_CUDA_LAUNCHED();
   });
   if (a.n_split_rows == 0) return;
-  if (a.splits > 1)
+  if (a.splits > 1 && a.counters == nullptr)
     split_combine(a.out, a.partial, a.n_split_rows, a.n_heads, a.head_dim, a.splits, a.split_rows,
                   s);
 }

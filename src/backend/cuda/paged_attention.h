@@ -26,6 +26,12 @@ struct PagedAttentionArgs {
   const int32_t* split_rows = nullptr;
   int n_split_rows = 0, splits = 1;
   float* partial = nullptr;  // paged_workspace_floats()
+  // Combine counters, zero between launches (attention_share.cuh), attention_counters(
+  // n_split_rows, ...) of them; null: split_combine_kernel combines the partials. single_span:
+  // contexts of at most this many keys are attended by one block (with counters).
+  unsigned* counters = nullptr;
+  int single_span = 0;
+  int trigger_span = 1 << 30;  // PDL: longer contexts let the next kernel in after their keys
   // Prefill tiles for the tensor-core kernel: [n_tiles][3] = first row, rows (<= 64), sequence;
   // a tile's rows have consecutive positions starting at positions[first row].
   const int32_t* tiles = nullptr;
@@ -43,23 +49,14 @@ void paged_kv_store(const KvStoreArgs& a, const int64_t* slots, int page_size, c
                     const half* v, cudaStream_t s);
 void paged_attention(const PagedAttentionArgs& a, cudaStream_t s);
 
-// rope of q and k fused with the store (paged_rope_store.cu): q [rows, n_heads * head_dim] is
-// rotated in place; k [rows, n_kv_heads * head_dim] is rotated on its way to the cache (k itself
-// is left as it was) and v is stored as it is, both at slots[r]. The rotation is rope.cu's (same
-// f32 math, rounded to FP16 before the store), so the result equals rope then paged_kv_store.
+// rope of q and k fused with the store at slots[r] (paged_rope_store.cu; RopeStoreArgs in
+// cuda_common.h; rope.store.max_seq is not used).
 struct PagedRopeStoreArgs {
-  half* q = nullptr;
-  const half* k = nullptr;
-  const half* v = nullptr;
-  KvStoreArgs store;                   // planes, kv_type, n (rows), n_kv_heads, head_dim
+  RopeStoreArgs rope;
   const int32_t* positions = nullptr;  // [rows] (device)
   const int64_t* slots = nullptr;      // [rows] (device)
-  const float* inv_freq = nullptr;     // [rot_dim / 2] (device)
-  int n_heads = 0, rot_dim = 0, page_size = 0;
-  bool interleaved = false;
-  float attn_factor = 1.0f;
+  int page_size = 0;
 };
-constexpr int kRopeStoreMaxHeadDim = 256;
 void paged_rope_store(const PagedRopeStoreArgs& a, cudaStream_t s);
 
 }  // namespace gyre::cuda

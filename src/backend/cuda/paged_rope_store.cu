@@ -1,111 +1,35 @@
-// Rotary embedding of a serving step's q and k fused with the paged KV-cache store: one launch
-// per layer instead of two (rope, then paged_kv_store), and k is read once (rotated in registers
-// on its way to the cache, never written back). Measured before (ncu, H100, 32-row decode step
-// of the Llama-3-8B shape): rope 4.3% and the store 2.4% of the step's GPU time, both a few
+// Rotary embedding of a serving step's q and k fused with the paged KV-cache store (the body is
+// rope_store.cuh's, shared with the contiguous cache). Measured before (ncu, H100, 32-row decode
+// step of the Llama-3-8B shape): rope 4.3% and the store 2.4% of the step's GPU time, both a few
 // microseconds of mostly launch and latency per layer. Measured after (H100, same shape, 4 runs
 // each, bench/NOTES.md): the 32-row forward unchanged within noise (4.80 ms; PDL already hid most
 // of the extra launch), serving 32 requests 5,777 -> 5,913 tok/s mean (noisy, +-150).
-// Grid (row, group of kWarps heads); warp w of a block takes one head of the row: q heads first
-// (rotated in place, one thread per pair as in rope.cu), then k heads, then v heads. A k or v
-// head is staged in shared memory (rotated, rounded to FP16 as rope.cu would store it) and then
-// written one 32-dim block at a time with lane = dim, which is the layout the q8/q4 quantizer
-// (kv_quantize_block) reduces over, so FP16 and quantized caches share one kernel body.
-// cos/sin of the row's pairs are computed once per block (in f32 with full-range sincosf, scaled
-// by attn_factor, exactly as rope.cu does) and shared by its heads.
-#include "backend/cuda/kv_quant.cuh"
-#include "backend/cuda/launch.h"
 #include "backend/cuda/paged_attention.h"
+#include "backend/cuda/rope_store.cuh"
 
 namespace gyre::cuda {
 
 namespace {
 
-constexpr int kThreads = 128;
-constexpr int kWarps = kThreads / 32;
-constexpr int kMaxPairs = kRopeStoreMaxHeadDim / 2;
-
-// Dims of pair i: (2i, 2i+1) when interleaved, else (i, i + half_rot).
-__device__ __forceinline__ int2 pair_dims(int i, int half_rot, bool interleaved) {
-  return interleaved ? make_int2(2 * i, 2 * i + 1) : make_int2(i, i + half_rot);
-}
-
 template <int T>
-__global__ void __launch_bounds__(kThreads) paged_rope_store_kernel(PagedRopeStoreArgs a) {
-  __shared__ float cos_s[kMaxPairs], sin_s[kMaxPairs];
-  __shared__ half staged[kWarps][kRopeStoreMaxHeadDim];
+__global__ void __launch_bounds__(kRopeStoreThreads) paged_rope_store_kernel(PagedRopeStoreArgs a) {
   pdl_begin();
   const int row = blockIdx.x;
-  const int D = a.store.head_dim, n_kv = a.store.n_kv_heads;
-  const int half_rot = a.rot_dim / 2;
-  const float pos = static_cast<float>(a.positions[row]);
-  for (int i = threadIdx.x; i < half_rot; i += kThreads) {
-    float sn, cs;
-    sincosf(pos * a.inv_freq[i], &sn, &cs);
-    cos_s[i] = cs * a.attn_factor;
-    sin_s[i] = sn * a.attn_factor;
-  }
-  __syncthreads();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int head = blockIdx.y * kWarps + warp;
-  if (head >= a.n_heads + 2 * n_kv) return;  // no block-wide barrier follows
-
-  if (head < a.n_heads) {  // q: in place, each pair owned by one thread
-    half* x = a.q + (static_cast<int64_t>(row) * a.n_heads + head) * D;
-    for (int i = lane; i < half_rot; i += 32) {
-      const int2 d = pair_dims(i, half_rot, a.interleaved);
-      const float x0 = __half2float(x[d.x]), x1 = __half2float(x[d.y]);
-      x[d.x] = __float2half(x0 * cos_s[i] - x1 * sin_s[i]);
-      x[d.y] = __float2half(x0 * sin_s[i] + x1 * cos_s[i]);
-    }
-    return;
-  }
-  const int kv = head >= a.n_heads + n_kv ? 1 : 0;  // 0: a key head, 1: a value head
-  const int h = head - a.n_heads - kv * n_kv;
-  const half* src = (kv ? a.v : a.k) + (static_cast<int64_t>(row) * n_kv + h) * D;
-  half* buf = staged[warp];
-  const int plain_from = kv ? 0 : a.rot_dim;  // values, and dims past rot_dim, go as they are
-  if (!kv) {
-    for (int i = lane; i < half_rot; i += 32) {
-      const int2 d = pair_dims(i, half_rot, a.interleaved);
-      const float x0 = __half2float(src[d.x]), x1 = __half2float(src[d.y]);
-      buf[d.x] = __float2half(x0 * cos_s[i] - x1 * sin_s[i]);
-      buf[d.y] = __float2half(x0 * sin_s[i] + x1 * cos_s[i]);
-    }
-  }
-  for (int d = plain_from + lane; d < D; d += 32) buf[d] = src[d];
-  __syncwarp();
-
   const int64_t slot = a.slots[row];
-  const int64_t cache_row = (slot / a.page_size * n_kv + h) * a.page_size + slot % a.page_size;
-  uint8_t* codes = static_cast<uint8_t*>(kv ? a.store.v_codes : a.store.k_codes) +
-                   cache_row * kv_code_bytes_of<T>(D);
-  for (int b0 = 0; b0 < D; b0 += 32) {  // warp-uniform trip count (the quantizer shuffles)
-    const int d = b0 + lane;
-    const bool active = d < D;
-    if constexpr (T == kKvF16) {
-      if (active) reinterpret_cast<half*>(codes)[d] = buf[d];
-    } else {
-      half* params =
-          (kv ? a.store.v_params : a.store.k_params) + cache_row * kv_param_halves_of<T>(D);
-      kv_quantize_block<T>(active ? __half2float(buf[d]) : 0.0f, active, b0, codes, params);
-    }
-  }
+  const int n_kv = a.rope.store.n_kv_heads;
+  rope_store_row<T>(a.rope, row, a.positions[row], [&](int h) {
+    return (slot / a.page_size * n_kv + h) * a.page_size + slot % a.page_size;
+  });
 }
 
 }  // namespace
 
 void paged_rope_store(const PagedRopeStoreArgs& a, cudaStream_t s) {
-  const int D = a.store.head_dim;
-  GYRE_CHECK(D > 0 && D <= kRopeStoreMaxHeadDim, "CUDA paged rope/store supports head_dim up to ",
-             kRopeStoreMaxHeadDim, ", got ", D);
-  GYRE_CHECK(a.rot_dim > 0 && a.rot_dim <= D && a.rot_dim % 2 == 0,
-             "CUDA paged rope/store: bad rotary dims ", a.rot_dim, " of ", D);
-  if (a.store.n <= 0) return;
-  const int heads = a.n_heads + 2 * a.store.n_kv_heads;
-  const dim3 grid(static_cast<unsigned>(a.store.n),
-                  static_cast<unsigned>((heads + kWarps - 1) / kWarps));
-  with_kv_kind(a.store.kv_type, [&](auto kind) {
-    launch(paged_rope_store_kernel<decltype(kind)::value>, grid, kThreads, 0, s, a);
+  check_rope_store(a.rope);
+  if (a.rope.store.n <= 0) return;
+  const dim3 grid(static_cast<unsigned>(a.rope.store.n), rope_store_head_groups(a.rope));
+  with_kv_kind(a.rope.store.kv_type, [&](auto kind) {
+    launch(paged_rope_store_kernel<decltype(kind)::value>, grid, kRopeStoreThreads, 0, s, a);
   });
   GYRE_CUDA_LAUNCHED();
 }
