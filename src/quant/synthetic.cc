@@ -102,6 +102,26 @@ void convert_synthetic(const ModelConfig& c, const std::string& name, const Conv
           out.push_back(a * uniform(kSeed + 7, uint64_t(id) * uint64_t(c.dim) + uint64_t(k)));
     return out;
   };
+  // The final norm and an untied LM head (unless --head-bits 0), random like the blocks, so the
+  // timing includes the head's GPTQ as a real conversion's does.
+  std::vector<float> final_norm, head;
+  if (o.head_bits > 0) {
+    fill(final_norm, 1, c.dim, mix(kSeed + 3), 0.2f, 1.0f, 1);
+    fill(head, c.vocab_size, c.dim, mix(kSeed + 5), std::sqrt(3.0f / static_cast<float>(c.dim)),
+         0.0f, ctx.threads);
+    auto view = [](const char* name, std::vector<float>& v, std::vector<int64_t> shape) {
+      TensorView t;
+      t.name = name;
+      t.dtype = DType::F32;
+      t.shape = std::move(shape);
+      t.data = v.data();
+      t.nbytes = v.size() * sizeof(float);
+      return t;
+    };
+    lm.config.tie_embeddings = false;
+    lm.weights.add(view("model.norm.weight", final_norm, {c.dim}));
+    lm.weights.add(view("lm_head.weight", head, {c.vocab_size, c.dim}));
+  }
   const std::string& device = rt.device;
   QuantTimings& timings = rt.timings;
   if (o.chooser == "kl")
@@ -124,11 +144,12 @@ void convert_synthetic(const ModelConfig& c, const std::string& name, const Conv
   Plan plan = optimized_plan(lm, meas, o.bpw, false);
   t0 = std::chrono::steady_clock::now();
   timings = QuantTimings{};
-  quantize_pass(ctx, plan, job, 0);
+  quantize_pass(ctx, plan, job, o.head_bits);
   const double t_quant = seconds_since(t0);
   double bits = 0, numel = 0;
   for (const auto& [layer, st] : plan) {
     const LayerErrors* le = meas.find(layer);
+    if (le == nullptr) continue;  // the LM head: outside the budget, as in a real conversion
     const double n = static_cast<double>(le->rows * le->cols);
     bits += n * st.bits_per_weight();
     numel += n;
@@ -139,6 +160,7 @@ void convert_synthetic(const ModelConfig& c, const std::string& name, const Conv
                             {"rows", o.rows},
                             {"length", o.length},
                             {"bpw_target", o.bpw},
+                            {"head_bits", o.head_bits},
                             {"bits_per_weight", numel > 0 ? bits / numel : 0.0},
                             {"seconds",
                              {{"total", total},

@@ -2,9 +2,10 @@
 // per-layer choice, the quantization pass) on a model of a known shape with random weights, to
 // time the quantizer without a checkpoint. Each block's weights are generated when the block is
 // reached (deterministic per layer and tensor), so memory holds one block at a time; the
-// calibration rows are random token ids (there is no tokenizer). The output folder gets the
-// measurement and a summary (conversion.json), not a loadable model: there is no embedding,
-// LM head or tokenizer to write.
+// calibration rows are random token ids (there is no tokenizer). With --head-bits > 0 a random
+// untied LM head (and final norm) is quantized too, with the Hessian of the last block's outputs,
+// as in a real conversion. The output folder gets the measurement and a summary
+// (conversion.json), not a loadable model: there is no embedding or tokenizer to write.
 #pragma once
 #include <string>
 
