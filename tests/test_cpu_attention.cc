@@ -9,10 +9,13 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend_test_util.h"
 #include "core/error.h"
 
 namespace gyre {
 namespace {
+
+using btest::host;
 
 std::vector<float> random_floats(size_t n, std::mt19937& rng) {
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
@@ -25,12 +28,6 @@ Tensor activation(Backend& b, int64_t rows, int64_t cols, const float* values) {
   Tensor t = b.alloc(rows, cols);
   std::memcpy(t.data, values, static_cast<size_t>(rows * cols) * sizeof(float));
   return t;
-}
-
-std::vector<float> host(Backend& b, const Tensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.rows * t.cols));
-  b.to_host(t, v.data());
-  return v;
 }
 
 struct RopeCase {

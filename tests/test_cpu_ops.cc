@@ -10,11 +10,14 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/thread_pool.h"
+#include "backend_test_util.h"
 #include "core/error.h"
 #include "core/half.h"
 
 namespace gyre {
 namespace {
+
+using btest::host;
 
 std::vector<float> random_floats(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
   std::uniform_real_distribution<float> dist(lo, hi);
@@ -28,12 +31,6 @@ Tensor activation(Backend& b, int64_t rows, int64_t cols, const std::vector<floa
   EXPECT_EQ(values.size(), static_cast<size_t>(rows * cols));
   std::memcpy(t.data, values.data(), values.size() * sizeof(float));  // CPU memory is host memory
   return t;
-}
-
-std::vector<float> host(Backend& b, const Tensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.rows * t.cols));
-  b.to_host(t, v.data());
-  return v;
 }
 
 TensorView view(DType dt, std::vector<int64_t> shape, const void* data, size_t nbytes) {

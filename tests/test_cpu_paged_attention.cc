@@ -11,10 +11,13 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend_test_util.h"
 #include "core/error.h"
 
 namespace gyre {
 namespace {
+
+using btest::host;
 
 constexpr int kHeads = 6, kKvHeads = 2, kHeadDim = 12, kPageSize = 5, kPages = 64, kLayers = 2;
 
@@ -29,12 +32,6 @@ Tensor activation(Backend& b, int64_t rows, int64_t cols, const float* values) {
   Tensor t = b.alloc(rows, cols);
   std::memcpy(t.data, values, static_cast<size_t>(rows * cols) * sizeof(float));
   return t;
-}
-
-std::vector<float> host(Backend& b, const Tensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.rows * t.cols));
-  b.to_host(t, v.data());
-  return v;
 }
 
 AttentionParams params(int window) {

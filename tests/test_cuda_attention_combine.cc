@@ -20,6 +20,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend_test_util.h"
 #include "core/half.h"
 #include "core/kv_quant.h"
 #ifdef GYRE_HAVE_CUDA
@@ -28,6 +29,12 @@
 
 namespace gyre {
 namespace {
+
+using btest::Act;
+using btest::host;
+using btest::random_f16;
+using btest::rel_error;
+using btest::upload;
 
 bool have_gpu() {
 #ifdef GYRE_HAVE_CUDA
@@ -52,45 +59,6 @@ std::unique_ptr<Backend> cuda_backend(const std::string& kv,
   (void)env;
   return nullptr;
 #endif
-}
-
-std::vector<float> random_f16(size_t n, std::mt19937& rng) {
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = f16_to_f32(f32_to_f16(u(rng)));
-  return v;
-}
-
-// An activation on a backend; the host values stay alive with it (the CPU may use them in place).
-struct Act {
-  Tensor t;
-  std::shared_ptr<std::vector<float>> data;
-};
-Act upload(Backend& b, const std::vector<float>& values, int64_t rows, int64_t cols) {
-  auto v = std::make_shared<std::vector<float>>(values);
-  TensorView view;
-  view.name = "test";
-  view.dtype = DType::F32;
-  view.shape = {rows, cols};
-  view.data = v->data();
-  view.nbytes = v->size() * sizeof(float);
-  return {b.upload_weight(view), v};
-}
-
-std::vector<float> host(Backend& b, const Tensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.rows * t.cols));
-  b.to_host(t, v.data());
-  return v;
-}
-
-double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    num += (got[i] - want[i]) * static_cast<double>(got[i] - want[i]);
-    den += static_cast<double>(want[i]) * want[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
 }
 
 struct Shape {

@@ -14,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend_test_util.h"
 #include "core/half.h"
 #include "core/kv_quant.h"
 #ifdef GYRE_HAVE_CUDA
@@ -22,6 +23,8 @@
 
 namespace gyre {
 namespace {
+
+using btest::random_f16;
 
 bool have_gpu() {
 #ifdef GYRE_HAVE_CUDA
@@ -40,13 +43,6 @@ std::unique_ptr<Backend> cuda_backend(const std::string& kv) {
   (void)kv;
   return nullptr;
 #endif
-}
-
-std::vector<float> random_f16(size_t n, std::mt19937& rng) {
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = f16_to_f32(f32_to_f16(u(rng)));
-  return v;
 }
 
 struct Both {

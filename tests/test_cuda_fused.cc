@@ -14,6 +14,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/fused_weights.h"
+#include "backend_test_util.h"
 #include "core/half.h"
 #ifdef GYRE_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -21,6 +22,8 @@
 
 namespace gyre {
 namespace {
+
+using btest::host;
 
 struct HostWeight {
   std::vector<float> v;
@@ -41,12 +44,6 @@ HostWeight random_weight(size_t n, std::mt19937& rng, float scale) {
   w.v.resize(n);
   for (float& x : w.v) x = f16_to_f32(f32_to_f16(u(rng)));  // exact in FP16 too
   return w;
-}
-
-std::vector<float> host(Backend& b, const Tensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.rows * t.cols));
-  b.to_host(t, v.data());
-  return v;
 }
 
 // y[t, r] = x[t] . w[r] (+ b[r]) in float64.

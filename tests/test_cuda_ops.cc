@@ -14,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend_test_util.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "engine/transformer.h"
@@ -25,6 +26,8 @@
 
 namespace gyre {
 namespace {
+
+using btest::host;
 
 #ifdef GYRE_HAVE_CUDA
 bool have_gpu() {
@@ -70,12 +73,6 @@ Pair upload(Backend& cpu, Backend& gpu, std::vector<float> values, int64_t rows,
   t.data = v->data();
   t.nbytes = v->size() * sizeof(float);
   return {cpu.upload_weight(t), gpu.upload_weight(t), v};
-}
-
-std::vector<float> host(Backend& b, const Tensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.rows * t.cols));
-  b.to_host(t, v.data());
-  return v;
 }
 
 // ||gpu - cpu|| / ||cpu||, with every value finite.

@@ -19,6 +19,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
+#include "backend_test_util.h"
 #include "core/half.h"
 #include "core/kv_quant.h"
 #include "engine/engine.h"
@@ -32,6 +33,9 @@
 
 namespace gyre {
 namespace {
+
+using btest::host;
+using btest::random_f16;
 
 #ifdef GYRE_HAVE_CUDA
 bool have_gpu() {
@@ -55,13 +59,6 @@ std::unique_ptr<Backend> cuda_backend(const std::string& = "f16") {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or built without CUDA)"
 
 // Random values already rounded to FP16, so both backends start from identical inputs.
-std::vector<float> random_f16(size_t n, std::mt19937& rng) {
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = f16_to_f32(f32_to_f16(u(rng)));
-  return v;
-}
-
 // One activation on both backends (the CPU backend may keep the host data: the pair owns it).
 struct Pair {
   Tensor cpu, gpu;
@@ -76,12 +73,6 @@ Pair upload(Backend& cpu, Backend& gpu, std::vector<float> values, int64_t rows,
   t.data = v->data();
   t.nbytes = v->size() * sizeof(float);
   return {cpu.upload_weight(t), gpu.upload_weight(t), v};
-}
-
-std::vector<float> host(Backend& b, const Tensor& t) {
-  std::vector<float> v(static_cast<size_t>(t.rows * t.cols));
-  b.to_host(t, v.data());
-  return v;
 }
 
 double rel_error(const std::vector<float>& gpu, const std::vector<float>& cpu) {

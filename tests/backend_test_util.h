@@ -1,0 +1,58 @@
+// Test helpers shared by the backend op tests (CPU and CUDA): FP16-exact random values, host
+// activations uploaded to a backend, results read back, and the relative L2 error.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/half.h"
+
+namespace gyre::btest {
+
+// Uniform in [-1, 1), rounded through FP16 so both backends see the same values.
+inline std::vector<float> random_f16(size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = f16_to_f32(f32_to_f16(u(rng)));
+  return v;
+}
+
+// An activation uploaded to a backend; the host values stay alive with it (the CPU backend may
+// use them in place).
+struct Act {
+  Tensor t;
+  std::shared_ptr<std::vector<float>> data;
+};
+inline Act upload(Backend& b, const std::vector<float>& values, int64_t rows, int64_t cols) {
+  auto v = std::make_shared<std::vector<float>>(values);
+  TensorView view;
+  view.name = "test";
+  view.dtype = DType::F32;
+  view.shape = {rows, cols};
+  view.data = v->data();
+  view.nbytes = v->size() * sizeof(float);
+  return {b.upload_weight(view), v};
+}
+
+inline std::vector<float> host(Backend& b, const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.rows * t.cols));
+  b.to_host(t, v.data());
+  return v;
+}
+
+// ||got - want|| / ||want|| (infinite when got holds a NaN or an infinity).
+inline double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    num += (got[i] - want[i]) * static_cast<double>(got[i] - want[i]);
+    den += static_cast<double>(want[i]) * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+}  // namespace gyre::btest
