@@ -1,0 +1,222 @@
+// 2/3/5/6-bit weights in the tiled split-plane layout (qlinear_stream.cuh describes it): the
+// repack from the host layout at upload, the decode GEMV (the stream kernel on tensor cores,
+// any n in chunks whose x fits shared memory) and the FP16 dequantization (prefill).
+//
+// Why a second device layout: the host layout (qlinear_bits.cu reads it as it is) keeps a row's
+// units contiguous, which suits CUDA-core dot products but not the m16n8k16 fragments, and
+// that kernel stayed at 25-45% of copy bandwidth (bench/qlinear_notes.md, round 4). In 16-row
+// tiles a block of 64 columns is one contiguous 128 * bits-byte piece, read with one or two
+// vector loads per lane and decoded straight into A fragments, so the narrow widths stream like
+// the 4-bit kernel. GYRE_CUDA_BITS_STREAM=0 keeps the host layout and the old kernel (A/B).
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include "backend/cuda/qlinear.h"
+#include "backend/cuda/qlinear_stream.cuh"
+#include "core/error.h"
+
+namespace gyre::qlinear_detail {
+
+void tile_scales_upload(const uint8_t* host_scales, const uint8_t* host_mins, const Params& p,
+                        uint8_t* dst_scales, uint8_t* dst_mins);  // qlinear_tiled.cu
+
+namespace {
+
+int g_stream = -1;  // -1: GYRE_CUDA_BITS_STREAM (default on)
+int g_depth = 0;    // ring depth: 0 = by width
+
+// Low-plane bits of a width (the host split planes, qlinear_ref.h).
+__host__ __device__ constexpr int low_bits(int bits) {
+  return bits >= 5 ? 4 : 2;
+}
+
+// The P-bit plane part of packed column c of row r in the host layout; 0 for padding.
+__device__ uint32_t host_plane_value(const uint32_t* src, int rows, int cols, int bits, bool high,
+                                     int r, int c) {
+  if (r >= rows || c >= cols) return 0;
+  const int lo = low_bits(bits), pbits = high ? bits - lo : lo, per_word = 32 / pbits;
+  const int units = cols / 32, unit = c / 32, in_unit = c % 32;
+  const int tile = unit / 32, u = unit % 32, m = min(32, units - 32 * tile);
+  const int j = (high ? lo : 0) + in_unit / per_word, e = in_unit % per_word;
+  const int64_t word = int64_t{r} * units * bits + 32 * bits * tile + j * m + u;
+  return (src[word] >> ((e % 2) * 16 + pbits * (e / 2))) & ((1u << pbits) - 1);
+}
+
+// Row and first column of pair k (0..15) of lane (g, t) in tile T, block b.
+__host__ __device__ inline void pair_position(int tile, int b, int lane, int k, int& row,
+                                              int& col) {
+  const int g = lane / 4, t = lane % 4, j = k / 4, r = k % 4;
+  row = 16 * tile + g + 8 * (r % 2);
+  col = 64 * b + 32 * (j / 2) + 8 * t + 4 * (j % 2) + 2 * (r / 2);
+}
+
+// One thread per device word: word w of block (tile, b) is low-plane word w % lo of lane w / lo
+// (w < 32 lo), else high-plane word of lane (w - 32 lo) / hi.
+__global__ void tile_bits_kernel(const uint32_t* src, uint32_t* dst, int rows, int cols, int bits,
+                                 int kblocks, int64_t words) {
+  const int64_t o = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (o >= words) return;
+  const int lo = low_bits(bits), hi = bits - lo;
+  const int w = static_cast<int>(o % (32 * bits));
+  const int64_t tb = o / (32 * bits);
+  const int b = static_cast<int>(tb % kblocks), tile = static_cast<int>(tb / kblocks);
+  const bool high = w >= 32 * lo;
+  const int pbits = high ? hi : lo, per_lane = pbits, wl = high ? w - 32 * lo : w;
+  const int lane = wl / per_lane, word = wl % per_lane, pairs = 16 / pbits;
+  uint32_t v = 0;
+  for (int i = 0; i < pairs; ++i) {
+    const int k = word * pairs + i;
+    int row = 0, col = 0;
+    pair_position(tile, b, lane, k, row, col);
+    v |= host_plane_value(src, rows, cols, bits, high, row, col) << (pbits * i);
+    v |= host_plane_value(src, rows, cols, bits, high, row, col + 1) << (16 + pbits * i);
+  }
+  dst[o] = v;
+}
+
+// One thread per (tile, block, lane): its 32 values scaled to FP16 at their (row, column), in
+// the original column order.
+template <int BITS>
+__global__ void dequant_tiled_bits_kernel(Params p, __half* out) {
+  constexpr int kLo = StreamPlanes<BITS>::kLo, kHi = StreamPlanes<BITS>::kHi;
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i >= int64_t{p.tiles} * p.kblocks * 32) return;
+  const int lane = static_cast<int>(i % 32), b = static_cast<int>((i / 32) % p.kblocks);
+  const int tile = static_cast<int>(i / 32 / p.kblocks);
+  const uint8_t* block = p.qweight + (int64_t{tile} * p.kblocks + b) * 128 * BITS;
+  uint32_t q[BITS];
+  load_stream_words<kLo>(block + lane * 4 * kLo, q);
+  if constexpr (kHi > 0) load_stream_words<kHi>(block + 128 * kLo + lane * 4 * kHi, q + kLo);
+  const __half2 base = __float2half2_rn(p.asym ? 1024.f : 1024.f + (1 << (BITS - 1)));
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t a[4];
+    narrow_to_fragment<BITS>(q, j, base, a);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      int row = 0, col = 0;
+      pair_position(tile, b, lane, 4 * j + r, row, col);
+      if (row >= p.rows || col >= p.cols) continue;
+      const int64_t sidx = (int64_t{tile} * p.groups_p + (col >> p.group_log2)) * 16 +
+                           2 * (row % 8) + (row % 16) / 8;
+      const __half2 s = __half2half2(static_cast<const __half*>(p.scales)[sidx]);
+      const __half2 m =
+          p.asym ? __half2half2(static_cast<const __half*>(p.mins)[sidx]) : __float2half2_rn(0.f);
+      const __half2 v = __hfma2(as_half2(a[r]), s, m);
+      __half* dst = out + int64_t{row} * p.cols;
+      dst[p.perm ? p.perm[col] : col] = __low2half(v);
+      dst[p.perm ? p.perm[col + 1] : col + 1] = __high2half(v);
+    }
+  }
+}
+
+template <int BITS>
+void launch_width(const Params& p, cudaStream_t stream) {
+  // Default depth: about 2 KB of weights in flight per warp (4 blocks of 4-bit measured best).
+  const int depth = g_depth != 0 ? g_depth : BITS <= 3 ? 8 : 4;
+  if (depth == 8) return launch_stream_depth<BITS, 8>(p, 0, stream);
+  launch_stream_depth<BITS, 4>(p, 0, stream);
+}
+
+void launch_chunk(const Params& p, cudaStream_t stream) {
+  switch (p.bits) {
+    case 2:
+      return launch_width<2>(p, stream);
+    case 3:
+      return launch_width<3>(p, stream);
+    case 5:
+      return launch_width<5>(p, stream);
+    case 6:
+      return launch_width<6>(p, stream);
+    default:
+      fail("qlinear: no tiled narrow-width kernel for ", p.bits, " bits");
+  }
+}
+
+}  // namespace
+
+bool bits_stream_enabled() {
+  if (g_stream < 0) {
+    const char* e = std::getenv("GYRE_CUDA_BITS_STREAM");
+    g_stream = e == nullptr || std::string(e) != "0" ? 1 : 0;
+  }
+  return g_stream == 1;
+}
+
+void set_bits_stream(int mode) {
+  GYRE_CHECK(mode >= -1 && mode <= 1, "qlinear: bits stream mode must be -1, 0 or 1");
+  g_stream = mode;
+}
+
+void set_bits_stream_depth(int depth) {
+  GYRE_CHECK(depth == 0 || depth == 4 || depth == 8, "qlinear: bits stream depth must be 0, 4, 8");
+  g_depth = depth;
+}
+
+bool bits_tiled_layout(const QWeightDesc& d) {
+  // x of one token (cols halves) must fit next to the reduction space in any sm_80+ block.
+  return d.narrow() && !d.scale_f32 && d.cols <= kQlinearTiledBitsMaxCols && bits_stream_enabled();
+}
+
+void tile_bits_upload(const QWeightHost& w, const Params& p, uint8_t* dst_q, uint8_t* dst_scales,
+                      uint8_t* dst_mins) {
+  {
+    DeviceStage stage(w.qweight.size() + 16);
+    check_cuda(cudaMemcpy(stage.p, w.qweight.data(), w.qweight.size(), cudaMemcpyHostToDevice),
+               "cudaMemcpy (weight)");
+    const int64_t words = int64_t{p.tiles} * p.kblocks * 32 * p.bits;
+    tile_bits_kernel<<<static_cast<unsigned>((words + 255) / 256), 256>>>(
+        reinterpret_cast<const uint32_t*>(stage.p), reinterpret_cast<uint32_t*>(dst_q), p.rows,
+        p.cols, p.bits, p.kblocks, words);
+    check_cuda(cudaGetLastError(), "tile_bits launch");
+    check_cuda(cudaDeviceSynchronize(), "narrow weight tiling");
+  }
+  tile_scales_upload(w.scales.data(), p.asym ? w.mins.data() : nullptr, p, dst_scales, dst_mins);
+}
+
+void launch_gemv_bits_stream(const Params& p, cudaStream_t stream) {
+  int sms = 0, optin = 0;
+  stream_device_limits(sms, optin);
+  // Tokens per pass: all n (up to 8) while x leaves room for 3 blocks per SM, as for 4 bits;
+  // fewer for long rows (bits_tiled_layout guarantees that one token fits).
+  Params one = p;
+  one.n = 1;
+  const int per_token = stream_smem(one);
+  const int chunk = std::clamp(((optin - 8 * 1024) / 3) / per_token, 1, 8);
+  for (int t0 = 0; t0 < p.n; t0 += chunk) {
+    Params c = p;
+    c.n = std::min(chunk, p.n - t0);
+    c.x = p.x + int64_t{t0} * p.cols;
+    if (p.swiglu_hidden > 0) {
+      c.y = p.y + int64_t{t0} * p.swiglu_hidden;
+    } else if (p.split.parts == 0) {
+      c.y = p.y + int64_t{t0} * p.rows;
+    } else {
+      for (int i = 0; i < p.split.parts; ++i) {
+        const int width = p.split.end[i] - (i == 0 ? 0 : p.split.end[i - 1]);
+        c.split.out[i] = p.split.out[i] + int64_t{t0} * width;
+      }
+    }
+    launch_chunk(c, stream);
+  }
+}
+
+void launch_dequant_bits_tiled(const Params& p, __half* out, cudaStream_t stream) {
+  const int64_t pieces = int64_t{p.tiles} * p.kblocks * 32;
+  const auto blocks = static_cast<unsigned>((pieces + 255) / 256);
+  switch (p.bits) {
+    case 2:
+      return dequant_tiled_bits_kernel<2><<<blocks, 256, 0, stream>>>(p, out);
+    case 3:
+      return dequant_tiled_bits_kernel<3><<<blocks, 256, 0, stream>>>(p, out);
+    case 5:
+      return dequant_tiled_bits_kernel<5><<<blocks, 256, 0, stream>>>(p, out);
+    case 6:
+      return dequant_tiled_bits_kernel<6><<<blocks, 256, 0, stream>>>(p, out);
+    default:
+      fail("qlinear: no tiled narrow-width dequantization for ", p.bits, " bits");
+  }
+}
+
+}  // namespace gyre::qlinear_detail
