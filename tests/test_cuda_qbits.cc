@@ -227,13 +227,16 @@ TEST(CudaQbits, SplitOutputsMatchTheWholeWeight) {
 TEST(CudaQbits, DequantizeMatchesReference) {
   if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
   uint32_t seed = 300;
-  for (const int mode : {-1, 0})  // tiled, host layout
+  for (const int pieces : {-1, 0, 1, 2, 4})  // host layout, tiled by width, tiled 1/2/4 blocks
     for (const Narrow& l : kLayouts) {
-      qlinear_detail::set_bits_stream(mode);
+      qlinear_detail::set_bits_stream(pieces < 0 ? 0 : -1);
+      qlinear_detail::set_bits_stream_pieces(std::max(pieces, 0));
       const QWeightHost w = make_weight(l.bits, l.group, l.asym, l.perm, 37, 1152, seed++);
       QWeightDevice dw = qweight_upload(w);
       qlinear_detail::set_bits_stream(-1);
-      ASSERT_EQ(dw.narrow_tiled, mode != 0);
+      qlinear_detail::set_bits_stream_pieces(0);
+      ASSERT_EQ(dw.narrow_tiled > 0, pieces >= 0);
+      if (pieces > 0) ASSERT_EQ(dw.narrow_tiled, pieces);
       Halves out(size_t(37) * 1152);
       out.poison();
       qlinear_dequantize(dw, out.p, nullptr);
@@ -248,13 +251,15 @@ TEST(CudaQbits, DequantizeMatchesReference) {
     }
 }
 
-// The stream GEMV's other ring depth, and weights whose rows are too long for the tiled layout
-// (x of one token must fit shared memory): they keep the host layout and its kernel.
-TEST(CudaQbits, StreamDepthAndLongRowsMatchFloat64) {
+// Every piece size of the tiled layout (1, 2, 4 blocks: odd block counts padded), a larger warp
+// budget, and weights whose rows are too long for the tiled layout (x of one token must fit
+// shared memory): they keep the host layout and its kernel.
+TEST(CudaQbits, StreamPiecesAndLongRowsMatchFloat64) {
   if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
   uint32_t seed = 900;
-  for (const int depth : {4, 8}) {
-    qlinear_detail::set_bits_stream_depth(depth);
+  for (const int pieces : {1, 2, 4}) {
+    qlinear_detail::set_bits_stream_pieces(pieces);
+    qlinear_detail::set_bits_stream_warps(pieces == 2 ? 64 : 0);
     for (const Narrow& l : kLayouts)
       for (const int cols : {2080, 2176}) {
         if (cols % l.group != 0) continue;
@@ -262,10 +267,11 @@ TEST(CudaQbits, StreamDepthAndLongRowsMatchFloat64) {
         for (const int n : {1, 2, 7}) check_matmul(w, n, seed++);
       }
   }
-  qlinear_detail::set_bits_stream_depth(0);
+  qlinear_detail::set_bits_stream_pieces(0);
+  qlinear_detail::set_bits_stream_warps(0);
   const QWeightHost w = make_weight(3, 32, false, false, 5, kQlinearTiledBitsMaxCols + 32, 950);
   QWeightDevice dw = qweight_upload(w);
-  EXPECT_FALSE(dw.narrow_tiled);
+  EXPECT_EQ(dw.narrow_tiled, 0);
   EXPECT_FALSE(qlinear_fuses_norm(dw, 1));
   qweight_free(dw);
   check_matmul(w, 2, 951);

@@ -34,11 +34,12 @@ void prepare_batch_stream();                              // qlinear_batch_strea
 void launch_gemv_bits(const Params& p, cudaStream_t stream);
 void launch_dequant_bits(const Params& p, __half* out, cudaStream_t stream);
 // qlinear_bits_stream.cu: the same widths in the tiled layout (any n, up to eight per pass).
-bool bits_tiled_layout(const QWeightDesc& d);
-void tile_bits_upload(const QWeightHost& w, const Params& p, uint8_t* dst_q, uint8_t* dst_scales,
-                      uint8_t* dst_mins);
-void launch_gemv_bits_stream(const Params& p, cudaStream_t stream);
-void launch_dequant_bits_tiled(const Params& p, __half* out, cudaStream_t stream);
+// bits_tiled_layout: blocks per piece of the tiled layout for a new upload, 0 = the host layout.
+int bits_tiled_layout(const QWeightDesc& d);
+void tile_bits_upload(const QWeightHost& w, const Params& p, int pieces_s, uint8_t* dst_q,
+                      uint8_t* dst_scales, uint8_t* dst_mins);
+void launch_gemv_bits_stream(const Params& p, int pieces_s, cudaStream_t stream);
+void launch_dequant_bits_tiled(const Params& p, int pieces_s, __half* out, cudaStream_t stream);
 void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("CUDA error in ", what, ": ", cudaGetErrorString(e));
 }
@@ -219,6 +220,8 @@ Params layout_params(const QWeightDevice& w) {
   p.asym = d.asymmetric;
   p.tiles = (d.rows + 15) / 16;
   p.kblocks = (d.cols + 63) / 64;
+  if (w.narrow_tiled > 0)  // whole pieces (qlinear_stream.cuh)
+    p.kblocks = (p.kblocks + w.narrow_tiled - 1) / w.narrow_tiled * w.narrow_tiled;
   p.groups_p = p.kblocks * 64 / d.group_size;  // cols / group, plus one pad group at g32
   while ((1 << p.group_log2) < d.group_size) ++p.group_log2;
   return p;
@@ -248,6 +251,7 @@ void device_sizes(const QWeightDesc& d, size_t& qbytes, size_t& scale_bytes) {
   if (d.bits == 4 || qlinear_detail::bits_tiled_layout(d)) {
     QWeightDevice w;
     w.desc = d;
+    w.narrow_tiled = qlinear_detail::bits_tiled_layout(d);
     const Params p = layout_params(w);
     qbytes = static_cast<size_t>(p.tiles) * p.kblocks * 128 * d.bits;
     scale_bytes = static_cast<size_t>(p.tiles) * p.groups_p * 16 * d.scale_bytes();
@@ -313,7 +317,8 @@ QWeightDevice qweight_upload(const QWeightHost& w) {
           const_cast<uint8_t*>(out.qweight), static_cast<uint8_t*>(const_cast<void*>(out.scales)),
           static_cast<uint8_t*>(const_cast<void*>(out.mins)));
     } else if (out.narrow_tiled) {
-      qlinear_detail::tile_bits_upload(w, layout_params(out), const_cast<uint8_t*>(out.qweight),
+      qlinear_detail::tile_bits_upload(w, layout_params(out), out.narrow_tiled,
+                                       const_cast<uint8_t*>(out.qweight),
                                        static_cast<uint8_t*>(const_cast<void*>(out.scales)),
                                        static_cast<uint8_t*>(const_cast<void*>(out.mins)));
     } else {
@@ -341,10 +346,10 @@ bool gemv4_stream_supported(const Params& p);  // qlinear_gemv_stream.cu
 namespace {
 // 2/3/5/6 bits: the kernel of the weight's layout.
 void launch_narrow(const QWeightDevice& w, const Params& p, cudaStream_t stream) {
-  if (w.narrow_tiled)
-    qlinear_detail::launch_gemv_bits_stream(p, stream);
+  if (w.narrow_tiled > 0)
+    qlinear_detail::launch_gemv_bits_stream(p, w.narrow_tiled, stream);
   else
-    launch_narrow(w, p, stream);
+    qlinear_detail::launch_gemv_bits(p, stream);
 }
 
 // The fusions go into the kernel's parameters; the norm only where the stream GEMV runs.
@@ -363,7 +368,7 @@ Params fused_params(const QWeightDevice& w, const __half* x, __half* y, int n, c
 }  // namespace
 
 bool qlinear_fuses_norm(const QWeightDevice& w, int n) {
-  if (w.narrow_tiled) return n >= 1 && n <= 8;           // the stream GEMV, x staged per pass
+  if (w.narrow_tiled > 0) return n >= 1 && n <= 8;       // the stream GEMV, x staged per pass
   if (w.desc.bits != 4 || n < 1 || n > 2) return false;  // where the stream GEMV is the default
   Params p = layout_params(w);
   p.n = n;
@@ -415,17 +420,17 @@ bool qlinear_gemv_swiglu(const QWeightDevice& w, const __half* x, __half* out, i
   // 8-bit decode: the CUDA-core GEMV + SwiGLU kernel beats the batch kernel at n <= 4 (28672
   // rows, n = 1: 47 + ~3 us against 72 us on H100).
   if (n < 1 || n > kQlinearBatchMaxRows || (w.desc.bits == 8 && n <= kGemv8MaxRows) ||
-      (w.desc.narrow() && (!w.narrow_tiled || n > 8)))  // else the caller's matmul + SwiGLU
+      (w.desc.narrow() && (w.narrow_tiled == 0 || n > 8)))  // else the caller's matmul + SwiGLU
     return false;
   GYRE_CHECK(!f.accumulate, "qlinear: SwiGLU outputs do not accumulate");
   GYRE_CHECK(w.desc.rows == 2 * ((hidden + 7) / 8 * 8), "qlinear swiglu: weight of ", w.desc.rows,
              " rows for a hidden size of ", hidden);
   Params p = fused_params(w, x, out, n, nullptr, f);
-  if (!w.narrow_tiled && qlinear_detail::batch_prefers_gemm(p))
+  if (w.narrow_tiled == 0 && qlinear_detail::batch_prefers_gemm(p))
     return false;  // the caller's GEMM + SwiGLU path
   p.swiglu_hidden = hidden;
-  if (w.narrow_tiled) {
-    qlinear_detail::launch_gemv_bits_stream(p, stream);
+  if (w.narrow_tiled > 0) {
+    qlinear_detail::launch_gemv_bits_stream(p, w.narrow_tiled, stream);
   } else if (w.desc.bits == 4 && n <= 8) {
     qlinear_detail::launch_gemv4(p, stream);
   } else {
@@ -480,8 +485,8 @@ void qlinear_dequantize(const QWeightDevice& w, __half* out, cudaStream_t stream
   GYRE_CHECK(reinterpret_cast<uintptr_t>(out) % 16 == 0,
              "qlinear_dequantize: out must be 16-byte aligned");
   const Params p = layout_params(w);
-  if (w.narrow_tiled) {
-    qlinear_detail::launch_dequant_bits_tiled(p, out, stream);
+  if (w.narrow_tiled > 0) {
+    qlinear_detail::launch_dequant_bits_tiled(p, w.narrow_tiled, out, stream);
   } else if (w.desc.narrow()) {
     qlinear_detail::launch_dequant_bits(p, out, stream);
   } else if (w.desc.bits == 4) {

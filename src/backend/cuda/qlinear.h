@@ -26,7 +26,9 @@ namespace gyre {
 constexpr int kQlinearTiledBitsMaxCols = 16384;
 struct QWeightDevice {
   QWeightDesc desc;
-  bool narrow_tiled = false;         // 2/3/5/6 bits in the tiled layout (set by the view)
+  // 2/3/5/6 bits: blocks per piece of the tiled layout (1, 2 or 4; set by the view), 0 = the
+  // host layout.
+  int narrow_tiled = 0;
   const uint8_t* qweight = nullptr;  // device layout, 16-byte aligned
   const void* scales = nullptr;      // f16 or f32 (desc.scale_f32), device layout
   const void* mins = nullptr;        // same shape, asymmetric only
@@ -140,10 +142,11 @@ void set_batch_bulk_config(int config, int ksplit, int producers = 0);
 void set_bits_rows(int rows);
 // 2/3/5/6 bits: the tiled layout and stream GEMV (qlinear_bits_stream.cu) for weights viewed or
 // uploaded from now on (1), the host layout and qlinear_bits.cu (0), or GYRE_CUDA_BITS_STREAM
-// (-1, the default: on unless "0"); and its ring depth (blocks in flight per warp: 4 or 8,
-// 0 = 8 at 2/3 bits, 4 at 5/6).
+// (-1, the default: on unless "0"); the tiled layout's blocks per piece for new weights (1, 2,
+// 4; 0 = by width) and the stream GEMV's warp budget per SM (0 = 32).
 void set_bits_stream(int mode);
-void set_bits_stream_depth(int depth);
+void set_bits_stream_pieces(int pieces);
+void set_bits_stream_warps(int budget);
 }  // namespace qlinear_detail
 
 }  // namespace gyre

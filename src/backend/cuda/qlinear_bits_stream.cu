@@ -23,8 +23,9 @@ void tile_scales_upload(const uint8_t* host_scales, const uint8_t* host_mins, co
 
 namespace {
 
-int g_stream = -1;  // -1: GYRE_CUDA_BITS_STREAM (default on)
-int g_depth = 0;    // ring depth: 0 = by width
+int g_stream = -1;      // -1: GYRE_CUDA_BITS_STREAM (default on)
+int g_pieces = 0;       // blocks per piece of new uploads: 0 = by width
+int g_warp_budget = 0;  // 0 = 32
 
 // Low-plane bits of a width (the host split planes, qlinear_ref.h).
 __host__ __device__ constexpr int low_bits(int bits) {
@@ -51,19 +52,21 @@ __host__ __device__ inline void pair_position(int tile, int b, int lane, int k, 
   col = 64 * b + 32 * (j / 2) + 8 * t + 4 * (j % 2) + 2 * (r / 2);
 }
 
-// One thread per device word: word w of block (tile, b) is low-plane word w % lo of lane w / lo
-// (w < 32 lo), else high-plane word of lane (w - 32 lo) / hi.
+// One thread per device word: word w of piece (tile, i) is low-plane word w % (S lo) of lane
+// w / (S lo) (w < 32 S lo), else a high-plane word; a lane's plane words are its blocks' in turn.
 __global__ void tile_bits_kernel(const uint32_t* src, uint32_t* dst, int rows, int cols, int bits,
-                                 int kblocks, int64_t words) {
+                                 int kblocks, int pieces_s, int64_t words) {
   const int64_t o = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (o >= words) return;
-  const int lo = low_bits(bits), hi = bits - lo;
-  const int w = static_cast<int>(o % (32 * bits));
-  const int64_t tb = o / (32 * bits);
-  const int b = static_cast<int>(tb % kblocks), tile = static_cast<int>(tb / kblocks);
-  const bool high = w >= 32 * lo;
-  const int pbits = high ? hi : lo, per_lane = pbits, wl = high ? w - 32 * lo : w;
-  const int lane = wl / per_lane, word = wl % per_lane, pairs = 16 / pbits;
+  const int lo = low_bits(bits), hi = bits - lo, per_piece = 32 * bits * pieces_s;
+  const int w = static_cast<int>(o % per_piece);
+  const int64_t ti = o / per_piece;
+  const int npieces = kblocks / pieces_s;
+  const int piece = static_cast<int>(ti % npieces), tile = static_cast<int>(ti / npieces);
+  const bool high = w >= 32 * lo * pieces_s;
+  const int pbits = high ? hi : lo, wl = high ? w - 32 * lo * pieces_s : w;
+  const int lane = wl / (pbits * pieces_s), in_lane = wl % (pbits * pieces_s);
+  const int b = piece * pieces_s + in_lane / pbits, word = in_lane % pbits, pairs = 16 / pbits;
   uint32_t v = 0;
   for (int i = 0; i < pairs; ++i) {
     const int k = word * pairs + i;
@@ -78,21 +81,22 @@ __global__ void tile_bits_kernel(const uint32_t* src, uint32_t* dst, int rows, i
 // One thread per (tile, block, lane): its 32 values scaled to FP16 at their (row, column), in
 // the original column order.
 template <int BITS>
-__global__ void dequant_tiled_bits_kernel(Params p, __half* out) {
+__global__ void dequant_tiled_bits_kernel(Params p, int pieces_s, __half* out) {
   constexpr int kLo = StreamPlanes<BITS>::kLo, kHi = StreamPlanes<BITS>::kHi;
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i >= int64_t{p.tiles} * p.kblocks * 32) return;
   const int lane = static_cast<int>(i % 32), b = static_cast<int>((i / 32) % p.kblocks);
-  const int tile = static_cast<int>(i / 32 / p.kblocks);
-  const uint8_t* block = p.qweight + (int64_t{tile} * p.kblocks + b) * 128 * BITS;
+  const int tile = static_cast<int>(i / 32 / p.kblocks), s = b % pieces_s;
+  const uint8_t* piece = p.qweight + (int64_t{tile} * p.kblocks + b - s) * 128 * BITS;
   uint32_t q[BITS];
-  load_stream_words<kLo>(block + lane * 4 * kLo, q);
-  if constexpr (kHi > 0) load_stream_words<kHi>(block + 128 * kLo + lane * 4 * kHi, q + kLo);
+  load_stream_words<kLo>(piece + (lane * pieces_s + s) * 4 * kLo, q);
+  if constexpr (kHi > 0)
+    load_stream_words<kHi>(piece + 128 * kLo * pieces_s + (lane * pieces_s + s) * 4 * kHi, q + kLo);
   const __half2 base = __float2half2_rn(p.asym ? 1024.f : 1024.f + (1 << (BITS - 1)));
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     uint32_t a[4];
-    narrow_to_fragment<BITS>(q, j, base, a);
+    narrow_to_fragment<BITS>(q, q + kLo, j, base, a);
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       int row = 0, col = 0;
@@ -111,24 +115,25 @@ __global__ void dequant_tiled_bits_kernel(Params p, __half* out) {
   }
 }
 
+// Ring depth by piece size: 4 pieces of 1 or 2 blocks, 2 of 4.
 template <int BITS>
-void launch_width(const Params& p, cudaStream_t stream) {
-  // Default depth: about 2 KB of weights in flight per warp (4 blocks of 4-bit measured best).
-  const int depth = g_depth != 0 ? g_depth : BITS <= 3 ? 8 : 4;
-  if (depth == 8) return launch_stream_depth<BITS, 8>(p, 0, stream);
-  launch_stream_depth<BITS, 4>(p, 0, stream);
+void launch_width(const Params& p, int pieces_s, cudaStream_t stream) {
+  const int budget = g_warp_budget != 0 ? g_warp_budget : 32;
+  if (pieces_s == 4) return launch_stream_variant<BITS, 4, 2>(p, 0, budget, stream);
+  if (pieces_s == 2) return launch_stream_variant<BITS, 2, 4>(p, 0, budget, stream);
+  launch_stream_variant<BITS, 1, 4>(p, 0, budget, stream);
 }
 
-void launch_chunk(const Params& p, cudaStream_t stream) {
+void launch_chunk(const Params& p, int pieces_s, cudaStream_t stream) {
   switch (p.bits) {
     case 2:
-      return launch_width<2>(p, stream);
+      return launch_width<2>(p, pieces_s, stream);
     case 3:
-      return launch_width<3>(p, stream);
+      return launch_width<3>(p, pieces_s, stream);
     case 5:
-      return launch_width<5>(p, stream);
+      return launch_width<5>(p, pieces_s, stream);
     case 6:
-      return launch_width<6>(p, stream);
+      return launch_width<6>(p, pieces_s, stream);
     default:
       fail("qlinear: no tiled narrow-width kernel for ", p.bits, " bits");
   }
@@ -149,18 +154,28 @@ void set_bits_stream(int mode) {
   g_stream = mode;
 }
 
-void set_bits_stream_depth(int depth) {
-  GYRE_CHECK(depth == 0 || depth == 4 || depth == 8, "qlinear: bits stream depth must be 0, 4, 8");
-  g_depth = depth;
+void set_bits_stream_pieces(int pieces) {
+  GYRE_CHECK(pieces == 0 || pieces == 1 || pieces == 2 || pieces == 4,
+             "qlinear: blocks per piece must be 0, 1, 2 or 4");
+  g_pieces = pieces;
 }
 
-bool bits_tiled_layout(const QWeightDesc& d) {
+void set_bits_stream_warps(int budget) {
+  GYRE_CHECK(budget >= 0 && budget <= 128, "qlinear: warp budget must be 0..128");
+  g_warp_budget = budget;
+}
+
+int bits_tiled_layout(const QWeightDesc& d) {
   // x of one token (cols halves) must fit next to the reduction space in any sm_80+ block.
-  return d.narrow() && !d.scale_f32 && d.cols <= kQlinearTiledBitsMaxCols && bits_stream_enabled();
+  if (!d.narrow() || d.scale_f32 || d.cols > kQlinearTiledBitsMaxCols || !bits_stream_enabled())
+    return 0;
+  if (g_pieces != 0) return g_pieces;
+  // Pieces whose lane loads are all 16 bytes: 2 blocks at 2 and 6 bits, 4 at 3 and 5.
+  return d.bits == 2 || d.bits == 6 ? 2 : 4;
 }
 
-void tile_bits_upload(const QWeightHost& w, const Params& p, uint8_t* dst_q, uint8_t* dst_scales,
-                      uint8_t* dst_mins) {
+void tile_bits_upload(const QWeightHost& w, const Params& p, int pieces_s, uint8_t* dst_q,
+                      uint8_t* dst_scales, uint8_t* dst_mins) {
   {
     DeviceStage stage(w.qweight.size() + 16);
     check_cuda(cudaMemcpy(stage.p, w.qweight.data(), w.qweight.size(), cudaMemcpyHostToDevice),
@@ -168,14 +183,14 @@ void tile_bits_upload(const QWeightHost& w, const Params& p, uint8_t* dst_q, uin
     const int64_t words = int64_t{p.tiles} * p.kblocks * 32 * p.bits;
     tile_bits_kernel<<<static_cast<unsigned>((words + 255) / 256), 256>>>(
         reinterpret_cast<const uint32_t*>(stage.p), reinterpret_cast<uint32_t*>(dst_q), p.rows,
-        p.cols, p.bits, p.kblocks, words);
+        p.cols, p.bits, p.kblocks, pieces_s, words);
     check_cuda(cudaGetLastError(), "tile_bits launch");
     check_cuda(cudaDeviceSynchronize(), "narrow weight tiling");
   }
   tile_scales_upload(w.scales.data(), p.asym ? w.mins.data() : nullptr, p, dst_scales, dst_mins);
 }
 
-void launch_gemv_bits_stream(const Params& p, cudaStream_t stream) {
+void launch_gemv_bits_stream(const Params& p, int pieces_s, cudaStream_t stream) {
   int sms = 0, optin = 0;
   stream_device_limits(sms, optin);
   // Tokens per pass: all n (up to 8) while x leaves room for 3 blocks per SM, as for 4 bits;
@@ -198,22 +213,22 @@ void launch_gemv_bits_stream(const Params& p, cudaStream_t stream) {
         c.split.out[i] = p.split.out[i] + int64_t{t0} * width;
       }
     }
-    launch_chunk(c, stream);
+    launch_chunk(c, pieces_s, stream);
   }
 }
 
-void launch_dequant_bits_tiled(const Params& p, __half* out, cudaStream_t stream) {
+void launch_dequant_bits_tiled(const Params& p, int pieces_s, __half* out, cudaStream_t stream) {
   const int64_t pieces = int64_t{p.tiles} * p.kblocks * 32;
   const auto blocks = static_cast<unsigned>((pieces + 255) / 256);
   switch (p.bits) {
     case 2:
-      return dequant_tiled_bits_kernel<2><<<blocks, 256, 0, stream>>>(p, out);
+      return dequant_tiled_bits_kernel<2><<<blocks, 256, 0, stream>>>(p, pieces_s, out);
     case 3:
-      return dequant_tiled_bits_kernel<3><<<blocks, 256, 0, stream>>>(p, out);
+      return dequant_tiled_bits_kernel<3><<<blocks, 256, 0, stream>>>(p, pieces_s, out);
     case 5:
-      return dequant_tiled_bits_kernel<5><<<blocks, 256, 0, stream>>>(p, out);
+      return dequant_tiled_bits_kernel<5><<<blocks, 256, 0, stream>>>(p, pieces_s, out);
     case 6:
-      return dequant_tiled_bits_kernel<6><<<blocks, 256, 0, stream>>>(p, out);
+      return dequant_tiled_bits_kernel<6><<<blocks, 256, 0, stream>>>(p, pieces_s, out);
     default:
       fail("qlinear: no tiled narrow-width dequantization for ", p.bits, " bits");
   }

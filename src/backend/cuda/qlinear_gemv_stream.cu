@@ -30,9 +30,9 @@ bool gemv4_stream_supported(const Params& p) {
 }
 
 void launch_gemv4_stream(const Params& p, int ksplit, cudaStream_t stream) {
-  if (g_depth == 8) return launch_stream_depth<4, 8>(p, ksplit, stream);
-  if (g_depth == 16) return launch_stream_depth<4, 16>(p, ksplit, stream);
-  launch_stream_depth<4, 4>(p, ksplit, stream);
+  if (g_depth == 8) return launch_stream_variant<4, 1, 8>(p, ksplit, 32, stream);
+  if (g_depth == 16) return launch_stream_variant<4, 1, 16>(p, ksplit, 32, stream);
+  launch_stream_variant<4, 1, 4>(p, ksplit, 32, stream);
 }
 
 void set_gemv_depth(int depth) {

@@ -12,21 +12,24 @@
 // on the per-block chain: weights and scales were requested D blocks earlier, x is in shared
 // memory.
 //
-// Tiled layouts: rows in tiles of 16, columns in blocks of 64; tile T, block b is 128 * BITS
-// contiguous bytes: the low plane (L = 4 bits for 4/5/6-bit values, 2 for 2/3-bit; L u32 words
-// per lane, lane-major, one 4L-byte load per lane), then the high plane (H = BITS - L bits, H
-// words per lane). A lane's plane-P words hold the 16 value pairs k = 4j + r of its four
-// m16n8k16 A fragments (step j, register r) in order, 16 / P pairs per word, pair k at bits
-// P * (k % (16 / P)) (first column) and 16 + the same (second column): the same bit placement as
-// the host split planes (qlinear_ref.h), so a pair is a shift and a mask. For 4 bits this is
-// exactly the 4-bit tiled word (int4_word_to_fragment). Register r of step j holds row
-// 16T + g + 8 (r % 2), columns c + 2 (r / 2) + {0, 1}, c = 64b + 32 (j / 2) + 8t + 4 (j % 2).
-// Scales (and mins) are [tiles][groups_p][16] with rows ordered 0, 8, 1, 9, ... (padding zero).
+// Tiled layouts: rows in tiles of 16, columns in blocks of 64 (kblocks padded to a multiple of
+// S), grouped in pieces of S blocks (S = 1 at 4 bits; 1 or 2 for the narrow widths, whose
+// blocks are smaller: two per piece make every lane's load 8 or 16 bytes). Tile T, piece i is
+// 128 * BITS * S contiguous bytes: the low plane (L = 4 bits for 4/5/6-bit values, 2 for
+// 2/3-bit; S * L u32 words per lane, lane-major: one load per lane, two of 16 bytes at S L = 8),
+// then the high plane (H = BITS - L bits, S * H words per lane); block s of the piece owns a
+// lane's plane words [s P, (s + 1) P). A lane's plane-P words of a block hold the 16 value pairs k
+// = 4j + r of its four m16n8k16 A fragments (step j, register r) in order, 16 / P pairs per word,
+// pair k at bits P * (k % (16 / P)) (first column) and 16 + the same (second column): the same bit
+// placement as the host split planes (qlinear_ref.h), so a pair is a shift and a mask. For 4 bits
+// this is exactly the 4-bit tiled word (int4_word_to_fragment). Register r of step j holds row 16T
+// + g + 8 (r % 2), columns c + 2 (r / 2) + {0, 1}, c = 64b + 32 (j / 2) + 8t + 4 (j % 2). Scales
+// (and mins) are [tiles][groups_p][16] with rows ordered 0, 8, 1, 9, ... (padding zero).
 //
 // Work split: a block holds (warps / ksplit) 16-row tiles x ksplit warps; warp k of a tile takes
-// the contiguous column-block range [k * per, (k + 1) * per); the ksplit partial sums meet in
-// shared memory; the epilogue stores bias, split outputs, SwiGLU or adds into y
-// (reduce_store_gemv_tile). f16 scales only.
+// the contiguous piece range [k * per, (k + 1) * per); a ring slot holds one piece; the ksplit
+// partial sums meet in shared memory; the epilogue stores bias, split outputs, SwiGLU or adds into
+// y (reduce_store_gemv_tile). f16 scales only.
 #pragma once
 #include "backend/cuda/qlinear_kernels.cuh"
 
@@ -46,10 +49,14 @@ inline int stream_smem(const Params& p) {
   return p.n * (p.kblocks * 64 + kStreamXPad) * 2;
 }
 
-// W (1, 2 or 4) consecutive u32 words, read once (kept out of L1 so that x stays there).
+// W (1, 2 or a multiple of 4) consecutive u32 words, read once (kept out of L1 so that x stays
+// there).
 template <int W>
 __device__ __forceinline__ void load_stream_words(const uint8_t* src, uint32_t* out) {
-  if constexpr (W == 4) {
+  if constexpr (W > 4) {
+#pragma unroll
+    for (int k = 0; k < W / 4; ++k) load_stream_words<4>(src + 16 * k, out + 4 * k);
+  } else if constexpr (W == 4) {
     const uint4 v = load_stream(src);
     out[0] = v.x;
     out[1] = v.y;
@@ -76,24 +83,27 @@ __device__ __forceinline__ uint32_t stream_pair(const uint32_t* words, int k) {
 // Step j of a narrow-width block -> the 4 f16x2 registers of its A fragment, each q - offset
 // exactly: the low and high planes' pairs meet under the 0x6400 exponent (the half 1024 + q),
 // then one subtraction of base = 1024 + offset.
+// lo / hi: the block's low- and high-plane words of this lane.
 template <int BITS>
-__device__ __forceinline__ void narrow_to_fragment(const uint32_t (&q)[BITS], int j, __half2 base,
-                                                   uint32_t a[4]) {
+__device__ __forceinline__ void narrow_to_fragment(const uint32_t* lo, const uint32_t* hi, int j,
+                                                   __half2 base, uint32_t a[4]) {
   constexpr int kLo = StreamPlanes<BITS>::kLo, kHi = StreamPlanes<BITS>::kHi;
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
-    uint32_t v = stream_pair<kLo>(q, 4 * j + r) | 0x64006400u;
-    if constexpr (kHi > 0) v |= stream_pair<kHi>(q + kLo, 4 * j + r) << kLo;
+    uint32_t v = stream_pair<kLo>(lo, 4 * j + r) | 0x64006400u;
+    if constexpr (kHi > 0) v |= stream_pair<kHi>(hi, 4 * j + r) << kLo;
     const __half2 h = __hsub2(as_half2(v), base);
     memcpy(&a[r], &h, 4);
   }
 }
 
-template <int BITS, bool G32, bool ASYM>
+// One piece of S blocks: the lane's low-plane words, then its high-plane words, and the scales
+// (mins) of each block's group(s).
+template <int BITS, int S, bool G32, bool ASYM>
 struct StreamSlot {
-  uint32_t q[BITS];
-  uint32_t s[G32 ? 2 : 1];
-  uint32_t m[ASYM ? (G32 ? 2 : 1) : 1];
+  uint32_t q[BITS * S];
+  uint32_t s[S * (G32 ? 2 : 1)];
+  uint32_t m[ASYM ? S * (G32 ? 2 : 1) : 1];
 };
 
 // x rows 0..n-1 into xs (columns padded to whole blocks with zeros, gathered through perm), then
@@ -159,10 +169,10 @@ __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int 
   }
 }
 
-template <int BITS, int D, bool G32, bool ASYM>
+template <int BITS, int S, int D, bool G32, bool ASYM>
 __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
   constexpr int kLo = StreamPlanes<BITS>::kLo, kHi = StreamPlanes<BITS>::kHi;
-  constexpr int kBlockBytes = 128 * BITS;
+  constexpr int kPieceBytes = 128 * BITS * S, kGroupsPerBlock = G32 ? 2 : 1;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __half* xs = reinterpret_cast<__half*>(smem_raw);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -170,11 +180,12 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
   const int tile = blockIdx.x * (blockDim.x / 32 / p.ksplit) + warp / p.ksplit;
   const int ks = warp % p.ksplit;
   const int tile_c = min(tile, p.tiles - 1);  // surplus warps compute a copy, store nothing
-  const int b_begin = min(ks * per, p.kblocks), b_end = min(b_begin + per, p.kblocks);
-  const int nb = b_end - b_begin;
-  const uint8_t* wbase = p.qweight + int64_t{tile_c} * p.kblocks * kBlockBytes;
-  const uint8_t* lo_base_ptr = wbase + lane * 4 * kLo;
-  const uint8_t* hi_base_ptr = wbase + 128 * kLo + lane * 4 * (kHi > 0 ? kHi : 1);
+  const int pieces = p.kblocks / S;
+  const int i_begin = min(ks * per, pieces), i_end = min(i_begin + per, pieces);
+  const int np = i_end - i_begin, b_end = i_end * S;
+  const uint8_t* wbase = p.qweight + int64_t{tile_c} * pieces * kPieceBytes;
+  const uint8_t* lo_ptr = wbase + lane * 4 * kLo * S;
+  const uint8_t* hi_ptr = wbase + 128 * kLo * S + lane * 4 * (kHi > 0 ? kHi : 1) * S;
   const unsigned int* sbase = reinterpret_cast<const unsigned int*>(
       static_cast<const __half*>(p.scales) + int64_t{tile_c} * p.groups_p * 16 + 2 * g);
   const unsigned int* mbase =
@@ -182,22 +193,25 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
                                                    int64_t{tile_c} * p.groups_p * 16 + 2 * g)
            : nullptr;
 
-  auto fetch = [&](int b, StreamSlot<BITS, G32, ASYM>& d) {
-    load_stream_words<kLo>(lo_base_ptr + int64_t{b} * kBlockBytes, d.q);
+  auto fetch = [&](int i, StreamSlot<BITS, S, G32, ASYM>& d) {
+    load_stream_words<kLo * S>(lo_ptr + int64_t{i} * kPieceBytes, d.q);
     if constexpr (kHi > 0)
-      load_stream_words<kHi>(hi_base_ptr + int64_t{b} * kBlockBytes, d.q + kLo);
-    const int gi = G32 ? 2 * b : (64 * b) >> p.group_log2;
+      load_stream_words<kHi * S>(hi_ptr + int64_t{i} * kPieceBytes, d.q + kLo * S);
 #pragma unroll
-    for (int k = 0; k < (G32 ? 2 : 1); ++k) {
-      d.s[k] = __ldg(sbase + (gi + k) * 8);
-      if constexpr (ASYM) d.m[k] = __ldg(mbase + (gi + k) * 8);
+    for (int s = 0; s < S; ++s) {
+      const int b = i * S + s, gi = G32 ? 2 * b : (64 * b) >> p.group_log2;
+#pragma unroll
+      for (int k = 0; k < kGroupsPerBlock; ++k) {
+        d.s[s * kGroupsPerBlock + k] = __ldg(sbase + (gi + k) * 8);
+        if constexpr (ASYM) d.m[s * kGroupsPerBlock + k] = __ldg(mbase + (gi + k) * 8);
+      }
     }
   };
 
-  StreamSlot<BITS, G32, ASYM> ring[D];
+  StreamSlot<BITS, S, G32, ASYM> ring[D];
 #pragma unroll
   for (int u = 0; u < D; ++u)
-    if (u < nb) fetch(b_begin + u, ring[u]);
+    if (u < np) fetch(i_begin + u, ring[u]);
 
   // PDL (launch.h): the weight loads above overlap the previous kernel's tail; x (its output) and
   // everything written below wait for its completion.
@@ -217,7 +231,9 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
     const float2 m = ASYM ? __half22float2(as_half2(mr)) : make_float2(0.f, 0.f);
     flush_group(acc, cg, cx, __half22float2(as_half2(sr)), m, ASYM);
   };
-  auto compute = [&](const StreamSlot<BITS, G32, ASYM>& d, int b) {
+  // Block b from its lane words (lo, hi) and scales (mins) of its group(s).
+  auto compute_block = [&](const uint32_t* lo, const uint32_t* hi, const uint32_t* sc,
+                           const uint32_t* mn, int b) {
     const uint4 x0 = *reinterpret_cast<const uint4*>(xrow + 64 * b);
     const uint4 x1 = *reinterpret_cast<const uint4*>(xrow + 64 * b + 32);
     const uint32_t xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
@@ -225,30 +241,36 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
     for (int j = 0; j < 4; ++j) {
       uint32_t a[4];
       if constexpr (BITS == 4)
-        int4_word_to_fragment(d.q[j], lo_base, hi_base, a);
+        int4_word_to_fragment(lo[j], lo_base, hi_base, a);
       else
-        narrow_to_fragment<BITS>(d.q, j, lo_base, a);
+        narrow_to_fragment<BITS>(lo, hi, j, lo_base, a);
       mma_16816(cg, a, xv[2 * j], xv[2 * j + 1]);
       if constexpr (ASYM) mma_16816(cx, ones, xv[2 * j], xv[2 * j + 1]);
-      if (G32 && j == 1) flush(d.s[0], ASYM ? d.m[0] : 0u);
+      if (G32 && j == 1) flush(sc[0], ASYM ? mn[0] : 0u);
     }
     if constexpr (G32) {
-      flush(d.s[1], ASYM ? d.m[ASYM ? 1 : 0] : 0u);
+      flush(sc[1], ASYM ? mn[1] : 0u);
     } else {
       // A group spans 2+ blocks: flush when the next block starts a new group (or at the end).
       const int b1 = b + 1;
       if (b1 == b_end || ((64 * b1) & ((1 << p.group_log2) - 1)) == 0)
-        flush(d.s[0], ASYM ? d.m[0] : 0u);
+        flush(sc[0], ASYM ? mn[0] : 0u);
     }
   };
+  auto compute = [&](const StreamSlot<BITS, S, G32, ASYM>& d, int i) {
+#pragma unroll
+    for (int s = 0; s < S; ++s)
+      compute_block(d.q + s * kLo, d.q + kLo * S + s * kHi, d.s + s * kGroupsPerBlock,
+                    d.m + (ASYM ? s * kGroupsPerBlock : 0), i * S + s);
+  };
 
-  for (int i0 = 0; i0 < nb; i0 += D) {
+  for (int i0 = 0; i0 < np; i0 += D) {
 #pragma unroll
     for (int u = 0; u < D; ++u) {
       const int i = i0 + u;
-      if (i < nb) {
-        compute(ring[u], b_begin + i);
-        if (i + D < nb) fetch(b_begin + i + D, ring[u]);
+      if (i < np) {
+        compute(ring[u], i_begin + i);
+        if (i + D < np) fetch(i_begin + i + D, ring[u]);
       }
     }
   }
@@ -260,24 +282,26 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
 // The device's SM count and opt-in shared memory per block (queried once; qlinear_gemv_stream.cu).
 void stream_device_limits(int& sms, int& smem_optin);
 
-// One launch of gemv_stream_kernel<BITS, D, ...> for p (n <= 8, stream_smem(p) within the
-// opt-in limit). ksplit 0 = auto: one resident wave of 64-register warps (32 per SM), the largest
-// split-K that keeps tiles x ksplit within it (measured best on every Llama shape, round 5).
-template <int BITS, int D, bool G32, bool ASYM>
-void launch_stream_kernel(const Params& p, int ksplit, cudaStream_t stream) {
+// One launch of gemv_stream_kernel<BITS, S, D, ...> for p (n <= 8, stream_smem(p) within the
+// opt-in limit, kblocks a multiple of S). ksplit 0 = auto: the largest split-K that keeps
+// tiles x ksplit within warp_budget warps per SM on average (32 measured best at 4 bits on
+// every Llama shape, round 5: one resident wave of 64-register warps).
+template <int BITS, int S, int D, bool G32, bool ASYM>
+void launch_stream_kernel(const Params& p, int ksplit, int warp_budget, cudaStream_t stream) {
   int sms = 0, optin = 0;
   stream_device_limits(sms, optin);
   Params q = p;
+  const int pieces = q.kblocks / S;
   int ks = ksplit;
   if (ks == 0) {
     ks = 1;
-    while (ks < 16 && q.tiles * ks * 2 <= sms * 32 && q.kblocks >= 2 * ks) ks *= 2;
+    while (ks < 16 && q.tiles * ks * 2 <= sms * warp_budget && pieces >= 2 * ks) ks *= 2;
   }
   q.ksplit = ks;
-  const int per = (q.kblocks + ks - 1) / ks;
+  const int per = (pieces + ks - 1) / ks;
   const int warps = ks > 8 ? ks : 8, tiles_per_block = warps / ks;
   const unsigned blocks = static_cast<unsigned>((q.tiles + tiles_per_block - 1) / tiles_per_block);
-  auto kernel = gemv_stream_kernel<BITS, D, G32, ASYM>;
+  auto kernel = gemv_stream_kernel<BITS, S, D, G32, ASYM>;
   // Once per instantiation: allow the largest dynamic size next to the static reduction space
   // (the 48 KB default counts static and dynamic shared memory together).
   static bool raised = false;
@@ -292,16 +316,16 @@ void launch_stream_kernel(const Params& p, int ksplit, cudaStream_t stream) {
   qlaunch(kernel, blocks, warps * 32, static_cast<size_t>(stream_smem(q)), stream, q, per);
 }
 
-// The four scale variants (group 32 or larger, symmetric or not) of depth D.
-template <int BITS, int D>
-void launch_stream_depth(const Params& p, int ksplit, cudaStream_t stream) {
+// The four scale variants (group 32 or larger, symmetric or not) of S and D.
+template <int BITS, int S, int D>
+void launch_stream_variant(const Params& p, int ksplit, int warp_budget, cudaStream_t stream) {
   const bool g32 = p.group == 32;
   if (p.asym) {
-    if (g32) return launch_stream_kernel<BITS, D, true, true>(p, ksplit, stream);
-    return launch_stream_kernel<BITS, D, false, true>(p, ksplit, stream);
+    if (g32) return launch_stream_kernel<BITS, S, D, true, true>(p, ksplit, warp_budget, stream);
+    return launch_stream_kernel<BITS, S, D, false, true>(p, ksplit, warp_budget, stream);
   }
-  if (g32) return launch_stream_kernel<BITS, D, true, false>(p, ksplit, stream);
-  return launch_stream_kernel<BITS, D, false, false>(p, ksplit, stream);
+  if (g32) return launch_stream_kernel<BITS, S, D, true, false>(p, ksplit, warp_budget, stream);
+  return launch_stream_kernel<BITS, S, D, false, false>(p, ksplit, warp_budget, stream);
 }
 
 }  // namespace gyre::qlinear_detail
