@@ -1,8 +1,8 @@
 // Throughput of the 2/3/5/6-bit decode GEMV on Llama-3 shapes, n = 1, 2 and 8: the host-layout
-// CUDA-core kernel (qlinear_bits.cu, "old", rows per warp 2 and 4) against the tiled stream
-// kernel (qlinear_bits_stream.cu, "sS_wW": S blocks per piece, warp budget W per SM), with the
-// 4-bit stream GEMV on the same shape for reference, plus the FP16 dequantization of each layout
-// (prefill, n > 8). Build: bench/qlinear_device.sh. Weights are random bytes (speed only;
+// CUDA-core kernel (qlinear_bits.cu, "old", rows per warp auto) against the tiled stream
+// kernel (qlinear_bits_stream.cu: "new_sS" the default, S blocks per piece; "sS" the others), with
+// the 4-bit stream GEMV on the same shape for reference, plus the FP16 dequantization of each
+// layout (prefill, n > 8). Build: bench/qlinear_device.sh. Weights are random bytes (speed only;
 // correctness is in the tests), rotated over > 300 MB so the numbers are DRAM numbers.
 #include <cuda_runtime_api.h>
 
@@ -68,41 +68,39 @@ int main() {
         d.cols = sh[1];
         const double bytes = double(d.qweight_bytes()) + d.scale_count() * (asym ? 4.0 : 2.0);
         const int copies = std::max(1, int(std::ceil(300e6 / bytes)));
-        // layout 0: host layout (old kernel); 1, 2, 4: tiled with that many blocks per piece.
-        for (const int layout : bits == 4 ? std::vector<int>{1} : std::vector<int>{0, 1, 2, 4}) {
+        // layout 0: host layout (old kernel, rows per warp auto); -1: tiled with the default
+        // pieces per width; 1, 2, 4 (8 at 2 bits): tiled with that many blocks per piece (default
+        // warp budget).
+        for (const int layout : bits == 4   ? std::vector<int>{-1}
+                                : bits == 2 ? std::vector<int>{0, -1, 1, 2, 4, 8}
+                                            : std::vector<int>{0, -1, 1, 2, 4}) {
           qlinear_detail::set_bits_stream(layout == 0 ? 0 : 1);
-          qlinear_detail::set_bits_stream_pieces(layout == 0 ? 0 : layout);
+          qlinear_detail::set_bits_stream_pieces(layout < 0 ? 0 : layout);
           std::vector<Weight> ws;
           for (int c = 0; c < copies; ++c) ws.push_back(make(d, 17 + c));
-          if (bits != 4 && ws[0].w.narrow_tiled != layout) {
+          if (bits != 4 && (ws[0].w.narrow_tiled == 0) != (layout == 0)) {
             std::printf("unexpected layout for %dx%d\n", sh[0], sh[1]);
             return 1;
           }
           for (const int n : {1, 2, 8}) {
-            // old: rows per warp 2 and 4; new: warp budget 32 and 64 per SM.
-            const int variants[2] = {layout == 0 ? 2 : 32, layout == 0 ? 4 : 64};
-            for (int v = 0; v < (bits == 4 ? 1 : 2); ++v) {
-              if (layout == 0) qlinear_detail::set_bits_rows(variants[v]);
-              if (layout != 0 && bits != 4) qlinear_detail::set_bits_stream_warps(variants[v]);
-              const float ms = time_ms(
-                  [&](int i) { qlinear_matmul(ws[i % copies].w, x, y, n, nullptr, nullptr); }, 40);
-              char name[16];
-              if (bits == 4)
-                std::snprintf(name, sizeof(name), "4bit");
-              else if (layout == 0)
-                std::snprintf(name, sizeof(name), "old_r%d", variants[v]);
-              else
-                std::snprintf(name, sizeof(name), "s%d_w%d", layout, variants[v]);
-              row(sh, bits, asym, n, name, ms, bytes);
-            }
-            qlinear_detail::set_bits_rows(0);
-            qlinear_detail::set_bits_stream_warps(0);
+            const float ms = time_ms(
+                [&](int i) { qlinear_matmul(ws[i % copies].w, x, y, n, nullptr, nullptr); }, 40);
+            char name[16];
+            if (bits == 4)
+              std::snprintf(name, sizeof(name), "4bit");
+            else if (layout == 0)
+              std::snprintf(name, sizeof(name), "old");
+            else if (layout < 0)
+              std::snprintf(name, sizeof(name), "new_s%d", ws[0].w.narrow_tiled);
+            else
+              std::snprintf(name, sizeof(name), "s%d", layout);
+            row(sh, bits, asym, n, name, ms, bytes);
           }
-          if (!asym) {
+          if (!asym && layout <= 0) {
             const float dq_ms =
                 time_ms([&](int i) { qlinear_dequantize(ws[i % copies].w, deq, nullptr); }, 10);
-            std::printf("%5dx%-6d %4d dequant layout %d: %.1f us\n", sh[0], sh[1], bits, layout,
-                        dq_ms * 1e3);
+            std::printf("%5dx%-6d %4d dequant %s: %.1f us\n", sh[0], sh[1], bits,
+                        layout == 0 ? "old" : "new", dq_ms * 1e3);
           }
           CK(cudaGetLastError());
           for (auto& w : ws) CK(cudaFree(w.mem));

@@ -227,7 +227,7 @@ TEST(CudaQbits, SplitOutputsMatchTheWholeWeight) {
 TEST(CudaQbits, DequantizeMatchesReference) {
   if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
   uint32_t seed = 300;
-  for (const int pieces : {-1, 0, 1, 2, 4})  // host layout, tiled by width, tiled 1/2/4 blocks
+  for (const int pieces : {-1, 0, 1, 2, 4, 8})  // host layout, tiled by width, 1/2/4/8 blocks
     for (const Narrow& l : kLayouts) {
       qlinear_detail::set_bits_stream(pieces < 0 ? 0 : -1);
       qlinear_detail::set_bits_stream_pieces(std::max(pieces, 0));
@@ -236,7 +236,7 @@ TEST(CudaQbits, DequantizeMatchesReference) {
       qlinear_detail::set_bits_stream(-1);
       qlinear_detail::set_bits_stream_pieces(0);
       ASSERT_EQ(dw.narrow_tiled > 0, pieces >= 0);
-      if (pieces > 0) ASSERT_EQ(dw.narrow_tiled, pieces);
+      if (pieces > 0) ASSERT_EQ(dw.narrow_tiled, pieces == 8 && l.bits != 2 ? 4 : pieces);
       Halves out(size_t(37) * 1152);
       out.poison();
       qlinear_dequantize(dw, out.p, nullptr);
@@ -251,13 +251,13 @@ TEST(CudaQbits, DequantizeMatchesReference) {
     }
 }
 
-// Every piece size of the tiled layout (1, 2, 4 blocks: odd block counts padded), a larger warp
+// Every piece size of the tiled layout (1, 2, 4, 8 blocks: block counts padded), a larger warp
 // budget, and weights whose rows are too long for the tiled layout (x of one token must fit
 // shared memory): they keep the host layout and its kernel.
 TEST(CudaQbits, StreamPiecesAndLongRowsMatchFloat64) {
   if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
   uint32_t seed = 900;
-  for (const int pieces : {1, 2, 4}) {
+  for (const int pieces : {1, 2, 4, 8}) {  // 8: 2 bits (the others take 4)
     qlinear_detail::set_bits_stream_pieces(pieces);
     qlinear_detail::set_bits_stream_warps(pieces == 2 ? 64 : 0);
     for (const Narrow& l : kLayouts)

@@ -26,7 +26,7 @@ namespace gyre {
 constexpr int kQlinearTiledBitsMaxCols = 16384;
 struct QWeightDevice {
   QWeightDesc desc;
-  // 2/3/5/6 bits: blocks per piece of the tiled layout (1, 2 or 4; set by the view), 0 = the
+  // 2/3/5/6 bits: blocks per piece of the tiled layout (1, 2, 4 or 8; set by the view), 0 = the
   // host layout.
   int narrow_tiled = 0;
   const uint8_t* qweight = nullptr;  // device layout, 16-byte aligned
@@ -143,7 +143,8 @@ void set_bits_rows(int rows);
 // 2/3/5/6 bits: the tiled layout and stream GEMV (qlinear_bits_stream.cu) for weights viewed or
 // uploaded from now on (1), the host layout and qlinear_bits.cu (0), or GYRE_CUDA_BITS_STREAM
 // (-1, the default: on unless "0"); the tiled layout's blocks per piece for new weights (1, 2,
-// 4; 0 = by width) and the stream GEMV's warp budget per SM (0 = 32).
+// 4, or 8 at 2 bits (4 at the others); 0 = by width) and the stream GEMV's warp budget per SM
+// (0 = by width and n).
 void set_bits_stream(int mode);
 void set_bits_stream_pieces(int pieces);
 void set_bits_stream_warps(int budget);

@@ -79,61 +79,89 @@ __global__ void tile_bits_kernel(const uint32_t* src, uint32_t* dst, int rows, i
 }
 
 // One thread per (tile, block, lane): its 32 values scaled to FP16 at their (row, column), in
-// the original column order.
+// the original column order (16-byte stores of 8 columns without act-order).
 template <int BITS>
 __global__ void dequant_tiled_bits_kernel(Params p, int pieces_s, __half* out) {
   constexpr int kLo = StreamPlanes<BITS>::kLo, kHi = StreamPlanes<BITS>::kHi;
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i >= int64_t{p.tiles} * p.kblocks * 32) return;
   const int lane = static_cast<int>(i % 32), b = static_cast<int>((i / 32) % p.kblocks);
-  const int tile = static_cast<int>(i / 32 / p.kblocks), s = b % pieces_s;
-  const uint8_t* piece = p.qweight + (int64_t{tile} * p.kblocks + b - s) * 128 * BITS;
+  const int tile = static_cast<int>(i / 32 / p.kblocks), sub = b % pieces_s;
+  const uint8_t* piece = p.qweight + (int64_t{tile} * p.kblocks + b - sub) * 128 * BITS;
   uint32_t q[BITS];
-  load_stream_words<kLo>(piece + (lane * pieces_s + s) * 4 * kLo, q);
+  load_stream_words<kLo>(piece + (lane * pieces_s + sub) * 4 * kLo, q);
   if constexpr (kHi > 0)
-    load_stream_words<kHi>(piece + 128 * kLo * pieces_s + (lane * pieces_s + s) * 4 * kHi, q + kLo);
+    load_stream_words<kHi>(piece + 128 * kLo * pieces_s + (lane * pieces_s + sub) * 4 * kHi,
+                           q + kLo);
   const __half2 base = __float2half2_rn(p.asym ? 1024.f : 1024.f + (1 << (BITS - 1)));
+  // Pair (j, r) is row g + 8 (r % 2), columns 64b + 32 (j / 2) + 8t + 4 (j % 2) + 2 (r / 2):
+  // a lane holds 8 consecutive columns of each of its two rows in each half of the block.
+  __half v[2][2][8];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     uint32_t a[4];
     narrow_to_fragment<BITS>(q, q + kLo, j, base, a);
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      int row = 0, col = 0;
-      pair_position(tile, b, lane, 4 * j + r, row, col);
-      if (row >= p.rows || col >= p.cols) continue;
-      const int64_t sidx = (int64_t{tile} * p.groups_p + (col >> p.group_log2)) * 16 +
-                           2 * (row % 8) + (row % 16) / 8;
+      memcpy(&v[r % 2][j / 2][4 * (j % 2) + 2 * (r / 2)], &a[r], 4);
+    }
+  }
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int rs = 0; rs < 2; ++rs) {
+    const int row = 16 * tile + g + 8 * rs;
+    if (row >= p.rows) continue;
+    __half* dst = out + int64_t{row} * p.cols;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int c0 = 64 * b + 32 * h + 8 * t;
+      if (c0 >= p.cols) continue;  // cols % 32 == 0: the 8 columns are all in or all out
+      const int64_t sidx = (int64_t{tile} * p.groups_p + (c0 >> p.group_log2)) * 16 + 2 * g + rs;
       const __half2 s = __half2half2(static_cast<const __half*>(p.scales)[sidx]);
       const __half2 m =
           p.asym ? __half2half2(static_cast<const __half*>(p.mins)[sidx]) : __float2half2_rn(0.f);
-      const __half2 v = __hfma2(as_half2(a[r]), s, m);
-      __half* dst = out + int64_t{row} * p.cols;
-      dst[p.perm ? p.perm[col] : col] = __low2half(v);
-      dst[p.perm ? p.perm[col + 1] : col + 1] = __high2half(v);
+      __half2 w[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        __half2 qv;
+        memcpy(&qv, &v[rs][h][2 * k], 4);
+        w[k] = __hfma2(qv, s, m);
+      }
+      if (p.perm == nullptr) {
+        uint4 packed;
+        memcpy(&packed, w, 16);
+        *reinterpret_cast<uint4*>(dst + c0) = packed;  // c0 % 8 == 0: 16-byte aligned
+      } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          dst[p.perm[c0 + 2 * k]] = __low2half(w[k]);
+          dst[p.perm[c0 + 2 * k + 1]] = __high2half(w[k]);
+        }
+      }
     }
   }
 }
 
-// Ring depth by piece size: 4 pieces of 1 or 2 blocks, 2 of 4.
+// Ring depth by piece size: 4 pieces of 1 or 2 blocks, 2 of 4 or 8 (8: 2 bits only).
 template <int BITS>
-void launch_width(const Params& p, int pieces_s, cudaStream_t stream) {
-  const int budget = g_warp_budget != 0 ? g_warp_budget : 32;
+void launch_width(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
+  if constexpr (BITS == 2)
+    if (pieces_s == 8) return launch_stream_variant<BITS, 8, 2>(p, 0, budget, stream);
   if (pieces_s == 4) return launch_stream_variant<BITS, 4, 2>(p, 0, budget, stream);
   if (pieces_s == 2) return launch_stream_variant<BITS, 2, 4>(p, 0, budget, stream);
   launch_stream_variant<BITS, 1, 4>(p, 0, budget, stream);
 }
 
-void launch_chunk(const Params& p, int pieces_s, cudaStream_t stream) {
+void launch_chunk(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
   switch (p.bits) {
     case 2:
-      return launch_width<2>(p, pieces_s, stream);
+      return launch_width<2>(p, pieces_s, budget, stream);
     case 3:
-      return launch_width<3>(p, pieces_s, stream);
+      return launch_width<3>(p, pieces_s, budget, stream);
     case 5:
-      return launch_width<5>(p, pieces_s, stream);
+      return launch_width<5>(p, pieces_s, budget, stream);
     case 6:
-      return launch_width<6>(p, pieces_s, stream);
+      return launch_width<6>(p, pieces_s, budget, stream);
     default:
       fail("qlinear: no tiled narrow-width kernel for ", p.bits, " bits");
   }
@@ -155,8 +183,8 @@ void set_bits_stream(int mode) {
 }
 
 void set_bits_stream_pieces(int pieces) {
-  GYRE_CHECK(pieces == 0 || pieces == 1 || pieces == 2 || pieces == 4,
-             "qlinear: blocks per piece must be 0, 1, 2 or 4");
+  GYRE_CHECK(pieces == 0 || pieces == 1 || pieces == 2 || pieces == 4 || pieces == 8,
+             "qlinear: blocks per piece must be 0, 1, 2, 4 or 8 (8: 2 bits only)");
   g_pieces = pieces;
 }
 
@@ -169,9 +197,12 @@ int bits_tiled_layout(const QWeightDesc& d) {
   // x of one token (cols halves) must fit next to the reduction space in any sm_80+ block.
   if (!d.narrow() || d.scale_f32 || d.cols > kQlinearTiledBitsMaxCols || !bits_stream_enabled())
     return 0;
-  if (g_pieces != 0) return g_pieces;
-  // Pieces whose lane loads are all 16 bytes: 2 blocks at 2 and 6 bits, 4 at 3 and 5.
-  return d.bits == 2 || d.bits == 6 ? 2 : 4;
+  if (g_pieces != 0) return g_pieces == 8 && d.bits != 2 ? 4 : g_pieces;
+  // Measured best on the Llama-3-8B shapes at n = 1 (bench/qlinear_notes.md, round 7): the
+  // fewest loads per byte where registers allow (2 bits: 4 blocks, one 16-byte load per lane per
+  // two blocks), 2 blocks at 3 and 6 bits, 1 at 5 (at 2 or 4 its 88-91 registers cost more
+  // warps than the saved loads gain).
+  return d.bits == 2 ? 4 : d.bits == 5 ? 1 : 2;
 }
 
 void tile_bits_upload(const QWeightHost& w, const Params& p, int pieces_s, uint8_t* dst_q,
@@ -194,11 +225,22 @@ void launch_gemv_bits_stream(const Params& p, int pieces_s, cudaStream_t stream)
   int sms = 0, optin = 0;
   stream_device_limits(sms, optin);
   // Tokens per pass: all n (up to 8) while x leaves room for 3 blocks per SM, as for 4 bits;
-  // fewer for long rows (bits_tiled_layout guarantees that one token fits).
+  // for long rows the fewest passes that leave room for 2, evenly split (bits_tiled_layout
+  // guarantees that one token fits).
   Params one = p;
   one.n = 1;
   const int per_token = stream_smem(one);
-  const int chunk = std::clamp(((optin - 8 * 1024) / 3) / per_token, 1, 8);
+  int chunk = std::clamp(((optin - 8 * 1024) / 3) / per_token, 1, 8);
+  if (chunk < p.n) {
+    const int most = std::clamp(((optin - 8 * 1024) / 2) / per_token, 1, 8);
+    const int passes = (p.n + most - 1) / most;
+    chunk = (p.n + passes - 1) / passes;
+  }
+  // Warps per SM: twice a resident wave at n <= 2 where the kernel stays within 64 registers
+  // (2/3/5 bits at their default pieces), one wave otherwise (round 7).
+  const int budget = g_warp_budget != 0                   ? g_warp_budget
+                     : p.n <= 2 && p.bits != 6 && !p.asym ? 64
+                                                          : 32;
   for (int t0 = 0; t0 < p.n; t0 += chunk) {
     Params c = p;
     c.n = std::min(chunk, p.n - t0);
@@ -213,7 +255,7 @@ void launch_gemv_bits_stream(const Params& p, int pieces_s, cudaStream_t stream)
         c.split.out[i] = p.split.out[i] + int64_t{t0} * width;
       }
     }
-    launch_chunk(c, pieces_s, stream);
+    launch_chunk(c, pieces_s, budget, stream);
   }
 }
 

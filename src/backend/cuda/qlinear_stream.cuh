@@ -193,6 +193,9 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
                                                    int64_t{tile_c} * p.groups_p * 16 + 2 * g)
            : nullptr;
 
+  // Groups are powers of two >= 32 and pieces start at multiples of 64 S columns: a piece lies
+  // in one group when 64 S <= group, and then one scale load serves all its blocks.
+  const bool one_group = 64 * S <= p.group;
   auto fetch = [&](int i, StreamSlot<BITS, S, G32, ASYM>& d) {
     load_stream_words<kLo * S>(lo_ptr + int64_t{i} * kPieceBytes, d.q);
     if constexpr (kHi > 0)
@@ -200,6 +203,11 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       const int b = i * S + s, gi = G32 ? 2 * b : (64 * b) >> p.group_log2;
+      if (!G32 && s > 0 && one_group) {  // the piece's first block has the group's scale
+        d.s[s] = d.s[0];
+        if constexpr (ASYM) d.m[s] = d.m[0];
+        continue;
+      }
 #pragma unroll
       for (int k = 0; k < kGroupsPerBlock; ++k) {
         d.s[s * kGroupsPerBlock + k] = __ldg(sbase + (gi + k) * 8);
