@@ -1,7 +1,9 @@
-// Throughput of the 2/3/5/6-bit GEMV (qlinear_bits.cu) on Llama-3-8B shapes, n = 1 and 8 (and
-// n = 16 through the chunked path), plus the FP16 dequantization the backend uses for n > 8.
-// Build: bench/qlinear_device.sh. Weights are random bytes (speed only; correctness is in the
-// tests), rotated over > 300 MB so the numbers are DRAM numbers.
+// Throughput of the 2/3/5/6-bit decode GEMV on Llama-3 shapes, n = 1, 2 and 8: the host-layout
+// CUDA-core kernel (qlinear_bits.cu, "old", rows per warp auto) against the tiled stream
+// kernel (qlinear_bits_stream.cu: "new_sS" the default, S blocks per piece; "sS" the others), with
+// the 4-bit stream GEMV on the same shape for reference, plus the FP16 dequantization of each
+// layout (prefill, n > 8). Build: bench/qlinear_device.sh. Weights are random bytes (speed only;
+// correctness is in the tests), rotated over > 300 MB so the numbers are DRAM numbers.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -37,20 +39,27 @@ int main() {
   CK(cudaFree(s));
   CK(cudaFree(t));
 
-  const int shapes[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}};
+  const int shapes[][2] = {{4096, 4096}, {6144, 4096}, {14336, 4096}, {4096, 14336}, {28672, 4096}};
   __half *x, *y, *deq;
   CK(cudaMalloc(&x, 16 * 14336 * 2));
-  CK(cudaMalloc(&y, 16 * 14336 * 2));
-  CK(cudaMalloc(&deq, size_t(14336) * 4096 * 2));
+  CK(cudaMalloc(&y, 16 * 28672 * 2));
+  CK(cudaMalloc(&deq, size_t(28672) * 4096 * 2));
   fill_halves<<<1024, 256>>>(x, 16 * 14336, -1.0f, 2.0f, 5);
   std::printf(
-      "\nqlinear_matmul, 2/3/5/6 bits, f16 scales; GB/s = (weight + scales + x + y bytes) / time\n"
-      "%-12s %4s %-5s %2s %4s %9s %8s %7s %12s\n",
-      "shape", "bits", "g/sym", "n", "rows", "us", "GB/s", "%copy", "dequant us");
+      "\nqlinear_matmul, g128 f16 scales; GB/s = (weight + scales + x + y bytes, unpadded) / time\n"
+      "%-12s %4s %-5s %2s %-7s %9s %8s %7s\n",
+      "shape", "bits", "sym", "n", "kernel", "us", "GB/s", "%copy");
+  auto row = [&](const int* sh, int bits, bool asym, int n, const char* kernel, float ms,
+                 double bytes) {
+    const double moved = bytes + 2.0 * n * (sh[0] + sh[1]);
+    std::printf("%5dx%-6d %4d %-5s %2d %-7s %9.2f %8.0f %6.1f%%\n", sh[0], sh[1], bits,
+                asym ? "asym" : "sym", n, kernel, ms * 1e3, moved / ms / 1e6,
+                100.0 * moved / ms / 1e6 / copy_gbs);
+  };
   for (const auto& sh : shapes) {
-    for (const int bits : {2, 3, 5, 6}) {
+    for (const int bits : {2, 3, 4, 5, 6}) {
       for (const bool asym : {false, true}) {
-        if (asym && sh[0] != 4096) continue;  // one asymmetric shape is enough
+        if (asym && sh[0] * size_t(sh[1]) != size_t(4096) * 4096) continue;  // one asym shape
         QWeightDesc d;
         d.bits = bits;
         d.group_size = 128;
@@ -59,26 +68,45 @@ int main() {
         d.cols = sh[1];
         const double bytes = double(d.qweight_bytes()) + d.scale_count() * (asym ? 4.0 : 2.0);
         const int copies = std::max(1, int(std::ceil(300e6 / bytes)));
-        std::vector<Weight> ws;
-        for (int c = 0; c < copies; ++c) ws.push_back(make(d, 17 + c));
-        const float dq_ms =
-            time_ms([&](int i) { qlinear_dequantize(ws[i % copies].w, deq, nullptr); }, 10);
-        // rows = weight rows per warp (the set_bits_rows knob; 2 is the default).
-        for (const int n : {1, 8, 16}) {
-          for (const int rows : {2, 4}) {
-            if (n == 16 && rows == 4) continue;
-            qlinear_detail::set_bits_rows(rows);
+        // layout 0: host layout (old kernel, rows per warp auto); -1: tiled with the default
+        // pieces per width; 1, 2, 4 (8 at 2 bits): tiled with that many blocks per piece (default
+        // warp budget).
+        for (const int layout : bits == 4   ? std::vector<int>{-1}
+                                : bits == 2 ? std::vector<int>{0, -1, 1, 2, 4, 8}
+                                            : std::vector<int>{0, -1, 1, 2, 4}) {
+          qlinear_detail::set_bits_stream(layout == 0 ? 0 : 1);
+          qlinear_detail::set_bits_stream_pieces(layout < 0 ? 0 : layout);
+          std::vector<Weight> ws;
+          for (int c = 0; c < copies; ++c) ws.push_back(make(d, 17 + c));
+          if (bits != 4 && (ws[0].w.narrow_tiled == 0) != (layout == 0)) {
+            std::printf("unexpected layout for %dx%d\n", sh[0], sh[1]);
+            return 1;
+          }
+          for (const int n : {1, 2, 8}) {
             const float ms = time_ms(
                 [&](int i) { qlinear_matmul(ws[i % copies].w, x, y, n, nullptr, nullptr); }, 40);
-            const double moved = bytes + 2.0 * n * (sh[0] + sh[1]);
-            std::printf("%5dx%-6d %4d %-5s %2d %4d %9.2f %8.0f %6.1f%% %12.1f\n", sh[0], sh[1],
-                        bits, asym ? "asym" : "sym", n, rows, ms * 1e3, moved / ms / 1e6,
-                        100.0 * moved / ms / 1e6 / copy_gbs, n == 1 ? dq_ms * 1e3 : 0.0);
+            char name[16];
+            if (bits == 4)
+              std::snprintf(name, sizeof(name), "4bit");
+            else if (layout == 0)
+              std::snprintf(name, sizeof(name), "old");
+            else if (layout < 0)
+              std::snprintf(name, sizeof(name), "new_s%d", ws[0].w.narrow_tiled);
+            else
+              std::snprintf(name, sizeof(name), "s%d", layout);
+            row(sh, bits, asym, n, name, ms, bytes);
           }
-          qlinear_detail::set_bits_rows(0);
+          if (!asym && layout <= 0) {
+            const float dq_ms =
+                time_ms([&](int i) { qlinear_dequantize(ws[i % copies].w, deq, nullptr); }, 10);
+            std::printf("%5dx%-6d %4d dequant %s: %.1f us\n", sh[0], sh[1], bits,
+                        layout == 0 ? "old" : "new", dq_ms * 1e3);
+          }
+          CK(cudaGetLastError());
+          for (auto& w : ws) CK(cudaFree(w.mem));
         }
-        CK(cudaGetLastError());
-        for (auto& w : ws) CK(cudaFree(w.mem));
+        qlinear_detail::set_bits_stream_pieces(0);
+        qlinear_detail::set_bits_stream(-1);
       }
     }
   }

@@ -14,7 +14,8 @@ core=(src/backend/cpu/qlinear_ref.cc src/core/dtype.cc src/core/tensor.cc
 cuda=(src/backend/cuda/qlinear.cu src/backend/cuda/qlinear_gemm.cu src/backend/cuda/qlinear_tiled.cu
       src/backend/cuda/qlinear_batch.cu src/backend/cuda/qlinear_batch4.cu
 src/backend/cuda/qlinear_batch_bulk.cu src/backend/cuda/qlinear_batch_stream.cu
-      src/backend/cuda/qlinear_bits.cu src/backend/cuda/qlinear_gemv_stream.cu
+      src/backend/cuda/qlinear_bits.cu src/backend/cuda/qlinear_bits_stream.cu
+      src/backend/cuda/qlinear_gemv_stream.cu
       src/backend/cuda/elementwise.cu)
 for f in "${core[@]}" "${cuda[@]}"; do
   nvcc "${flags[@]}" -c "$f" -o "$out/$(basename "$f").o" &

@@ -1,6 +1,8 @@
-// 2/3/5/6-bit quantized weights on the GPU (qlinear_bits.cu) against the CPU reference
-// dequantizer (qlinear_ref) in float64: GEMV at every n through qlinear_matmul (awkward row and
-// column counts, short tiles), split outputs, and the FP16 dequantization. Skipped without a GPU.
+// 2/3/5/6-bit quantized weights on the GPU against the CPU reference dequantizer (qlinear_ref) in
+// float64: GEMV at every n through qlinear_matmul (awkward row and column counts, short tiles),
+// split outputs, and the FP16 dequantization, in the tiled layout with the stream GEMV
+// (qlinear_bits_stream.cu, the default) and in the host layout (qlinear_bits.cu,
+// set_bits_stream(0)); the stream GEMV's fusions (RMSNorm, y +=, SwiGLU). Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #ifdef GYRE_HAVE_CUDA
@@ -14,7 +16,9 @@
 #include <vector>
 
 #include "backend/cpu/qlinear_ref.h"
+#include "backend/cuda/out_split.h"
 #include "backend/cuda/qlinear.h"
+#include "core/error.h"
 #include "core/half.h"
 
 namespace gyre {
@@ -77,10 +81,12 @@ std::vector<double> dequantized(const QWeightHost& w) {
 }
 
 // y from the GPU (n tokens, all rows) against float64 x W^T + bias.
+// wf_cache: dequantized(w) when the caller has it.
 void expect_close(const QWeightHost& w, const std::vector<uint16_t>& xh,
-                  const std::vector<uint16_t>& bh, const std::vector<uint16_t>& yh, int n) {
+                  const std::vector<uint16_t>& bh, const std::vector<uint16_t>& yh, int n,
+                  const std::vector<double>* wf_cache = nullptr) {
   const int rows = w.desc.rows, cols = w.desc.cols;
-  const std::vector<double> wf = dequantized(w);
+  const std::vector<double> wf = wf_cache != nullptr ? *wf_cache : dequantized(w);
   for (int t = 0; t < n; ++t)
     for (int r = 0; r < rows; ++r) {
       double ref = bh.empty() ? 0.0 : f16_to_f32(bh[r]), mag = std::fabs(ref);
@@ -140,9 +146,29 @@ TEST(CudaQbits, MatmulMatchesFloat64AtEveryN) {
     }
 }
 
+// The host layout and its kernel (GYRE_CUDA_BITS_STREAM=0) on the same awkward shapes.
+TEST(CudaQbits, HostLayoutKernelMatchesFloat64) {
+  if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
+  qlinear_detail::set_bits_stream(0);
+  const int shapes[][2] = {{1, 96}, {77, 1056}, {301, 2560}};
+  uint32_t seed = 700;
+  for (const Narrow& l : kLayouts)
+    for (const auto& s : shapes) {
+      if (s[1] % l.group != 0) continue;
+      const QWeightHost w = make_weight(l.bits, l.group, l.asym, l.perm, s[0], s[1], seed++);
+      for (const int n : {1, 8, 9}) {
+        SCOPED_TRACE(std::to_string(l.bits) + "b rows " + std::to_string(s[0]) + " n " +
+                     std::to_string(n));
+        check_matmul(w, n, seed++);
+      }
+    }
+  qlinear_detail::set_bits_stream(-1);
+}
+
 // The benchmark knob's other configuration (4 weight rows per warp) on odd row counts.
 TEST(CudaQbits, FourRowsPerWarpMatchesFloat64) {
   if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
+  qlinear_detail::set_bits_stream(0);
   qlinear_detail::set_bits_rows(4);
   uint32_t seed = 500;
   for (const Narrow& l : kLayouts) {
@@ -150,6 +176,7 @@ TEST(CudaQbits, FourRowsPerWarpMatchesFloat64) {
     for (const int n : {1, 5, 8}) check_matmul(w, n, seed++);
   }
   qlinear_detail::set_bits_rows(0);
+  qlinear_detail::set_bits_stream(-1);
 }
 
 // Enough rows for the no-split-K configuration (>= 4096 rows).
@@ -200,21 +227,177 @@ TEST(CudaQbits, SplitOutputsMatchTheWholeWeight) {
 TEST(CudaQbits, DequantizeMatchesReference) {
   if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
   uint32_t seed = 300;
-  for (const Narrow& l : kLayouts) {
-    const QWeightHost w = make_weight(l.bits, l.group, l.asym, l.perm, 37, 1152, seed++);
-    QWeightDevice dw = qweight_upload(w);
-    Halves out(size_t(37) * 1152);
-    out.poison();
-    qlinear_dequantize(dw, out.p, nullptr);
-    CUDA_OK(cudaDeviceSynchronize());
-    const auto got = out.download();
-    qweight_free(dw);
-    const std::vector<double> ref = dequantized(w);
-    for (size_t i = 0; i < ref.size(); ++i) {
-      const double g = f16_to_f32(got[i]);
-      ASSERT_NEAR(g, ref[i], std::fabs(ref[i]) * 0x1p-10 + 1e-7) << l.bits << "b at " << i;
+  for (const int pieces : {-1, 0, 1, 2, 4, 8})  // host layout, tiled by width, 1/2/4/8 blocks
+    for (const Narrow& l : kLayouts) {
+      qlinear_detail::set_bits_stream(pieces < 0 ? 0 : -1);
+      qlinear_detail::set_bits_stream_pieces(std::max(pieces, 0));
+      const QWeightHost w = make_weight(l.bits, l.group, l.asym, l.perm, 37, 1152, seed++);
+      QWeightDevice dw = qweight_upload(w);
+      qlinear_detail::set_bits_stream(-1);
+      qlinear_detail::set_bits_stream_pieces(0);
+      ASSERT_EQ(dw.narrow_tiled > 0, pieces >= 0);
+      if (pieces > 0) ASSERT_EQ(dw.narrow_tiled, pieces == 8 && l.bits != 2 ? 4 : pieces);
+      Halves out(size_t(37) * 1152);
+      out.poison();
+      qlinear_dequantize(dw, out.p, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto got = out.download();
+      qweight_free(dw);
+      const std::vector<double> ref = dequantized(w);
+      for (size_t i = 0; i < ref.size(); ++i) {
+        const double g = f16_to_f32(got[i]);
+        ASSERT_NEAR(g, ref[i], std::fabs(ref[i]) * 0x1p-10 + 1e-7) << l.bits << "b at " << i;
+      }
     }
+}
+
+// Every piece size of the tiled layout (1, 2, 4, 8 blocks: block counts padded), a larger warp
+// budget, and weights whose rows are too long for the tiled layout (x of one token must fit
+// shared memory): they keep the host layout and its kernel.
+TEST(CudaQbits, StreamPiecesAndLongRowsMatchFloat64) {
+  if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 900;
+  for (const int pieces : {1, 2, 4, 8}) {  // 8: 2 bits (the others take 4)
+    qlinear_detail::set_bits_stream_pieces(pieces);
+    qlinear_detail::set_bits_stream_warps(pieces == 2 ? 64 : 0);
+    for (const Narrow& l : kLayouts)
+      for (const int cols : {2080, 2176}) {
+        if (cols % l.group != 0) continue;
+        const QWeightHost w = make_weight(l.bits, l.group, l.asym, l.perm, 45, cols, seed++);
+        for (const int n : {1, 2, 7}) check_matmul(w, n, seed++);
+      }
   }
+  qlinear_detail::set_bits_stream_pieces(0);
+  qlinear_detail::set_bits_stream_warps(0);
+  const QWeightHost w = make_weight(3, 32, false, false, 5, kQlinearTiledBitsMaxCols + 32, 950);
+  QWeightDevice dw = qweight_upload(w);
+  EXPECT_EQ(dw.narrow_tiled, 0);
+  EXPECT_FALSE(qlinear_fuses_norm(dw, 1));
+  qweight_free(dw);
+  check_matmul(w, 2, 951);
+}
+
+// x RMS-normalised (the reference normalises in float and rounds to FP16, as the rmsnorm kernel
+// does) and y += x W, alone and together, n = 1..8 (12288 columns: two tokens per pass over the
+// weight, x staged per pass).
+TEST(CudaQbits, FusedNormAndAccumulateMatchFloat64) {
+  if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
+  const float eps = 1e-5f;
+  uint32_t seed = 1200;
+  const int shapes[][2] = {{50, 1056}, {33, 12288}};
+  for (const Narrow& l : kLayouts)
+    for (const auto& sh : shapes) {
+      const int rows = sh[0], cols = sh[1];
+      if (cols % l.group != 0) continue;
+      const QWeightHost w = make_weight(l.bits, l.group, l.asym, l.perm, rows, cols, seed++);
+      const std::vector<uint16_t> xh = random_halves(size_t(8) * cols, 3.0f, seed++);
+      const std::vector<uint16_t> nh = random_halves(cols, 1.5f, seed++);
+      const std::vector<uint16_t> y0 = random_halves(size_t(8) * rows, 2.0f, seed++);
+      std::vector<uint16_t> xn(xh.size());
+      for (int t = 0; t < 8; ++t) {
+        double ss = 0;
+        for (int c = 0; c < cols; ++c) ss += std::pow(f16_to_f32(xh[size_t(t) * cols + c]), 2);
+        const float inv = static_cast<float>(1.0 / std::sqrt(ss / cols + eps));
+        for (int c = 0; c < cols; ++c)
+          xn[size_t(t) * cols + c] =
+              f32_to_f16(f16_to_f32(xh[size_t(t) * cols + c]) * inv * f16_to_f32(nh[c]));
+      }
+      const std::vector<double> wf = dequantized(w);
+      QWeightDevice dw = qweight_upload(w);
+      Halves x(size_t(8) * cols), y(size_t(8) * rows), norm(cols);
+      x.upload(xh);
+      norm.upload(nh);
+      for (const int n : {1, 2, 5, 8}) {
+        ASSERT_TRUE(qlinear_fuses_norm(dw, n));
+        for (int mode = 0; mode < 3; ++mode) {  // norm, y +=, both
+          SCOPED_TRACE(std::to_string(l.bits) + "b g" + std::to_string(l.group) + " cols " +
+                       std::to_string(cols) + " n " + std::to_string(n) + " mode " +
+                       std::to_string(mode));
+          QlinearFusion f;
+          f.accumulate = mode != 0;
+          if (mode != 1) {
+            f.norm_w = norm.p;
+            f.norm_eps = eps;
+          }
+          if (f.accumulate) {
+            y.upload(y0);
+          } else {
+            y.poison();
+          }
+          qlinear_matmul(dw, x.p, y.p, n, nullptr, nullptr, f);
+          CUDA_OK(cudaDeviceSynchronize());
+          std::vector<uint16_t> got = y.download();
+          // y += x W: the reference adds the old y as a bias per token.
+          std::vector<uint16_t> sub(size_t(rows) * n);
+          for (int t = 0; t < n; ++t) {
+            std::vector<uint16_t> gt(got.begin() + size_t(t) * rows,
+                                     got.begin() + size_t(t + 1) * rows);
+            std::vector<uint16_t> bias;
+            if (f.accumulate)
+              bias.assign(y0.begin() + size_t(t) * rows, y0.begin() + size_t(t + 1) * rows);
+            const std::vector<uint16_t>& xs = mode == 1 ? xh : xn;
+            std::vector<uint16_t> xt(xs.begin() + size_t(t) * cols,
+                                     xs.begin() + size_t(t + 1) * cols);
+            expect_close(w, xt, bias, gt, 1, &wf);
+            if (HasFatalFailure()) break;
+          }
+          if (HasFatalFailure()) break;
+        }
+        if (HasFatalFailure()) break;
+      }
+      qweight_free(dw);
+      if (HasFatalFailure()) return;
+    }
+}
+
+// Gate/up weights interleaved by 8 rows (out_split.h) with the SwiGLU epilogue: out[t, h] =
+// silu(gate_h . x_t) * (up_h . x_t) against float64, hidden sizes not multiples of 8 or 16.
+TEST(CudaQbits, SwigluMatchesFloat64) {
+  if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 1500;
+  for (const Narrow& l : kLayouts)
+    for (const int hidden : {13, 40}) {
+      const int cols = 1152;
+      const QWeightHost gate = make_weight(l.bits, l.group, l.asym, l.perm, hidden, cols, seed++);
+      // up in the same layout (the same permutation, as qweight_interleave_rows requires)
+      std::mt19937 rng(seed++);
+      std::normal_distribution<float> nd(0.0f, 0.03f);
+      std::vector<float> uw(size_t(hidden) * cols);
+      for (float& v : uw) v = nd(rng);
+      const QWeightHost up = qweight_pack_from_f32(uw.data(), hidden, cols, l.bits, l.group, l.asym,
+                                                   l.perm ? gate.perm.data() : nullptr);
+      const QWeightHost fused = qweight_interleave_rows(gate, up, cuda::kSwigluBlock);
+      const std::vector<double> gf = dequantized(gate), uf = dequantized(up);
+      QWeightDevice dw = qweight_upload(fused);
+      for (const int n : {1, 3, 8}) {
+        const std::vector<uint16_t> xh = random_halves(size_t(n) * cols, 1.0f, seed++);
+        Halves x(size_t(n) * cols), out(size_t(n) * hidden);
+        x.upload(xh);
+        out.poison();
+        ASSERT_TRUE(qlinear_gemv_swiglu(dw, x.p, out.p, n, hidden, nullptr));
+        CUDA_OK(cudaDeviceSynchronize());
+        const std::vector<uint16_t> got = out.download();
+        for (int t = 0; t < n; ++t)
+          for (int h = 0; h < hidden; ++h) {
+            double g = 0, u = 0, gm = 0, um = 0;
+            for (int c = 0; c < cols; ++c) {
+              const double xv = f16_to_f32(xh[size_t(t) * cols + c]);
+              g += xv * gf[size_t(h) * cols + c];
+              u += xv * uf[size_t(h) * cols + c];
+              gm += std::fabs(xv * gf[size_t(h) * cols + c]);
+              um += std::fabs(xv * uf[size_t(h) * cols + c]);
+            }
+            const double sg = g / (1.0 + std::exp(-g)), want = sg * u;
+            // d silu / dg <= 1.1: errors of 4e-3 of the magnitudes in g and u, plus FP16 output.
+            const double tol = 4e-3 * (1.1 * gm * (std::fabs(u) + um) + std::fabs(sg) * um) +
+                               2e-3 * std::fabs(want) + 1e-6;
+            const double v = f16_to_f32(got[size_t(t) * hidden + h]);
+            ASSERT_FALSE(std::isnan(v)) << "unwritten out[" << t << ", " << h << "]";
+            ASSERT_NEAR(v, want, tol) << l.bits << "b hidden " << hidden << " n " << n;
+          }
+      }
+      qweight_free(dw);
+    }
 }
 
 }  // namespace

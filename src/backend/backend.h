@@ -247,8 +247,9 @@ class Backend {
 struct BackendOptions {
   int n_threads = 0;     // <= 0: all cores
   int weight_bits = 0;   // 0: the file's precision (F16/BF16 -> FP16; GGUF blocks repacked);
-                         // 4 or 8: requantize F16/BF16/F32 linear weights at load
-  int group_size = 128;  // for weight_bits 4/8
+                         // 2..6 or 8: requantize F16/BF16/F32 linear weights at load
+                         // (CUDA; synthetic weights: random codes in that layout)
+  int group_size = 128;  // for weight_bits 2..8
   // "f16", "q8", "q4" (core/kv_quant.h); the CPU keeps "f16" caches in f32, its exact reference.
   std::string kv_cache = "f16";
 };

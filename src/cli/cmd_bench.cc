@@ -154,7 +154,8 @@ void fill_context(Transformer& t, const std::vector<int32_t>& tokens, int ctx, i
 
 void run_bench(const BenchOptions& o) {
   GYRE_CHECK(o.model.empty() != o.synthetic.empty(), "give either -m MODEL or --synthetic NAME");
-  GYRE_CHECK(o.bits == 16 || o.bits == 8 || o.bits == 4, "--bits must be 16, 8 or 4");
+  GYRE_CHECK(o.bits == 16 || o.bits == 8 || (o.bits >= 2 && o.bits <= 6),
+             "--bits must be 16, 8, 6, 5, 4, 3 or 2");
   GYRE_CHECK(o.prompt > 0 && o.decode > 0 && o.long_ctx >= 0, "bad -p/-n/--long");
   BackendOptions bo;
   bo.n_threads = o.threads;
@@ -311,7 +312,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("-m,--model", o->model, "model folder or .gguf file");
   cmd->add_option("--synthetic", o->synthetic,
                   "random weights of a known shape: llama3-8b, llama2-7b, mistral-7b, llama-30b");
-  cmd->add_option("--bits", o->bits, "weight bits: 16, 8 or 4")->capture_default_str();
+  cmd->add_option("--bits", o->bits, "weight bits: 16, 8, 6, 5, 4, 3 or 2 (2/3/5/6: CUDA only)")
+      ->capture_default_str();
   cmd->add_option("-p,--prompt", o->prompt, "prefill length")->capture_default_str();
   cmd->add_option("-n,--decode", o->decode, "decode steps timed")->capture_default_str();
   cmd->add_option("--long", o->long_ctx, "long context for the second decode timing (0: skip)")

@@ -88,8 +88,9 @@ half* CudaKvCache::params(int layer, int kv) const {
 
 CudaBackend::CudaBackend(int device, const BackendOptions& options)
     : device_(device), options_(options) {
-  GYRE_CHECK(options.weight_bits == 0 || options.weight_bits == 4 || options.weight_bits == 8,
-             "weight bits must be 4 or 8 (or 0 for the file's precision), got ",
+  GYRE_CHECK(options.weight_bits == 0 || (options.weight_bits >= 2 && options.weight_bits <= 6) ||
+                 options.weight_bits == 8,
+             "weight bits must be 2, 3, 4, 5, 6 or 8 (or 0 for the file's precision), got ",
              options.weight_bits);
   kv_type_ = parse_kv_type(options.kv_cache);
   GYRE_CUDA_CHECK(cudaSetDevice(device));

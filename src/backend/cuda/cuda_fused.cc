@@ -263,8 +263,9 @@ void CudaBackend::matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_ga
   swiglu_interleaved(o, fused, n, hidden, rows, stream_);
 }
 
-// The decode fusions (Backend::fuses_norms): 4-bit weights whose decode GEMV stages x in shared
-// memory normalise it there, and every quantized matmul can add into its output.
+// The decode fusions (Backend::fuses_norms): quantized weights whose decode GEMV stages x in
+// shared memory (4-bit at n <= 2, tiled 2/3/5/6-bit at n <= 8) normalise it there, and every
+// quantized matmul can add into its output.
 bool CudaBackend::fuses_norms(int n, const Tensor& w) const {
   return is_quantized_tensor(w) && qlinear_fuses_norm(qweight_of(w), n);
 }

@@ -80,17 +80,17 @@ bool CudaBackend::try_upload_quantized(const TensorView& w, Tensor& out) {
     qweight_validate(d);
     const size_t bytes = qweight_device_bytes(d);
     auto memory = device_alloc(bytes, "weight " + w.name);
-    auto q = std::make_shared<QWeightDevice>();
-    q->desc = d;
+    // The device layout of every width (tiled 4-bit and, by default, tiled 2/3/5/6-bit).
+    auto q = std::make_shared<QWeightDevice>(qweight_device_view(d, memory.get()));
     auto* base = static_cast<uint8_t*>(memory.get());
-    const size_t qbytes = (static_cast<size_t>(d.qweight_bytes()) + 255) / 256 * 256;
-    q->qweight = base;
-    q->scales = base + qbytes;
-    // Any bytes are valid packed values; scales are small positive halves.
+    const size_t qbytes = static_cast<size_t>(static_cast<const uint8_t*>(q->scales) - base);
+    // Any bytes are valid packed values; scales (the rest: symmetric, no perm) are small
+    // positive halves.
     fill_random(reinterpret_cast<half*>(base), static_cast<int64_t>(qbytes / 2), synthetic_seed_++,
                 1.0f, 0.0f, stream_);
-    fill_random(reinterpret_cast<half*>(base + qbytes), d.scale_count(), synthetic_seed_++,
-                0.5f / static_cast<float>(cols), 1.0f / static_cast<float>(cols), stream_);
+    fill_random(reinterpret_cast<half*>(base + qbytes), static_cast<int64_t>((bytes - qbytes) / 2),
+                synthetic_seed_++, 0.5f / static_cast<float>(cols), 1.0f / static_cast<float>(cols),
+                stream_);
     GYRE_CUDA_CHECK(cudaStreamSynchronize(stream_));
     weight_bytes_ += bytes;
     out = qtensor(q, memory);

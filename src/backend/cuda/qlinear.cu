@@ -33,6 +33,13 @@ void prepare_batch_stream();                              // qlinear_batch_strea
 // qlinear_bits.cu: 2/3/5/6 bits (any n, eight tokens per pass) and their dequantization.
 void launch_gemv_bits(const Params& p, cudaStream_t stream);
 void launch_dequant_bits(const Params& p, __half* out, cudaStream_t stream);
+// qlinear_bits_stream.cu: the same widths in the tiled layout (any n, up to eight per pass).
+// bits_tiled_layout: blocks per piece of the tiled layout for a new upload, 0 = the host layout.
+int bits_tiled_layout(const QWeightDesc& d);
+void tile_bits_upload(const QWeightHost& w, const Params& p, int pieces_s, uint8_t* dst_q,
+                      uint8_t* dst_scales, uint8_t* dst_mins);
+void launch_gemv_bits_stream(const Params& p, int pieces_s, cudaStream_t stream);
+void launch_dequant_bits_tiled(const Params& p, int pieces_s, __half* out, cudaStream_t stream);
 void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("CUDA error in ", what, ": ", cudaGetErrorString(e));
 }
@@ -213,6 +220,8 @@ Params layout_params(const QWeightDevice& w) {
   p.asym = d.asymmetric;
   p.tiles = (d.rows + 15) / 16;
   p.kblocks = (d.cols + 63) / 64;
+  if (w.narrow_tiled > 0)  // whole pieces (qlinear_stream.cuh)
+    p.kblocks = (p.kblocks + w.narrow_tiled - 1) / w.narrow_tiled * w.narrow_tiled;
   p.groups_p = p.kblocks * 64 / d.group_size;  // cols / group, plus one pad group at g32
   while ((1 << p.group_log2) < d.group_size) ++p.group_log2;
   return p;
@@ -235,14 +244,16 @@ size_t align256(size_t v) {
   return (v + 255) / 256 * 256;
 }
 
-// Byte sizes of the device qweight and scale arrays: the host layout for 8-bit and the narrow
-// widths (qlinear_bits.cu), the tiled layout (qlinear_tiled.cu) for 4-bit.
+// Byte sizes of the device qweight and scale arrays: the host layout for 8-bit and untiled narrow
+// widths (qlinear_bits.cu), the tiled layouts for 4-bit (qlinear_tiled.cu) and tiled narrow
+// widths (qlinear_stream.cuh: 128 * bits bytes per 16x64 block).
 void device_sizes(const QWeightDesc& d, size_t& qbytes, size_t& scale_bytes) {
-  if (d.bits == 4) {
+  if (d.bits == 4 || qlinear_detail::bits_tiled_layout(d)) {
     QWeightDevice w;
     w.desc = d;
+    w.narrow_tiled = qlinear_detail::bits_tiled_layout(d);
     const Params p = layout_params(w);
-    qbytes = static_cast<size_t>(p.tiles) * p.kblocks * 512;
+    qbytes = static_cast<size_t>(p.tiles) * p.kblocks * 128 * d.bits;
     scale_bytes = static_cast<size_t>(p.tiles) * p.groups_p * 16 * d.scale_bytes();
   } else {
     qbytes = static_cast<size_t>(d.qweight_bytes());
@@ -265,6 +276,7 @@ QWeightDevice qweight_device_view(const QWeightDesc& d, void* mem) {
   device_sizes(d, qbytes, scale_bytes);
   QWeightDevice out;
   out.desc = d;
+  out.narrow_tiled = qlinear_detail::bits_tiled_layout(d);
   auto* p = static_cast<uint8_t*>(mem);
   out.qweight = p;
   p += align256(qbytes);
@@ -304,6 +316,11 @@ QWeightDevice qweight_upload(const QWeightHost& w) {
           w.qweight.data(), w.scales.data(), d.asymmetric ? w.mins.data() : nullptr, p,
           const_cast<uint8_t*>(out.qweight), static_cast<uint8_t*>(const_cast<void*>(out.scales)),
           static_cast<uint8_t*>(const_cast<void*>(out.mins)));
+    } else if (out.narrow_tiled) {
+      qlinear_detail::tile_bits_upload(w, layout_params(out), out.narrow_tiled,
+                                       const_cast<uint8_t*>(out.qweight),
+                                       static_cast<uint8_t*>(const_cast<void*>(out.scales)),
+                                       static_cast<uint8_t*>(const_cast<void*>(out.mins)));
     } else {
       put(out.qweight, w.qweight.data(), w.qweight.size());
       put(out.scales, w.scales.data(), w.scales.size());
@@ -327,6 +344,14 @@ bool gemv4_stream_supported(const Params& p);  // qlinear_gemv_stream.cu
 }  // namespace qlinear_detail
 
 namespace {
+// 2/3/5/6 bits: the kernel of the weight's layout.
+void launch_narrow(const QWeightDevice& w, const Params& p, cudaStream_t stream) {
+  if (w.narrow_tiled > 0)
+    qlinear_detail::launch_gemv_bits_stream(p, w.narrow_tiled, stream);
+  else
+    qlinear_detail::launch_gemv_bits(p, stream);
+}
+
 // The fusions go into the kernel's parameters; the norm only where the stream GEMV runs.
 Params fused_params(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
                     const QlinearFusion& f) {
@@ -343,6 +368,7 @@ Params fused_params(const QWeightDevice& w, const __half* x, __half* y, int n, c
 }  // namespace
 
 bool qlinear_fuses_norm(const QWeightDevice& w, int n) {
+  if (w.narrow_tiled > 0) return n >= 1 && n <= 8;       // the stream GEMV, x staged per pass
   if (w.desc.bits != 4 || n < 1 || n > 2) return false;  // where the stream GEMV is the default
   Params p = layout_params(w);
   p.n = n;
@@ -356,7 +382,7 @@ void qlinear_gemv(const QWeightDevice& w, const __half* x, __half* y, int n, con
   int rpb = g_rows_per_block;
   if (rpb == 0) rpb = 2;
   if (w.desc.narrow()) {
-    qlinear_detail::launch_gemv_bits(p, stream);
+    launch_narrow(w, p, stream);
   } else if (w.desc.bits == 4) {
     qlinear_detail::launch_gemv4(p, stream);
   } else {
@@ -374,7 +400,7 @@ void qlinear_matmul_split(const QWeightDevice& w, const __half* x, const cuda::O
   Params p = fused_params(w, x, outs.out[0], n, bias, f);
   p.split = outs;
   if (w.desc.narrow()) {
-    qlinear_detail::launch_gemv_bits(p, stream);
+    launch_narrow(w, p, stream);
   } else if (n <= 8 && (w.desc.bits == 4 || n <= kGemv8MaxRows)) {
     if (w.desc.bits == 4) {
       qlinear_detail::launch_gemv4(p, stream);
@@ -394,15 +420,18 @@ bool qlinear_gemv_swiglu(const QWeightDevice& w, const __half* x, __half* out, i
   // 8-bit decode: the CUDA-core GEMV + SwiGLU kernel beats the batch kernel at n <= 4 (28672
   // rows, n = 1: 47 + ~3 us against 72 us on H100).
   if (n < 1 || n > kQlinearBatchMaxRows || (w.desc.bits == 8 && n <= kGemv8MaxRows) ||
-      w.desc.narrow())  // narrow widths: the caller's GEMV + SwiGLU kernel
+      (w.desc.narrow() && (w.narrow_tiled == 0 || n > 8)))  // else the caller's matmul + SwiGLU
     return false;
   GYRE_CHECK(!f.accumulate, "qlinear: SwiGLU outputs do not accumulate");
   GYRE_CHECK(w.desc.rows == 2 * ((hidden + 7) / 8 * 8), "qlinear swiglu: weight of ", w.desc.rows,
              " rows for a hidden size of ", hidden);
   Params p = fused_params(w, x, out, n, nullptr, f);
-  if (qlinear_detail::batch_prefers_gemm(p)) return false;  // the caller's GEMM + SwiGLU path
+  if (w.narrow_tiled == 0 && qlinear_detail::batch_prefers_gemm(p))
+    return false;  // the caller's GEMM + SwiGLU path
   p.swiglu_hidden = hidden;
-  if (w.desc.bits == 4 && n <= 8) {
+  if (w.narrow_tiled > 0) {
+    qlinear_detail::launch_gemv_bits_stream(p, w.narrow_tiled, stream);
+  } else if (w.desc.bits == 4 && n <= 8) {
     qlinear_detail::launch_gemv4(p, stream);
   } else {
     qlinear_detail::launch_batch(p, stream);
@@ -416,7 +445,7 @@ void qlinear_batch(const QWeightDevice& w, const __half* x, __half* y, int n, co
   GYRE_CHECK(n >= 1 && n <= kQlinearBatchMaxRows, "qlinear_batch: n must be 1..",
              kQlinearBatchMaxRows, ", got ", n);
   if (w.desc.narrow()) {
-    qlinear_detail::launch_gemv_bits(make_params(w, x, y, n, bias), stream);
+    launch_narrow(w, make_params(w, x, y, n, bias), stream);
   } else {
     qlinear_detail::launch_batch(make_params(w, x, y, n, bias), stream);
   }
@@ -426,7 +455,7 @@ void qlinear_batch(const QWeightDevice& w, const __half* x, __half* y, int n, co
 void qlinear_gemm(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
                   cudaStream_t stream) {
   if (w.desc.narrow()) {
-    qlinear_detail::launch_gemv_bits(make_params(w, x, y, n, bias), stream);
+    launch_narrow(w, make_params(w, x, y, n, bias), stream);
   } else {
     qlinear_detail::launch_gemm(make_params(w, x, y, n, bias), stream);
   }
@@ -437,7 +466,7 @@ void qlinear_matmul(const QWeightDevice& w, const __half* x, __half* y, int n, c
                     cudaStream_t stream, const QlinearFusion& f) {
   const Params p = fused_params(w, x, y, n, bias, f);
   if (w.desc.narrow()) {
-    qlinear_detail::launch_gemv_bits(p, stream);
+    launch_narrow(w, p, stream);
     check_cuda(cudaGetLastError(), "qlinear narrow launch");
   } else if (n <= 8 && (w.desc.bits == 4 || n <= kGemv8MaxRows)) {
     qlinear_gemv(w, x, y, n, bias, stream, f);
@@ -456,7 +485,9 @@ void qlinear_dequantize(const QWeightDevice& w, __half* out, cudaStream_t stream
   GYRE_CHECK(reinterpret_cast<uintptr_t>(out) % 16 == 0,
              "qlinear_dequantize: out must be 16-byte aligned");
   const Params p = layout_params(w);
-  if (w.desc.narrow()) {
+  if (w.narrow_tiled > 0) {
+    qlinear_detail::launch_dequant_bits_tiled(p, w.narrow_tiled, out, stream);
+  } else if (w.desc.narrow()) {
     qlinear_detail::launch_dequant_bits(p, out, stream);
   } else if (w.desc.bits == 4) {
     qlinear_detail::launch_dequant4(p, out, stream);

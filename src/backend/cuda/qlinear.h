@@ -18,11 +18,17 @@
 namespace gyre {
 
 // A packed weight in device memory. Views: copying it does not copy the memory.
-// 8-bit and 2/3/5/6-bit weights keep the host layout; 4-bit weights are tiled for the tensor cores
-// at upload (16-row tiles, fragment-ordered nibbles, scales per tile: see qlinear_tiled.cu), so
-// only qweight_upload / qweight_device_view know the byte layout.
+// 8-bit weights keep the host layout; 4-bit weights are tiled for the tensor cores at upload
+// (16-row tiles, fragment-ordered nibbles, scales per tile: see qlinear_tiled.cu), and so are
+// 2/3/5/6-bit weights (split planes per 16-row tile: qlinear_stream.cuh) unless
+// GYRE_CUDA_BITS_STREAM=0, scales are f32 or cols > kQlinearTiledBitsMaxCols (then the host
+// layout), so only qweight_upload / qweight_device_view know the byte layout.
+constexpr int kQlinearTiledBitsMaxCols = 16384;
 struct QWeightDevice {
   QWeightDesc desc;
+  // 2/3/5/6 bits: blocks per piece of the tiled layout (1, 2, 4 or 8; set by the view), 0 = the
+  // host layout.
+  int narrow_tiled = 0;
   const uint8_t* qweight = nullptr;  // device layout, 16-byte aligned
   const void* scales = nullptr;      // f16 or f32 (desc.scale_f32), device layout
   const void* mins = nullptr;        // same shape, asymmetric only
@@ -42,8 +48,8 @@ void qweight_free(QWeightDevice& w);  // frees and nulls; safe on an empty weigh
 
 // Optional fusions of the matmul entry points below: y += x . W (the residual add folded into
 // the matmul's output), and x RMS-normalised per token and multiplied by norm_w [cols] before
-// use (the RMSNorm folded into its input; only where qlinear_fuses_norm says so: 4-bit weights,
-// n <= 8, x of a size the decode kernel stages in shared memory).
+// use (the RMSNorm folded into its input; only where qlinear_fuses_norm says so: the stream GEMV,
+// 4-bit weights at n <= 2 or tiled 2/3/5/6-bit weights at n <= 8).
 struct QlinearFusion {
   bool accumulate = false;
   const __half* norm_w = nullptr;
@@ -61,9 +67,10 @@ bool qlinear_fuses_norm(const QWeightDevice& w, int n);
 // rounds 3-6): gemv for n <= 8 (8-bit: n <= 4), batch up to 128 (4-bit n = 9..64 mostly the
 // stream batch kernel, qlinear_batch_stream.cu), gemm beyond and for n > 64 on the largest
 // weights.
-// 2/3/5/6 bits (qlinear_bits.cu): every entry point runs the narrow-width GEMV, eight tokens per
-// pass over the weight (bandwidth-bound at n <= 8); callers with a cuBLAS handle should
-// dequantize to FP16 beyond qlinear_direct_max_rows (the CUDA backend does).
+// 2/3/5/6 bits: every entry point runs the narrow-width GEMV (tiled: the stream kernel of
+// qlinear_bits_stream.cu, up to eight tokens per pass; host layout: qlinear_bits.cu, eight tokens
+// per pass), bandwidth-bound at n <= 8; callers with a cuBLAS handle should dequantize to FP16
+// beyond qlinear_direct_max_rows (the CUDA backend does).
 // x must be 16-byte aligned; bias may be null.
 void qlinear_gemv(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
                   cudaStream_t stream, const QlinearFusion& f = {});
@@ -86,8 +93,8 @@ void qlinear_matmul_split(const QWeightDevice& w, const __half* x, const cuda::O
                           int n, const __half* bias, cudaStream_t stream,
                           const QlinearFusion& f = {});
 // out [n, hidden] = silu(x . gate) * (x . up) for a gate/up weight interleaved by 8 rows
-// (cuda/out_split.h), in one pass over the weight: 4-bit n <= 8 (GEMV) or 4/8-bit
-// n <= kQlinearBatchMaxRows (batch kernel); false (nothing launched) otherwise.
+// (cuda/out_split.h), in one pass over the weight: 4-bit or tiled 2/3/5/6-bit n <= 8 (GEMV) or
+// 4/8-bit n <= kQlinearBatchMaxRows (batch kernel); false (nothing launched) otherwise.
 bool qlinear_gemv_swiglu(const QWeightDevice& w, const __half* x, __half* out, int n, int hidden,
                          cudaStream_t stream, const QlinearFusion& f = {});
 
@@ -133,6 +140,14 @@ void set_batch4_tiles_per_warp(int tiles);
 void set_batch_bulk_config(int config, int ksplit, int producers = 0);
 // 2/3/5/6-bit GEMV (qlinear_bits.cu): weight rows per warp, 2 or 4 (0 = auto: 4 from n = 4).
 void set_bits_rows(int rows);
+// 2/3/5/6 bits: the tiled layout and stream GEMV (qlinear_bits_stream.cu) for weights viewed or
+// uploaded from now on (1), the host layout and qlinear_bits.cu (0), or GYRE_CUDA_BITS_STREAM
+// (-1, the default: on unless "0"); the tiled layout's blocks per piece for new weights (1, 2,
+// 4, or 8 at 2 bits (4 at the others); 0 = by width) and the stream GEMV's warp budget per SM
+// (0 = by width and n).
+void set_bits_stream(int mode);
+void set_bits_stream_pieces(int pieces);
+void set_bits_stream_warps(int budget);
 }  // namespace qlinear_detail
 
 }  // namespace gyre

@@ -10,6 +10,19 @@
 
 namespace gyre::qlinear_detail {
 
+void check_cuda(cudaError_t e, const char* what);  // qlinear.cu
+
+// Host-layout bytes staged on the device for a repack at upload, freed on every path.
+struct DeviceStage {
+  uint8_t* p = nullptr;
+  explicit DeviceStage(size_t bytes) {
+    check_cuda(cudaMalloc(&p, bytes), "cudaMalloc (weight staging)");
+  }
+  ~DeviceStage() { cudaFree(p); }
+  DeviceStage(const DeviceStage&) = delete;
+  DeviceStage& operator=(const DeviceStage&) = delete;
+};
+
 struct Params {
   const uint8_t* qweight;
   const void* scales;

@@ -212,38 +212,36 @@ __global__ void dequant4_kernel(Params p, __half* out) {
 
 }  // namespace
 
+void tile_scales_upload(const uint8_t* host_scales, const uint8_t* host_mins, const Params& p,
+                        uint8_t* dst_scales, uint8_t* dst_mins) {
+  const int esize = p.scale_f32 ? 4 : 2;
+  const int64_t sbytes = int64_t{p.rows} * (p.cols / p.group) * esize;
+  DeviceStage stage(static_cast<size_t>(sbytes) + 16);
+  const int64_t count = int64_t{p.tiles} * p.groups_p * 16;
+  for (int k = 0; k < (p.asym ? 2 : 1); ++k) {
+    check_cuda(cudaMemcpy(stage.p, k ? host_mins : host_scales, sbytes, cudaMemcpyHostToDevice),
+               "cudaMemcpy (scales)");
+    tile_scales_kernel<<<static_cast<unsigned>((count + 255) / 256), 256>>>(
+        stage.p, k ? dst_mins : dst_scales, p.rows, p.cols / p.group, p.groups_p, esize, count);
+    check_cuda(cudaGetLastError(), "tile_scales launch");
+    check_cuda(cudaDeviceSynchronize(), "scale tiling");
+  }
+}
+
 void tile_int4_upload(const uint8_t* host_q, const uint8_t* host_scales, const uint8_t* host_mins,
                       const Params& p, uint8_t* dst_q, uint8_t* dst_scales, uint8_t* dst_mins) {
   // Stage the host-layout bytes on the device, then permute there (fast for big weights).
   const int64_t qbytes = int64_t{p.rows} * p.cols / 2;
-  const int esize = p.scale_f32 ? 4 : 2;
-  const int64_t sbytes = int64_t{p.rows} * (p.cols / p.group) * esize;
-  uint8_t* stage = nullptr;
-  check_cuda(cudaMalloc(&stage, qbytes + 2 * sbytes + 16), "cudaMalloc (weight staging)");
-  auto run = [&]() {
-    check_cuda(cudaMemcpy(stage, host_q, qbytes, cudaMemcpyHostToDevice), "cudaMemcpy (weight)");
+  {
+    DeviceStage stage(static_cast<size_t>(qbytes) + 16);
+    check_cuda(cudaMemcpy(stage.p, host_q, qbytes, cudaMemcpyHostToDevice), "cudaMemcpy (weight)");
     const int64_t words = int64_t{p.tiles} * p.kblocks * 128;
     tile_weights_kernel<<<static_cast<unsigned>((words + 255) / 256), 256>>>(
-        stage, reinterpret_cast<uint32_t*>(dst_q), p.rows, p.cols, p.kblocks, words);
+        stage.p, reinterpret_cast<uint32_t*>(dst_q), p.rows, p.cols, p.kblocks, words);
     check_cuda(cudaGetLastError(), "tile_weights launch");
-    const int64_t count = int64_t{p.tiles} * p.groups_p * 16;
-    for (int k = 0; k < (p.asym ? 2 : 1); ++k) {
-      uint8_t* s_stage = stage + qbytes + 16;
-      check_cuda(cudaMemcpy(s_stage, k ? host_mins : host_scales, sbytes, cudaMemcpyHostToDevice),
-                 "cudaMemcpy (scales)");
-      tile_scales_kernel<<<static_cast<unsigned>((count + 255) / 256), 256>>>(
-          s_stage, k ? dst_mins : dst_scales, p.rows, p.cols / p.group, p.groups_p, esize, count);
-      check_cuda(cudaGetLastError(), "tile_scales launch");
-      check_cuda(cudaDeviceSynchronize(), "weight tiling");
-    }
-  };
-  try {
-    run();
-  } catch (...) {
-    cudaFree(stage);
-    throw;
+    check_cuda(cudaDeviceSynchronize(), "weight tiling");
   }
-  cudaFree(stage);
+  tile_scales_upload(host_scales, host_mins, p, dst_scales, dst_mins);
 }
 
 // qlinear_gemv_stream.cu

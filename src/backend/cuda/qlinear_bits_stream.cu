@@ -1,0 +1,279 @@
+// 2/3/5/6-bit weights in the tiled split-plane layout (qlinear_stream.cuh describes it): the
+// repack from the host layout at upload, the decode GEMV (the stream kernel on tensor cores,
+// any n in chunks whose x fits shared memory) and the FP16 dequantization (prefill).
+//
+// Why a second device layout: the host layout (qlinear_bits.cu reads it as it is) keeps a row's
+// units contiguous, which suits CUDA-core dot products but not the m16n8k16 fragments, and
+// that kernel stayed at 25-45% of copy bandwidth (bench/qlinear_notes.md, round 4). In 16-row
+// tiles a block of 64 columns is one contiguous 128 * bits-byte piece, read with one or two
+// vector loads per lane and decoded straight into A fragments, so the narrow widths stream like
+// the 4-bit kernel. GYRE_CUDA_BITS_STREAM=0 keeps the host layout and the old kernel (A/B).
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include "backend/cuda/qlinear.h"
+#include "backend/cuda/qlinear_stream.cuh"
+#include "core/error.h"
+
+namespace gyre::qlinear_detail {
+
+void tile_scales_upload(const uint8_t* host_scales, const uint8_t* host_mins, const Params& p,
+                        uint8_t* dst_scales, uint8_t* dst_mins);  // qlinear_tiled.cu
+
+namespace {
+
+int g_stream = -1;      // -1: GYRE_CUDA_BITS_STREAM (default on)
+int g_pieces = 0;       // blocks per piece of new uploads: 0 = by width
+int g_warp_budget = 0;  // 0 = 32
+
+// Low-plane bits of a width (the host split planes, qlinear_ref.h).
+__host__ __device__ constexpr int low_bits(int bits) {
+  return bits >= 5 ? 4 : 2;
+}
+
+// The P-bit plane part of packed column c of row r in the host layout; 0 for padding.
+__device__ uint32_t host_plane_value(const uint32_t* src, int rows, int cols, int bits, bool high,
+                                     int r, int c) {
+  if (r >= rows || c >= cols) return 0;
+  const int lo = low_bits(bits), pbits = high ? bits - lo : lo, per_word = 32 / pbits;
+  const int units = cols / 32, unit = c / 32, in_unit = c % 32;
+  const int tile = unit / 32, u = unit % 32, m = min(32, units - 32 * tile);
+  const int j = (high ? lo : 0) + in_unit / per_word, e = in_unit % per_word;
+  const int64_t word = int64_t{r} * units * bits + 32 * bits * tile + j * m + u;
+  return (src[word] >> ((e % 2) * 16 + pbits * (e / 2))) & ((1u << pbits) - 1);
+}
+
+// Row and first column of pair k (0..15) of lane (g, t) in tile T, block b.
+__host__ __device__ inline void pair_position(int tile, int b, int lane, int k, int& row,
+                                              int& col) {
+  const int g = lane / 4, t = lane % 4, j = k / 4, r = k % 4;
+  row = 16 * tile + g + 8 * (r % 2);
+  col = 64 * b + 32 * (j / 2) + 8 * t + 4 * (j % 2) + 2 * (r / 2);
+}
+
+// One thread per device word: word w of piece (tile, i) is low-plane word w % (S lo) of lane
+// w / (S lo) (w < 32 S lo), else a high-plane word; a lane's plane words are its blocks' in turn.
+__global__ void tile_bits_kernel(const uint32_t* src, uint32_t* dst, int rows, int cols, int bits,
+                                 int kblocks, int pieces_s, int64_t words) {
+  const int64_t o = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (o >= words) return;
+  const int lo = low_bits(bits), hi = bits - lo, per_piece = 32 * bits * pieces_s;
+  const int w = static_cast<int>(o % per_piece);
+  const int64_t ti = o / per_piece;
+  const int npieces = kblocks / pieces_s;
+  const int piece = static_cast<int>(ti % npieces), tile = static_cast<int>(ti / npieces);
+  const bool high = w >= 32 * lo * pieces_s;
+  const int pbits = high ? hi : lo, wl = high ? w - 32 * lo * pieces_s : w;
+  const int lane = wl / (pbits * pieces_s), in_lane = wl % (pbits * pieces_s);
+  const int b = piece * pieces_s + in_lane / pbits, word = in_lane % pbits, pairs = 16 / pbits;
+  uint32_t v = 0;
+  for (int i = 0; i < pairs; ++i) {
+    const int k = word * pairs + i;
+    int row = 0, col = 0;
+    pair_position(tile, b, lane, k, row, col);
+    v |= host_plane_value(src, rows, cols, bits, high, row, col) << (pbits * i);
+    v |= host_plane_value(src, rows, cols, bits, high, row, col + 1) << (16 + pbits * i);
+  }
+  dst[o] = v;
+}
+
+// One thread per (tile, block, lane): its 32 values scaled to FP16 at their (row, column), in
+// the original column order (16-byte stores of 8 columns without act-order).
+template <int BITS>
+__global__ void dequant_tiled_bits_kernel(Params p, int pieces_s, __half* out) {
+  constexpr int kLo = StreamPlanes<BITS>::kLo, kHi = StreamPlanes<BITS>::kHi;
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i >= int64_t{p.tiles} * p.kblocks * 32) return;
+  const int lane = static_cast<int>(i % 32), b = static_cast<int>((i / 32) % p.kblocks);
+  const int tile = static_cast<int>(i / 32 / p.kblocks), sub = b % pieces_s;
+  const uint8_t* piece = p.qweight + (int64_t{tile} * p.kblocks + b - sub) * 128 * BITS;
+  uint32_t q[BITS];
+  load_stream_words<kLo>(piece + (lane * pieces_s + sub) * 4 * kLo, q);
+  if constexpr (kHi > 0)
+    load_stream_words<kHi>(piece + 128 * kLo * pieces_s + (lane * pieces_s + sub) * 4 * kHi,
+                           q + kLo);
+  const __half2 base = __float2half2_rn(p.asym ? 1024.f : 1024.f + (1 << (BITS - 1)));
+  // Pair (j, r) is row g + 8 (r % 2), columns 64b + 32 (j / 2) + 8t + 4 (j % 2) + 2 (r / 2):
+  // a lane holds 8 consecutive columns of each of its two rows in each half of the block.
+  __half v[2][2][8];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t a[4];
+    narrow_to_fragment<BITS>(q, q + kLo, j, base, a);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      memcpy(&v[r % 2][j / 2][4 * (j % 2) + 2 * (r / 2)], &a[r], 4);
+    }
+  }
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int rs = 0; rs < 2; ++rs) {
+    const int row = 16 * tile + g + 8 * rs;
+    if (row >= p.rows) continue;
+    __half* dst = out + int64_t{row} * p.cols;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int c0 = 64 * b + 32 * h + 8 * t;
+      if (c0 >= p.cols) continue;  // cols % 32 == 0: the 8 columns are all in or all out
+      const int64_t sidx = (int64_t{tile} * p.groups_p + (c0 >> p.group_log2)) * 16 + 2 * g + rs;
+      const __half2 s = __half2half2(static_cast<const __half*>(p.scales)[sidx]);
+      const __half2 m =
+          p.asym ? __half2half2(static_cast<const __half*>(p.mins)[sidx]) : __float2half2_rn(0.f);
+      __half2 w[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        __half2 qv;
+        memcpy(&qv, &v[rs][h][2 * k], 4);
+        w[k] = __hfma2(qv, s, m);
+      }
+      if (p.perm == nullptr) {
+        uint4 packed;
+        memcpy(&packed, w, 16);
+        *reinterpret_cast<uint4*>(dst + c0) = packed;  // c0 % 8 == 0: 16-byte aligned
+      } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          dst[p.perm[c0 + 2 * k]] = __low2half(w[k]);
+          dst[p.perm[c0 + 2 * k + 1]] = __high2half(w[k]);
+        }
+      }
+    }
+  }
+}
+
+// Ring depth by piece size: 4 pieces of 1 or 2 blocks, 2 of 4 or 8 (8: 2 bits only).
+template <int BITS>
+void launch_width(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
+  if constexpr (BITS == 2)
+    if (pieces_s == 8) return launch_stream_variant<BITS, 8, 2>(p, 0, budget, stream);
+  if (pieces_s == 4) return launch_stream_variant<BITS, 4, 2>(p, 0, budget, stream);
+  if (pieces_s == 2) return launch_stream_variant<BITS, 2, 4>(p, 0, budget, stream);
+  launch_stream_variant<BITS, 1, 4>(p, 0, budget, stream);
+}
+
+void launch_chunk(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
+  switch (p.bits) {
+    case 2:
+      return launch_width<2>(p, pieces_s, budget, stream);
+    case 3:
+      return launch_width<3>(p, pieces_s, budget, stream);
+    case 5:
+      return launch_width<5>(p, pieces_s, budget, stream);
+    case 6:
+      return launch_width<6>(p, pieces_s, budget, stream);
+    default:
+      fail("qlinear: no tiled narrow-width kernel for ", p.bits, " bits");
+  }
+}
+
+}  // namespace
+
+bool bits_stream_enabled() {
+  if (g_stream < 0) {
+    const char* e = std::getenv("GYRE_CUDA_BITS_STREAM");
+    g_stream = e == nullptr || std::string(e) != "0" ? 1 : 0;
+  }
+  return g_stream == 1;
+}
+
+void set_bits_stream(int mode) {
+  GYRE_CHECK(mode >= -1 && mode <= 1, "qlinear: bits stream mode must be -1, 0 or 1");
+  g_stream = mode;
+}
+
+void set_bits_stream_pieces(int pieces) {
+  GYRE_CHECK(pieces == 0 || pieces == 1 || pieces == 2 || pieces == 4 || pieces == 8,
+             "qlinear: blocks per piece must be 0, 1, 2, 4 or 8 (8: 2 bits only)");
+  g_pieces = pieces;
+}
+
+void set_bits_stream_warps(int budget) {
+  GYRE_CHECK(budget >= 0 && budget <= 128, "qlinear: warp budget must be 0..128");
+  g_warp_budget = budget;
+}
+
+int bits_tiled_layout(const QWeightDesc& d) {
+  // x of one token (cols halves) must fit next to the reduction space in any sm_80+ block.
+  if (!d.narrow() || d.scale_f32 || d.cols > kQlinearTiledBitsMaxCols || !bits_stream_enabled())
+    return 0;
+  if (g_pieces != 0) return g_pieces == 8 && d.bits != 2 ? 4 : g_pieces;
+  // Measured best on the Llama-3-8B shapes at n = 1 (bench/qlinear_notes.md, round 7): the
+  // fewest loads per byte where registers allow (2 bits: 4 blocks, one 16-byte load per lane per
+  // two blocks), 2 blocks at 3 and 6 bits, 1 at 5 (at 2 or 4 its 88-91 registers cost more
+  // warps than the saved loads gain).
+  return d.bits == 2 ? 4 : d.bits == 5 ? 1 : 2;
+}
+
+void tile_bits_upload(const QWeightHost& w, const Params& p, int pieces_s, uint8_t* dst_q,
+                      uint8_t* dst_scales, uint8_t* dst_mins) {
+  {
+    DeviceStage stage(w.qweight.size() + 16);
+    check_cuda(cudaMemcpy(stage.p, w.qweight.data(), w.qweight.size(), cudaMemcpyHostToDevice),
+               "cudaMemcpy (weight)");
+    const int64_t words = int64_t{p.tiles} * p.kblocks * 32 * p.bits;
+    tile_bits_kernel<<<static_cast<unsigned>((words + 255) / 256), 256>>>(
+        reinterpret_cast<const uint32_t*>(stage.p), reinterpret_cast<uint32_t*>(dst_q), p.rows,
+        p.cols, p.bits, p.kblocks, pieces_s, words);
+    check_cuda(cudaGetLastError(), "tile_bits launch");
+    check_cuda(cudaDeviceSynchronize(), "narrow weight tiling");
+  }
+  tile_scales_upload(w.scales.data(), p.asym ? w.mins.data() : nullptr, p, dst_scales, dst_mins);
+}
+
+void launch_gemv_bits_stream(const Params& p, int pieces_s, cudaStream_t stream) {
+  int sms = 0, optin = 0;
+  stream_device_limits(sms, optin);
+  // Tokens per pass: all n (up to 8) while x leaves room for 3 blocks per SM, as for 4 bits;
+  // for long rows the fewest passes that leave room for 2, evenly split (bits_tiled_layout
+  // guarantees that one token fits).
+  Params one = p;
+  one.n = 1;
+  const int per_token = stream_smem(one);
+  int chunk = std::clamp(((optin - 8 * 1024) / 3) / per_token, 1, 8);
+  if (chunk < p.n) {
+    const int most = std::clamp(((optin - 8 * 1024) / 2) / per_token, 1, 8);
+    const int passes = (p.n + most - 1) / most;
+    chunk = (p.n + passes - 1) / passes;
+  }
+  // Warps per SM: twice a resident wave at n <= 2 where the kernel stays within 64 registers
+  // (2/3/5 bits at their default pieces), one wave otherwise (round 7).
+  const int budget = g_warp_budget != 0                   ? g_warp_budget
+                     : p.n <= 2 && p.bits != 6 && !p.asym ? 64
+                                                          : 32;
+  for (int t0 = 0; t0 < p.n; t0 += chunk) {
+    Params c = p;
+    c.n = std::min(chunk, p.n - t0);
+    c.x = p.x + int64_t{t0} * p.cols;
+    if (p.swiglu_hidden > 0) {
+      c.y = p.y + int64_t{t0} * p.swiglu_hidden;
+    } else if (p.split.parts == 0) {
+      c.y = p.y + int64_t{t0} * p.rows;
+    } else {
+      for (int i = 0; i < p.split.parts; ++i) {
+        const int width = p.split.end[i] - (i == 0 ? 0 : p.split.end[i - 1]);
+        c.split.out[i] = p.split.out[i] + int64_t{t0} * width;
+      }
+    }
+    launch_chunk(c, pieces_s, budget, stream);
+  }
+}
+
+void launch_dequant_bits_tiled(const Params& p, int pieces_s, __half* out, cudaStream_t stream) {
+  const int64_t pieces = int64_t{p.tiles} * p.kblocks * 32;
+  const auto blocks = static_cast<unsigned>((pieces + 255) / 256);
+  switch (p.bits) {
+    case 2:
+      return dequant_tiled_bits_kernel<2><<<blocks, 256, 0, stream>>>(p, pieces_s, out);
+    case 3:
+      return dequant_tiled_bits_kernel<3><<<blocks, 256, 0, stream>>>(p, pieces_s, out);
+    case 5:
+      return dequant_tiled_bits_kernel<5><<<blocks, 256, 0, stream>>>(p, pieces_s, out);
+    case 6:
+      return dequant_tiled_bits_kernel<6><<<blocks, 256, 0, stream>>>(p, pieces_s, out);
+    default:
+      fail("qlinear: no tiled narrow-width dequantization for ", p.bits, " bits");
+  }
+}
+
+}  // namespace gyre::qlinear_detail

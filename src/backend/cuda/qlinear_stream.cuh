@@ -1,0 +1,339 @@
+// The stream decode GEMV (n = 1..8) for the tiled layouts of every width: 4 bits
+// (qlinear_tiled.cu's layout, launched from qlinear_gemv_stream.cu) and 2/3/5/6 bits (the tiled
+// split-plane layout of qlinear_bits_stream.cu). Every warp keeps D column blocks (with their
+// scales) in flight in a register ring and refills a slot as soon as it has consumed it, while x
+// sits in shared memory, staged once per thread block (gathered through the act-order
+// permutation there, RMS-normalised when the norm is fused).
+//
+// Why: round 4 (bench/qlinear_notes.md) found each warp of the earlier kernels advancing one
+// block per ~0.6 us whatever the weight prefetch depth: the batch-then-wait loop of the
+// register-fed kernel waits a full DRAM round trip per batch, and the shared-memory rings waited
+// on x loads from global memory (L2 under full load) for every stage. Here nothing global sits
+// on the per-block chain: weights and scales were requested D blocks earlier, x is in shared
+// memory.
+//
+// Tiled layouts: rows in tiles of 16, columns in blocks of 64 (kblocks padded to a multiple of
+// S), grouped in pieces of S blocks (S = 1 at 4 bits; 1 or 2 for the narrow widths, whose
+// blocks are smaller: two per piece make every lane's load 8 or 16 bytes). Tile T, piece i is
+// 128 * BITS * S contiguous bytes: the low plane (L = 4 bits for 4/5/6-bit values, 2 for
+// 2/3-bit; S * L u32 words per lane, lane-major: one load per lane, two of 16 bytes at S L = 8),
+// then the high plane (H = BITS - L bits, S * H words per lane); block s of the piece owns a
+// lane's plane words [s P, (s + 1) P). A lane's plane-P words of a block hold the 16 value pairs k
+// = 4j + r of its four m16n8k16 A fragments (step j, register r) in order, 16 / P pairs per word,
+// pair k at bits P * (k % (16 / P)) (first column) and 16 + the same (second column): the same bit
+// placement as the host split planes (qlinear_ref.h), so a pair is a shift and a mask. For 4 bits
+// this is exactly the 4-bit tiled word (int4_word_to_fragment). Register r of step j holds row 16T
+// + g + 8 (r % 2), columns c + 2 (r / 2) + {0, 1}, c = 64b + 32 (j / 2) + 8t + 4 (j % 2). Scales
+// (and mins) are [tiles][groups_p][16] with rows ordered 0, 8, 1, 9, ... (padding zero).
+//
+// Work split: a block holds (warps / ksplit) 16-row tiles x ksplit warps; warp k of a tile takes
+// the contiguous piece range [k * per, (k + 1) * per); a ring slot holds one piece; the ksplit
+// partial sums meet in shared memory; the epilogue stores bias, split outputs, SwiGLU or adds into
+// y (reduce_store_gemv_tile). f16 scales only.
+#pragma once
+#include "backend/cuda/qlinear_kernels.cuh"
+
+namespace gyre::qlinear_detail {
+
+constexpr int kStreamXPad =
+    32;  // halves after each staged x row: rows 64 bytes apart mod 128 banks
+
+template <int BITS>
+struct StreamPlanes {
+  static constexpr int kLo = BITS == 2 || BITS == 3 ? 2 : 4;  // low-plane bits (and words per lane)
+  static constexpr int kHi = BITS - kLo;                      // high-plane bits (0, 1 or 2)
+};
+
+// Dynamic shared memory of the staged x for n tokens.
+inline int stream_smem(const Params& p) {
+  return p.n * (p.kblocks * 64 + kStreamXPad) * 2;
+}
+
+// W (1, 2 or a multiple of 4) consecutive u32 words, read once (kept out of L1 so that x stays
+// there).
+template <int W>
+__device__ __forceinline__ void load_stream_words(const uint8_t* src, uint32_t* out) {
+  if constexpr (W > 4) {
+#pragma unroll
+    for (int k = 0; k < W / 4; ++k) load_stream_words<4>(src + 16 * k, out + 4 * k);
+  } else if constexpr (W == 4) {
+    const uint4 v = load_stream(src);
+    out[0] = v.x;
+    out[1] = v.y;
+    out[2] = v.z;
+    out[3] = v.w;
+  } else if constexpr (W == 2) {
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];"
+        : "=r"(out[0]), "=r"(out[1])
+        : "l"(src));
+  } else if constexpr (W == 1) {
+    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(out[0]) : "l"(src));
+  }
+}
+
+// Pair k of a lane's plane of P bits per value (words from `words`): the two values in the low
+// bits of the two 16-bit halves.
+template <int P>
+__device__ __forceinline__ uint32_t stream_pair(const uint32_t* words, int k) {
+  constexpr int kPerWord = 16 / P;
+  constexpr uint32_t kMask = ((1u << P) - 1) * 0x00010001u;
+  return (words[k / kPerWord] >> (P * (k % kPerWord))) & kMask;
+}
+
+// Step j of a narrow-width block -> the 4 f16x2 registers of its A fragment, each q - offset
+// exactly: the low and high planes' pairs meet under the 0x6400 exponent (the half 1024 + q),
+// then one subtraction of base = 1024 + offset.
+// lo / hi: the block's low- and high-plane words of this lane.
+template <int BITS>
+__device__ __forceinline__ void narrow_to_fragment(const uint32_t* lo, const uint32_t* hi, int j,
+                                                   __half2 base, uint32_t a[4]) {
+  constexpr int kLo = StreamPlanes<BITS>::kLo, kHi = StreamPlanes<BITS>::kHi;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    uint32_t v = stream_pair<kLo>(lo, 4 * j + r) | 0x64006400u;
+    if constexpr (kHi > 0) v |= stream_pair<kHi>(hi, 4 * j + r) << kLo;
+    const __half2 h = __hsub2(as_half2(v), base);
+    memcpy(&a[r], &h, 4);
+  }
+}
+
+// One piece of S blocks: the lane's low-plane words, then its high-plane words, and the scales
+// (mins) of each block's group(s).
+template <int BITS, int S, bool G32, bool ASYM>
+struct StreamSlot {
+  uint32_t q[BITS * S];
+  uint32_t s[S * (G32 ? 2 : 1)];
+  uint32_t m[ASYM ? S * (G32 ? 2 : 1) : 1];
+};
+
+// x rows 0..n-1 into xs (columns padded to whole blocks with zeros, gathered through perm), then
+// (norm_w set) each row scaled by its RMS norm exactly as the rmsnorm kernel rounds it.
+__device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int stride) {
+  const int lane = threadIdx.x & 31;
+  const int chunks = p.kblocks * 64 / 8;
+  __shared__ float norm_sum[8];
+  if (p.norm_w != nullptr && threadIdx.x < 8) norm_sum[threadIdx.x] = 0.f;
+  if (p.norm_w != nullptr) __syncthreads();
+  for (int tok = 0; tok < p.n; ++tok) {
+    const __half* row = p.x + int64_t{tok} * p.cols;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < chunks; i += blockDim.x) {
+      const int c = i * 8;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (p.perm == nullptr && c + 8 <= p.cols) {
+        v = __ldg(reinterpret_cast<const uint4*>(row + c));
+      } else if (c < p.cols) {
+        __half h[8];
+        for (int k = 0; k < 8; ++k) {
+          const int cc = c + k;
+          h[k] = cc < p.cols ? row[p.perm ? __ldg(p.perm + cc) : cc] : __float2half(0.f);
+        }
+        memcpy(&v, h, 16);
+      }
+      if (p.norm_w != nullptr) {
+        const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float2 f = __half22float2(as_half2(w4[k]));
+          ss += f.x * f.x + f.y * f.y;
+        }
+      }
+      *reinterpret_cast<uint4*>(xs + tok * stride + c) = v;
+    }
+    if (p.norm_w != nullptr) {
+      for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      if (lane == 0) atomicAdd(&norm_sum[tok], ss);
+    }
+  }
+  __syncthreads();
+  if (p.norm_w != nullptr) {
+    for (int tok = 0; tok < p.n; ++tok) {
+      const float inv_rms = rsqrtf(norm_sum[tok] / static_cast<float>(p.cols) + p.norm_eps);
+      for (int i = threadIdx.x; i < chunks; i += blockDim.x) {
+        const int c = i * 8;
+        if (c >= p.cols) continue;
+        __half h[8];
+        memcpy(h, xs + tok * stride + c, 16);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const int cc = c + k;
+          if (cc < p.cols) {
+            const float w = __half2float(p.norm_w[p.perm ? __ldg(p.perm + cc) : cc]);
+            h[k] = __float2half(__half2float(h[k]) * inv_rms * w);
+          }
+        }
+        memcpy(xs + tok * stride + c, h, 16);
+      }
+    }
+    __syncthreads();
+  }
+}
+
+template <int BITS, int S, int D, bool G32, bool ASYM>
+__global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
+  constexpr int kLo = StreamPlanes<BITS>::kLo, kHi = StreamPlanes<BITS>::kHi;
+  constexpr int kPieceBytes = 128 * BITS * S, kGroupsPerBlock = G32 ? 2 : 1;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __half* xs = reinterpret_cast<__half*>(smem_raw);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int tile = blockIdx.x * (blockDim.x / 32 / p.ksplit) + warp / p.ksplit;
+  const int ks = warp % p.ksplit;
+  const int tile_c = min(tile, p.tiles - 1);  // surplus warps compute a copy, store nothing
+  const int pieces = p.kblocks / S;
+  const int i_begin = min(ks * per, pieces), i_end = min(i_begin + per, pieces);
+  const int np = i_end - i_begin, b_end = i_end * S;
+  const uint8_t* wbase = p.qweight + int64_t{tile_c} * pieces * kPieceBytes;
+  const uint8_t* lo_ptr = wbase + lane * 4 * kLo * S;
+  const uint8_t* hi_ptr = wbase + 128 * kLo * S + lane * 4 * (kHi > 0 ? kHi : 1) * S;
+  const unsigned int* sbase = reinterpret_cast<const unsigned int*>(
+      static_cast<const __half*>(p.scales) + int64_t{tile_c} * p.groups_p * 16 + 2 * g);
+  const unsigned int* mbase =
+      ASYM ? reinterpret_cast<const unsigned int*>(static_cast<const __half*>(p.mins) +
+                                                   int64_t{tile_c} * p.groups_p * 16 + 2 * g)
+           : nullptr;
+
+  // Groups are powers of two >= 32 and pieces start at multiples of 64 S columns: a piece lies
+  // in one group when 64 S <= group, and then one scale load serves all its blocks.
+  const bool one_group = 64 * S <= p.group;
+  auto fetch = [&](int i, StreamSlot<BITS, S, G32, ASYM>& d) {
+    load_stream_words<kLo * S>(lo_ptr + int64_t{i} * kPieceBytes, d.q);
+    if constexpr (kHi > 0)
+      load_stream_words<kHi * S>(hi_ptr + int64_t{i} * kPieceBytes, d.q + kLo * S);
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      const int b = i * S + s, gi = G32 ? 2 * b : (64 * b) >> p.group_log2;
+      if (!G32 && s > 0 && one_group) {  // the piece's first block has the group's scale
+        d.s[s] = d.s[0];
+        if constexpr (ASYM) d.m[s] = d.m[0];
+        continue;
+      }
+#pragma unroll
+      for (int k = 0; k < kGroupsPerBlock; ++k) {
+        d.s[s * kGroupsPerBlock + k] = __ldg(sbase + (gi + k) * 8);
+        if constexpr (ASYM) d.m[s * kGroupsPerBlock + k] = __ldg(mbase + (gi + k) * 8);
+      }
+    }
+  };
+
+  StreamSlot<BITS, S, G32, ASYM> ring[D];
+#pragma unroll
+  for (int u = 0; u < D; ++u)
+    if (u < np) fetch(i_begin + u, ring[u]);
+
+  // PDL (launch.h): the weight loads above overlap the previous kernel's tail; x (its output) and
+  // everything written below wait for its completion.
+  cuda::pdl_begin();
+
+  const int stride = p.kblocks * 64 + kStreamXPad;
+  stage_stream_x(p, xs, stride);
+
+  const __half* xrow = xs + min(g, p.n - 1) * stride + 8 * t;  // B column g: token g
+  constexpr uint32_t kOffset = ASYM ? 0u : 1u << (BITS - 1);
+  const __half2 lo_base = __float2half2_rn(1024.f + kOffset);
+  const __half2 hi_base = __float2half2_rn(-64.f - kOffset);  // 4 bits: the 16q registers
+  const uint32_t ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  float cg[4] = {0.f, 0.f, 0.f, 0.f}, cx[4] = {0.f, 0.f, 0.f, 0.f};
+  auto flush = [&](uint32_t sr, uint32_t mr) {
+    const float2 m = ASYM ? __half22float2(as_half2(mr)) : make_float2(0.f, 0.f);
+    flush_group(acc, cg, cx, __half22float2(as_half2(sr)), m, ASYM);
+  };
+  // Block b from its lane words (lo, hi) and scales (mins) of its group(s).
+  auto compute_block = [&](const uint32_t* lo, const uint32_t* hi, const uint32_t* sc,
+                           const uint32_t* mn, int b) {
+    const uint4 x0 = *reinterpret_cast<const uint4*>(xrow + 64 * b);
+    const uint4 x1 = *reinterpret_cast<const uint4*>(xrow + 64 * b + 32);
+    const uint32_t xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t a[4];
+      if constexpr (BITS == 4)
+        int4_word_to_fragment(lo[j], lo_base, hi_base, a);
+      else
+        narrow_to_fragment<BITS>(lo, hi, j, lo_base, a);
+      mma_16816(cg, a, xv[2 * j], xv[2 * j + 1]);
+      if constexpr (ASYM) mma_16816(cx, ones, xv[2 * j], xv[2 * j + 1]);
+      if (G32 && j == 1) flush(sc[0], ASYM ? mn[0] : 0u);
+    }
+    if constexpr (G32) {
+      flush(sc[1], ASYM ? mn[1] : 0u);
+    } else {
+      // A group spans 2+ blocks: flush when the next block starts a new group (or at the end).
+      const int b1 = b + 1;
+      if (b1 == b_end || ((64 * b1) & ((1 << p.group_log2) - 1)) == 0)
+        flush(sc[0], ASYM ? mn[0] : 0u);
+    }
+  };
+  auto compute = [&](const StreamSlot<BITS, S, G32, ASYM>& d, int i) {
+#pragma unroll
+    for (int s = 0; s < S; ++s)
+      compute_block(d.q + s * kLo, d.q + kLo * S + s * kHi, d.s + s * kGroupsPerBlock,
+                    d.m + (ASYM ? s * kGroupsPerBlock : 0), i * S + s);
+  };
+
+  for (int i0 = 0; i0 < np; i0 += D) {
+#pragma unroll
+    for (int u = 0; u < D; ++u) {
+      const int i = i0 + u;
+      if (i < np) {
+        compute(ring[u], i_begin + i);
+        if (i + D < np) fetch(i_begin + i + D, ring[u]);
+      }
+    }
+  }
+
+  __shared__ float4 partial[16][32];
+  reduce_store_gemv_tile(p, partial, warp, ks, tile, acc);
+}
+
+// The device's SM count and opt-in shared memory per block (queried once; qlinear_gemv_stream.cu).
+void stream_device_limits(int& sms, int& smem_optin);
+
+// One launch of gemv_stream_kernel<BITS, S, D, ...> for p (n <= 8, stream_smem(p) within the
+// opt-in limit, kblocks a multiple of S). ksplit 0 = auto: the largest split-K that keeps
+// tiles x ksplit within warp_budget warps per SM on average (32 measured best at 4 bits on
+// every Llama shape, round 5: one resident wave of 64-register warps).
+template <int BITS, int S, int D, bool G32, bool ASYM>
+void launch_stream_kernel(const Params& p, int ksplit, int warp_budget, cudaStream_t stream) {
+  int sms = 0, optin = 0;
+  stream_device_limits(sms, optin);
+  Params q = p;
+  const int pieces = q.kblocks / S;
+  int ks = ksplit;
+  if (ks == 0) {
+    ks = 1;
+    while (ks < 16 && q.tiles * ks * 2 <= sms * warp_budget && pieces >= 2 * ks) ks *= 2;
+  }
+  q.ksplit = ks;
+  const int per = (pieces + ks - 1) / ks;
+  const int warps = ks > 8 ? ks : 8, tiles_per_block = warps / ks;
+  const unsigned blocks = static_cast<unsigned>((q.tiles + tiles_per_block - 1) / tiles_per_block);
+  auto kernel = gemv_stream_kernel<BITS, S, D, G32, ASYM>;
+  // Once per instantiation: allow the largest dynamic size next to the static reduction space
+  // (the 48 KB default counts static and dynamic shared memory together).
+  static bool raised = false;
+  if (!raised) {
+    cudaFuncAttributes attr{};
+    check_cuda(cudaFuncGetAttributes(&attr, kernel), "cudaFuncGetAttributes (gemv stream)");
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    optin - static_cast<int>(attr.sharedSizeBytes)),
+               "cudaFuncSetAttribute (gemv stream)");
+    raised = true;
+  }
+  qlaunch(kernel, blocks, warps * 32, static_cast<size_t>(stream_smem(q)), stream, q, per);
+}
+
+// The four scale variants (group 32 or larger, symmetric or not) of S and D.
+template <int BITS, int S, int D>
+void launch_stream_variant(const Params& p, int ksplit, int warp_budget, cudaStream_t stream) {
+  const bool g32 = p.group == 32;
+  if (p.asym) {
+    if (g32) return launch_stream_kernel<BITS, S, D, true, true>(p, ksplit, warp_budget, stream);
+    return launch_stream_kernel<BITS, S, D, false, true>(p, ksplit, warp_budget, stream);
+  }
+  if (g32) return launch_stream_kernel<BITS, S, D, true, false>(p, ksplit, warp_budget, stream);
+  return launch_stream_kernel<BITS, S, D, false, false>(p, ksplit, warp_budget, stream);
+}
+
+}  // namespace gyre::qlinear_detail
