@@ -14,7 +14,8 @@ namespace gyre {
 void add_convert_command(CLI::App& app) {
   auto o = std::make_shared<quant::ConvertOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "convert", "Quantize a Hugging Face model folder (GPTQ, bit widths chosen per layer)");
+      "convert",
+      "Quantize a Hugging Face model folder or a GGUF file (GPTQ, bit widths chosen per layer)");
   auto synthetic = std::make_shared<std::string>();
   cmd->add_option("-m,--model", o->model,
                   "input model: a folder (config.json + safetensors) or a .gguf file");
