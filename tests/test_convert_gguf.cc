@@ -117,7 +117,7 @@ TEST(ConvertGguf, UnwritableInputsGiveOneLineErrors) {
   ConvertOptions o;
   o.model = kTiny + ".missing.gguf";
   o.out = fresh_dir("missing");
-  one_line([&] { convert_model(o); }, "nor a .gguf file");
+  one_line([&] { convert_model(o); }, "or a .gguf file");
 }
 
 // The GGUF model as Gyre reads it (its config: q/k rows permuted, pairwise RoPE), every weight

@@ -190,8 +190,7 @@ void convert_model(const ConvertOptions& o) {
   const bool from_gguf = is_gguf_file(o.model);
   GYRE_CHECK(from_gguf || (fs::is_directory(o.model) && file_exists(o.model + "/config.json")), "'",
              o.model,
-             "' is neither a Hugging Face model folder (config.json + safetensors) nor a .gguf "
-             "file");
+             "' is not a Hugging Face model folder (config.json + safetensors) or a .gguf file");
   const std::string job = o.out + "/.gyre-job";
   GYRE_CHECK(!fs::exists(o.out + "/config.json") || fs::exists(job), "'", o.out,
              "' already holds a model; choose a new output folder");
