@@ -1,6 +1,8 @@
 #include "quant/gguf_source.h"
 
+#include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -52,18 +54,25 @@ StTensor to_st(const std::string& name, const std::vector<int64_t>& shape,
   return s;
 }
 
+// A float as the shortest decimal that reads back as it (1e-05, not 9.999999747378752e-06).
+json short_float(float f) {
+  char buf[32];
+  const auto res = std::to_chars(buf, buf + sizeof buf, f);
+  return std::strtod(std::string(buf, res.ptr).c_str(), nullptr);
+}
+
 json rope_scaling_json(const RopeConfig& r) {
   switch (r.scaling) {
     case RopeScaling::None:
       return nullptr;
     case RopeScaling::Linear:
-      return {{"rope_type", "linear"}, {"factor", r.factor}};
+      return {{"rope_type", "linear"}, {"factor", short_float(r.factor)}};
     case RopeScaling::Yarn: {
       json y = {{"rope_type", "yarn"},
-                {"factor", r.factor},
-                {"beta_fast", r.beta_fast},
-                {"beta_slow", r.beta_slow}};
-      if (r.attention_factor > 0) y["attention_factor"] = r.attention_factor;
+                {"factor", short_float(r.factor)},
+                {"beta_fast", short_float(r.beta_fast)},
+                {"beta_slow", short_float(r.beta_slow)}};
+      if (r.attention_factor > 0) y["attention_factor"] = short_float(r.attention_factor);
       return y;
     }
     default:
@@ -94,10 +103,10 @@ json hf_config_from(const ModelConfig& c) {
             {"num_key_value_heads", c.n_kv_heads},
             {"head_dim", c.head_dim},
             {"max_position_embeddings", c.max_seq_len},
-            {"rms_norm_eps", c.norm_eps},
+            {"rms_norm_eps", short_float(c.norm_eps)},
             {"tie_word_embeddings", c.tie_embeddings},
             {"attention_bias", c.qkv_bias},
-            {"rope_theta", c.rope.theta},
+            {"rope_theta", short_float(c.rope.theta)},
             {"torch_dtype", "float16"}};
   const json scaling = rope_scaling_json(c.rope);
   if (!scaling.is_null()) j["rope_scaling"] = scaling;
