@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -127,17 +126,9 @@ std::unique_ptr<LoadedModel> gguf_in_f32(const std::string& path) {
   auto m = load_model(path);
   WeightSet w;
   for (const auto& [name, t] : m->weights.all()) {
-    const std::vector<float> v = tensor_to_f32(t);
-    auto buf = std::make_shared<std::vector<uint8_t>>(v.size() * sizeof(float));
-    std::memcpy(buf->data(), v.data(), buf->size());
-    TensorView f;
-    f.name = name;
-    f.dtype = DType::F32;
-    f.shape = t.shape;
-    f.data = buf->data();
-    f.nbytes = buf->size();
-    w.add(std::move(f));
-    w.keep(buf);
+    auto v = std::make_shared<std::vector<float>>(tensor_to_f32(t));
+    w.add(f32_view(name, *v, t.shape));
+    w.keep_owner(v);
   }
   m->weights = std::move(w);
   return m;
