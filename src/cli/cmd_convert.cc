@@ -1,10 +1,12 @@
 // gyre convert: Gyre's own quantizer (src/quant/convert.h).
+#include <filesystem>
 #include <memory>
 
 #include "cli/bench_serve.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "quant/convert.h"
+#include "quant/gguf_source.h"
 #include "quant/synthetic.h"
 
 namespace gyre {
@@ -12,9 +14,15 @@ namespace gyre {
 void add_convert_command(CLI::App& app) {
   auto o = std::make_shared<quant::ConvertOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "convert", "Quantize a Hugging Face model folder (GPTQ, bit widths chosen per layer)");
+      "convert",
+      "Quantize a Hugging Face model folder or a GGUF file (GPTQ, bit widths chosen per layer)");
   auto synthetic = std::make_shared<std::string>();
-  cmd->add_option("-m,--model", o->model, "input model folder (config.json + safetensors)");
+  cmd->add_option("-m,--model", o->model,
+                  "input model: a folder (config.json + safetensors) or a .gguf file");
+  auto dequantize_only = std::make_shared<bool>(false);
+  cmd->add_flag("--dequantize-only", *dequantize_only,
+                "with a .gguf model: only write its dequantized (FP16) twin as a Hugging Face "
+                "folder, tokenizer.json included");
   cmd->add_option("--synthetic", *synthetic,
                   "time the conversion of a model shape with random weights instead (" +
                       std::string("llama3-8b, llama2-7b, mistral-7b, llama-30b)"));
@@ -54,9 +62,14 @@ void add_convert_command(CLI::App& app) {
   cmd->add_flag("!--no-act-order", o->act_order, "visit columns in their stored order");
   cmd->add_option("-t,--threads", o->threads, "CPU threads (default: all cores)");
   cmd->add_flag("!--no-progress", o->progress, "no progress bar on stderr");
-  cmd->callback([o, synthetic, synthetic_layers] {
+  cmd->callback([o, synthetic, synthetic_layers, dequantize_only] {
     GYRE_CHECK(o->model.empty() != synthetic->empty(), "give either -m MODEL or --synthetic NAME");
-    if (synthetic->empty())
+    if (*dequantize_only) {
+      GYRE_CHECK(quant::is_gguf_file(o->model), "--dequantize-only needs a .gguf model");
+      GYRE_CHECK(!std::filesystem::exists(o->out + "/config.json"), "'", o->out,
+                 "' already holds a model; choose a new output folder");
+      quant::export_gguf_as_hf(o->model, o->out);
+    } else if (synthetic->empty())
       quant::convert_model(*o);
     else {
       ModelConfig c = synthetic_config(*synthetic);

@@ -15,6 +15,7 @@
 #include "model/safetensors.h"
 #include "quant/calibration.h"
 #include "quant/convert_pass.h"
+#include "quant/gguf_source.h"
 #include "quant/gptq.h"
 #include "quant/gptq_device.h"
 #include "quant/measure.h"
@@ -186,11 +187,10 @@ void convert_model(const ConvertOptions& o) {
   GYRE_CHECK(o.sensitivity_rows >= 1, "--sensitivity-rows must be at least 1");
   GYRE_CHECK(o.damp >= 0.0 && o.damp <= 1.0, "--damp must be in [0, 1], got ", o.damp);
   GYRE_CHECK(!o.out.empty(), "convert needs an output folder (-o)");
-  GYRE_CHECK(fs::is_directory(o.model) && file_exists(o.model + "/config.json"), "'", o.model,
-             "' is not a Hugging Face model folder (convert reads config.json + safetensors)");
-  const nlohmann::json in_config = read_json_file(o.model + "/config.json");
-  GYRE_CHECK(in_config.is_object() && !in_config.contains("quantization_config"), "'", o.model,
-             "' is already quantized; convert needs an unquantized model");
+  const bool from_gguf = is_gguf_file(o.model);
+  GYRE_CHECK(from_gguf || (fs::is_directory(o.model) && file_exists(o.model + "/config.json")), "'",
+             o.model,
+             "' is not a Hugging Face model folder (config.json + safetensors) or a .gguf file");
   const std::string job = o.out + "/.gyre-job";
   GYRE_CHECK(!fs::exists(o.out + "/config.json") || fs::exists(job), "'", o.out,
              "' already holds a model; choose a new output folder");
@@ -202,7 +202,17 @@ void convert_model(const ConvertOptions& o) {
     meas = Measurement::from_json(read_json_file(o.measurement), o.measurement);
   const std::string text =
       o.calibration.empty() ? default_calibration_text() : read_text_file(o.calibration);
-  auto model = load_model(o.model);
+  // A GGUF model is converted from its dequantized twin, written (again, it is quick) into the
+  // job folder; `src` is the conversion as if that folder had been given.
+  ConvertOptions src = o;
+  if (from_gguf) {
+    src.model = job + "/gguf-source";
+    export_gguf_as_hf(o.model, src.model);
+  }
+  const nlohmann::json in_config = read_json_file(src.model + "/config.json");
+  GYRE_CHECK(in_config.is_object() && !in_config.contains("quantization_config"), "'", o.model,
+             "' is already quantized; convert needs an unquantized model");
+  auto model = load_model(src.model);
   if (o.rotate) rotate_model(*model, kRotationSeed);
   if (o.uniform.empty() && !o.measurement.empty())
     // A measurement of the rotated model says nothing about the unrotated one; one made with
@@ -287,7 +297,7 @@ void convert_model(const ConvertOptions& o) {
   }
   quantize_pass(ctx, plan, job, o.head_bits);
   phase_done("quantization");
-  write_output(ctx, o, plan, job, in_config, measured ? &meas : nullptr);
+  write_output(ctx, src, plan, job, in_config, measured ? &meas : nullptr);
   fs::remove_all(job, ec);
 }
 

@@ -7,6 +7,19 @@
 
 namespace gyre {
 namespace tok {
+
+std::vector<std::string> gguf_pre_patterns(const std::string& pre) {
+  if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3") return {kLlama3Pattern};
+  if (pre == "qwen2") return {kQwen2Pattern};
+  // SmolLM's HF pre-tokenizer isolates each digit before the GPT-2 split.
+  if (pre == "smollm") return {R"(\p{N})", kGpt2Pattern};
+  return {kGpt2Pattern};
+}
+
+bool gguf_pre_ignores_merges(const std::string& pre) {
+  return pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3";
+}
+
 namespace {
 
 constexpr int32_t kTypeUnknown = 2, kTypeControl = 3, kTypeUserDefined = 4;
@@ -46,19 +59,10 @@ void fill_vocab(const GgufVocab& v, TokenizerSpec& spec) {
   if (v.add_eos && v.eos_id >= 0) spec.suffix_ids = {v.eos_id};
 }
 
-// Split regexes by pre-tokenizer name (llama.cpp's names for the HF pre-tokenizers).
-std::vector<std::string> patterns_for(const std::string& pre) {
-  if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3") return {kLlama3Pattern};
-  if (pre == "qwen2") return {kQwen2Pattern};
-  // SmolLM's HF pre-tokenizer isolates each digit before the GPT-2 split.
-  if (pre == "smollm") return {R"(\p{N})", kGpt2Pattern};
-  return {kGpt2Pattern};
-}
-
 void build_gpt2(const GgufVocab& v, TokenizerSpec& spec) {
   spec.byte_level = true;
-  spec.split_patterns = patterns_for(v.pre);
-  spec.ignore_merges = v.pre == "llama-bpe" || v.pre == "llama3" || v.pre == "llama-v3";
+  spec.split_patterns = gguf_pre_patterns(v.pre);
+  spec.ignore_merges = gguf_pre_ignores_merges(v.pre);
   int rank = 0;
   for (const std::string& m : v.merges) {
     const size_t space = m.find(' ', 1);

@@ -84,6 +84,11 @@ struct TokenizerSpec {
   std::vector<bool> special;  // per id: skipped by decode(skip_special)
 };
 
+// A GGUF "gpt2" vocabulary's pre-tokenizer, by its tokenizer.ggml.pre name (llama.cpp's names for
+// the HF pre-tokenizers): the split regexes, and whether whole-word vocabulary hits skip merging.
+std::vector<std::string> gguf_pre_patterns(const std::string& pre);
+bool gguf_pre_ignores_merges(const std::string& pre);
+
 class BpeTokenizer final : public Tokenizer {
  public:
   explicit BpeTokenizer(TokenizerSpec spec);
