@@ -8,13 +8,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
 #include "core/half.h"
+#include "core/mapped_file.h"
 #include "quant/sensitivity.h"
 #include "quant/synthetic.h"
 #include "quant/unit_quant.h"
@@ -162,6 +165,40 @@ TEST(QuantSensitivityStream, BlockMajorPassEqualsPerUnitRecomputation) {
   const auto want2 = recompute(two, probe, norm, head);
   const auto got2 = measure_sensitivity(ctx, probe, 2);
   for (const auto& [key, w] : want2) EXPECT_NEAR(got2.at(key).kl, w.kl, 1e-12 * w.kl) << key;
+}
+
+// `convert --synthetic` with the default chooser: the sensitivity pass runs on the synthetic
+// model (its random head, even with --head-bits 0), its results land in measurement.json and the
+// per-phase summary, and the weighted choice keeps the bit budget.
+TEST(QuantSensitivityStream, SyntheticConversionRunsTheKlChooser) {
+  ModelConfig c = tiny_shape();
+  c.n_layers = 2;
+  ConvertOptions o;
+  o.out = ::testing::TempDir() + "/gyre_synthetic_kl";
+  std::filesystem::remove_all(o.out);
+  o.rows = 2;
+  o.length = 16;
+  o.threads = 2;
+  o.device = "cpu";
+  o.head_bits = 0;
+  o.progress = false;
+  ASSERT_EQ(o.chooser, "kl");  // the default
+  ::testing::internal::CaptureStderr();
+  convert_synthetic(c, "tiny", o);
+  ::testing::internal::GetCapturedStderr();
+  const auto summary = nlohmann::json::parse(read_text_file(o.out + "/conversion.json"));
+  const auto meas = nlohmann::json::parse(read_text_file(o.out + "/measurement.json"));
+  EXPECT_EQ(summary.at("chooser").get<std::string>(), "kl");
+  EXPECT_GT(summary.at("seconds").at("sensitivity").get<double>(), 0.0);
+  EXPECT_GT(summary.at("peak_host_rss_bytes").get<double>(), 0.0);
+  EXPECT_LE(summary.at("bits_per_weight").get<double>(), 4.0);
+  ASSERT_TRUE(meas.contains("sensitivity"));
+  EXPECT_EQ(meas.at("sensitivity").size(), static_cast<size_t>(c.n_layers * kUnits));
+  for (const auto& [name, u] : meas.at("sensitivity").items()) {
+    EXPECT_GT(u.at("kl").get<double>(), 0.0) << name;
+    EXPECT_GT(u.at("probe_error").get<double>(), 0.0) << name;
+  }
+  std::filesystem::remove_all(o.out);
 }
 
 #ifdef GYRE_HAVE_CUDA

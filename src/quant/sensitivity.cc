@@ -1,5 +1,7 @@
 #include "quant/sensitivity.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <mutex>
@@ -103,11 +105,22 @@ std::map<std::string, UnitSensitivity> measure_sensitivity(const QuantContext& c
 
   std::vector<Stream> streams;
   size_t stream_bytes = 0;
+  // Wall seconds per part, for the log: loading and uploading blocks, carrying the earlier
+  // units' states, probing (the partial forward, Hessian, GPTQ), the final logits and KLs.
+  double t_load = 0, t_carry = 0, t_probe = 0, t_kl = 0;
+  int64_t carried = 0;
+  auto clock = std::chrono::steady_clock::now();
+  auto lap = [&](double& into) {
+    const auto now = std::chrono::steady_clock::now();
+    into += std::chrono::duration<double>(now - clock).count();
+    clock = now;
+  };
   Tensor ref = runner.to_device(embed_rows(sub));  // the unquantized hidden states
   Progress bar("sensitivity", int64_t{c.n_layers} * kUnits * 2, ctx.progress);
   for (int b = 0; b < c.n_layers; ++b) {
     const BlockWeights w = block_of(ctx, b);
     const DeviceBlock dev = runner.upload(w);
+    lap(t_load);
     for (Stream& s : streams) {  // the units of earlier blocks, through this unperturbed block
       if (!s.on_host.empty()) {
         Tensor t = runner.to_device(s.on_host);
@@ -116,7 +129,10 @@ std::map<std::string, UnitSensitivity> measure_sensitivity(const QuantContext& c
       } else {
         runner.run(s.on_backend, dev, nullptr);
       }
+      ++carried;
     }
+    runner.backend().synchronize();
+    lap(t_carry);
     const std::vector<float> input = runner.to_host(ref);
     for (int u = 0; u < kUnits; ++u) {
       const Unit unit = static_cast<Unit>(u);
@@ -156,6 +172,8 @@ std::map<std::string, UnitSensitivity> measure_sensitivity(const QuantContext& c
       streams.push_back(std::move(s));
     }
     runner.run(ref, dev, nullptr);
+    runner.backend().synchronize();
+    lap(t_probe);
   }
   const Tensor ref_logits = runner.logits(ref, norm_t, head_t);
   std::vector<float> ref_host;
@@ -174,7 +192,16 @@ std::map<std::string, UnitSensitivity> measure_sensitivity(const QuantContext& c
     out[s.key] = s.s;
     bar.step();
   }
+  lap(t_kl);
   bar.finish();
+  std::fprintf(
+      stderr,
+      "sensitivity: %zu units; blocks loaded+uploaded %.1f s, %lld carried block forwards "
+      "%.1f s, probes %.1f s, logits+KL %.1f s (%s); %zu of them kept on the backend\n",
+      out.size(), t_load, static_cast<long long>(carried), t_carry, t_probe, t_kl,
+      runner.backend().name().c_str(),
+      static_cast<size_t>(std::count_if(streams.begin(), streams.end(),
+                                        [](const Stream& s) { return s.on_host.empty(); })));
   return out;
 }
 
