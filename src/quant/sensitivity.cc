@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <future>
 #include <mutex>
 
 #include "core/error.h"
@@ -105,8 +106,9 @@ std::map<std::string, UnitSensitivity> measure_sensitivity(const QuantContext& c
 
   std::vector<Stream> streams;
   size_t stream_bytes = 0;
-  // Wall seconds per part, for the log: loading and uploading blocks, carrying the earlier
-  // units' states, probing (the partial forward, Hessian, GPTQ), the final logits and KLs.
+  // Wall seconds per part, for the log: uploading blocks (and waiting for their loading), carrying
+  // the earlier units' states, probing (the partial forward, Hessian, GPTQ), the final logits and
+  // KLs.
   double t_load = 0, t_carry = 0, t_probe = 0, t_kl = 0;
   int64_t carried = 0;
   auto clock = std::chrono::steady_clock::now();
@@ -117,8 +119,13 @@ std::map<std::string, UnitSensitivity> measure_sensitivity(const QuantContext& c
   };
   Tensor ref = runner.to_device(embed_rows(sub));  // the unquantized hidden states
   Progress bar("sensitivity", int64_t{c.n_layers} * kUnits * 2, ctx.progress);
+  // The next block is loaded (read from the mapped file, or generated) on another thread while
+  // this one's forwards and probes run; the backend is only used from this thread.
+  std::future<BlockWeights> next = std::async(std::launch::async, [&] { return block_of(ctx, 0); });
   for (int b = 0; b < c.n_layers; ++b) {
-    const BlockWeights w = block_of(ctx, b);
+    const BlockWeights w = next.get();
+    if (b + 1 < c.n_layers)
+      next = std::async(std::launch::async, [&ctx, b] { return block_of(ctx, b + 1); });
     const DeviceBlock dev = runner.upload(w);
     lap(t_load);
     for (Stream& s : streams) {  // the units of earlier blocks, through this unperturbed block
@@ -133,34 +140,41 @@ std::map<std::string, UnitSensitivity> measure_sensitivity(const QuantContext& c
     }
     runner.backend().synchronize();
     lap(t_carry);
+    // The reference through this block, keeping each unit's input: with only that unit
+    // perturbed, everything before it in the block is unperturbed, so that input is the one its
+    // own forward would see.
     const std::vector<float> input = runner.to_host(ref);
+    std::vector<std::vector<float>> unit_inputs(kUnits);
+    runner.run(ref, dev, [&](Unit at, const std::vector<float>& x, int64_t, DeviceBlock&) {
+      unit_inputs[static_cast<int>(at)] = x;
+    });
+    const int64_t tokens = ref.rows;
     for (int u = 0; u < kUnits; ++u) {
       const Unit unit = static_cast<Unit>(u);
+      const std::vector<float>& x = unit_inputs[u];
+      const int in = static_cast<int>(static_cast<int64_t>(x.size()) / tokens);
+      QuantSetting st = probe;  // the widest group up to the probe's that fits this width
+      while (st.group_size > 32 && in % st.group_size != 0) st.group_size /= 2;
+      if (in % st.group_size != 0) {
+        bar.step(2);
+        continue;
+      }
       Stream s;
-      bool quantized = false;
+      DeviceBlock perturbed = dev;
       std::vector<std::vector<float>> dequant;  // read in place by the CPU backend during run
       dequant.reserve(unit_linears(unit).size());
+      UnitQuantizer uq(ctx);
+      uq.set_input(x, tokens);
+      for (const std::string& name : unit_linears(unit)) {
+        double err = 0;
+        QuantizedWeight q = uq.quantize(w.t.at(name), st, &err);
+        s.s.probe_error += err;
+        dequant.push_back(std::move(q.dequant));
+        perturbed.t[name] = runner.upload_tensor(name, dequant.back());
+      }
       Tensor h = runner.to_device(input);
-      runner.run(
-          h, dev, [&](Unit at, const std::vector<float>& x, int64_t tokens, DeviceBlock& bw) {
-            if (at != unit) return;
-            const int in = static_cast<int>(static_cast<int64_t>(x.size()) / tokens);
-            QuantSetting st = probe;  // the widest group up to the probe's that fits this width
-            while (st.group_size > 32 && in % st.group_size != 0) st.group_size /= 2;
-            if (in % st.group_size != 0) return;
-            UnitQuantizer uq(ctx);
-            uq.set_input(x, tokens);
-            for (const std::string& name : unit_linears(unit)) {
-              double err = 0;
-              QuantizedWeight q = uq.quantize(w.t.at(name), st, &err);
-              s.s.probe_error += err;
-              dequant.push_back(std::move(q.dequant));
-              bw.t[name] = runner.upload_tensor(name, dequant.back());
-            }
-            quantized = true;
-          });
-      bar.step(quantized ? 1 : 2);
-      if (!quantized) continue;
+      runner.run(h, std::move(perturbed), nullptr);
+      bar.step();
       s.key = layer_tensor(b, unit_linears(unit)[0].c_str());
       const size_t bytes = h.row_bytes() * static_cast<size_t>(h.rows);
       if (stream_bytes + bytes <= stream_budget_bytes) {
@@ -171,7 +185,6 @@ std::map<std::string, UnitSensitivity> measure_sensitivity(const QuantContext& c
       }
       streams.push_back(std::move(s));
     }
-    runner.run(ref, dev, nullptr);
     runner.backend().synchronize();
     lap(t_probe);
   }

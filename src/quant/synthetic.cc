@@ -198,6 +198,10 @@ void convert_synthetic(const ModelConfig& c, const std::string& name, const Conv
   measure(ctx, meas, [](const Measurement&) {});
   const double t_measure = seconds_since(t0);
   const QuantTimings measure_la = timings;
+  // Each phase's time as soon as it ends, so a run cut short still tells how far it got.
+  std::fprintf(stderr,
+               "convert: measurement took %.1f s (peak GPU memory in use so far %.2f GiB)\n",
+               t_measure, static_cast<double>(memory.peak_device_bytes()) / (1 << 30));
   double t_sensitivity = 0;
   QuantTimings sensitivity_la;
   if (o.chooser == "kl") {
@@ -206,6 +210,9 @@ void convert_synthetic(const ModelConfig& c, const std::string& name, const Conv
     meas.sensitivity = measure_sensitivity(ctx, kSensitivityProbe, o.sensitivity_rows);
     t_sensitivity = seconds_since(t0);
     sensitivity_la = timings;
+    std::fprintf(stderr,
+                 "convert: sensitivity took %.1f s (peak GPU memory in use so far %.2f GiB)\n",
+                 t_sensitivity, static_cast<double>(memory.peak_device_bytes()) / (1 << 30));
   }
   Plan plan = optimized_plan(lm, meas, o.bpw, o.chooser == "kl");
   t0 = std::chrono::steady_clock::now();
