@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -26,6 +27,18 @@ struct TensorView {
 };
 
 std::string shape_str(const std::vector<int64_t>& shape);
+
+// A view of float data owned elsewhere (the quantizer's and the fused weights' F32 matrices).
+inline TensorView f32_view(std::string name, const std::vector<float>& v,
+                           std::vector<int64_t> shape) {
+  TensorView t;
+  t.name = std::move(name);
+  t.dtype = DType::F32;
+  t.shape = std::move(shape);
+  t.data = v.data();
+  t.nbytes = v.size() * sizeof(float);
+  return t;
+}
 
 // Converts any dtype (including the quantized block types) of one row of n elements to floats.
 void dequantize_row(DType t, const void* src, float* dst, int64_t n);

@@ -93,13 +93,9 @@ BlockRunner::BlockRunner(Backend& backend, const ModelConfig& c, int rows, int l
 
 Tensor BlockRunner::weight(const std::vector<float>& w, int64_t rows, int64_t cols) {
   GYRE_CHECK(w.size() == static_cast<size_t>(rows * cols), "internal: weight size mismatch");
-  TensorView v;
-  v.name = "quantizer weight";
-  v.dtype = DType::F32;
-  v.shape = rows == 1 ? std::vector<int64_t>{cols} : std::vector<int64_t>{rows, cols};
-  v.data = w.data();
-  v.nbytes = w.size() * sizeof(float);
-  return be_.upload_weight(v);
+  return be_.upload_weight(
+      f32_view("quantizer weight", w,
+               rows == 1 ? std::vector<int64_t>{cols} : std::vector<int64_t>{rows, cols}));
 }
 
 // The backend has no host-to-activation copy; embedding rows 0..n-1 of a table made from the

@@ -169,18 +169,9 @@ void convert_synthetic(const ModelConfig& c, const std::string& name, const Conv
     fill(final_norm, 1, c.dim, mix(kSeed + 3), 0.2f, 1.0f, 1);
     fill(head, c.vocab_size, c.dim, mix(kSeed + 5), std::sqrt(3.0f / static_cast<float>(c.dim)),
          0.0f, ctx.threads);
-    auto view = [](const char* name, std::vector<float>& v, std::vector<int64_t> shape) {
-      TensorView t;
-      t.name = name;
-      t.dtype = DType::F32;
-      t.shape = std::move(shape);
-      t.data = v.data();
-      t.nbytes = v.size() * sizeof(float);
-      return t;
-    };
     lm.config.tie_embeddings = false;
-    lm.weights.add(view("model.norm.weight", final_norm, {c.dim}));
-    lm.weights.add(view("lm_head.weight", head, {c.vocab_size, c.dim}));
+    lm.weights.add(f32_view("model.norm.weight", final_norm, {c.dim}));
+    lm.weights.add(f32_view("lm_head.weight", head, {c.vocab_size, c.dim}));
   }
   const std::string& device = rt.device;
   QuantTimings& timings = rt.timings;

@@ -45,11 +45,7 @@ TensorView dense_parts(const std::vector<TensorView>& parts,
       else
         qweight_dequantize_row(qweight_of_view(parts[i]), r, floats[i].data() + r * cols);
     }
-    TensorView v = parts[i];
-    v.dtype = DType::F32;
-    v.data = floats[i].data();
-    v.nbytes = floats[i].size() * sizeof(float);
-    dense.push_back(v);
+    dense.push_back(f32_view(parts[i].name, floats[i], parts[i].shape));
   }
   return TensorView{};
 }
