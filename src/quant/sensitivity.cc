@@ -80,9 +80,9 @@ size_t backend_memory_used() {
 
 // Block-major: each block's weights are loaded (from the mapped file, or generated) and uploaded
 // once, and every perturbed copy of the hidden states made in earlier blocks goes through them
-// before this block's own units are probed; so the pass holds one block's weights at a time and
-// each unit costs the forward of the blocks after it, the same arithmetic (in the same order per
-// unit) as running the model once per unit.
+// before this block's own units are probed; so the pass holds one block's weights at a time (two
+// while the next loads) and each unit costs the forward of the blocks after it, the same
+// arithmetic (in the same order per unit) as running the model once per unit.
 // The copies: 4 per block, each [rows * length, dim], FP16 on CUDA: 16 MiB at the Llama-3-8B
 // shape and 8 rows of 256, so 128 copies take 2 GiB; 80 blocks of width 8192 would take 20 GiB,
 // beyond the default budget (12 GiB), and move the rest through the host.

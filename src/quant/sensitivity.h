@@ -24,11 +24,11 @@ inline constexpr QuantSetting kSensitivityProbe{3, 128, true};
 
 // Keyed by the unit's first layer name ("model.layers.3.mlp.gate_proj"); a unit whose width the
 // probe's group does not divide is probed at the widest of its group / 2 / 4 (down to 32) that
-// does, and left out when none does. Uses the first
-// `max_rows` calibration rows of ctx (fewer when ctx has fewer).
-// Memory: one block's weights at a time (loaded, or generated, when the pass reaches the block)
-// plus the final norm and head; each unit's perturbed hidden states [rows * length, dim] stay on
-// the backend while they fit `stream_budget_bytes` (the rest wait on the host between blocks).
+// does, and left out when none does. Uses the first `max_rows` calibration rows of ctx (fewer
+// when ctx has fewer). Memory: one block's float weights at a time (two while the next one is
+// read from the mapped file, or generated, on a second thread), the final norm and the head;
+// each unit's perturbed hidden states [rows * length, dim] stay on the backend while they fit
+// `stream_budget_bytes` (the rest wait on the host between blocks).
 inline constexpr size_t kSensitivityStreamBudget = size_t{12} << 30;
 std::map<std::string, UnitSensitivity> measure_sensitivity(
     const QuantContext& ctx, const QuantSetting& probe, int max_rows,
