@@ -115,24 +115,81 @@ std::vector<float> BlockRunner::to_host(const Tensor& t) {
   return out;
 }
 
+std::pair<int64_t, int64_t> BlockRunner::shape_of(const std::string& name) const {
+  const int64_t dim = c_.dim, qd = c_.q_dim(), kvd = c_.kv_dim(), ff = c_.hidden_dim;
+  if (name == "self_attn.q_proj") return {qd, dim};
+  if (name == "self_attn.k_proj" || name == "self_attn.v_proj") return {kvd, dim};
+  if (name == "self_attn.o_proj") return {dim, qd};
+  if (name == "mlp.gate_proj" || name == "mlp.up_proj") return {ff, dim};
+  if (name == "mlp.down_proj") return {dim, ff};
+  if (name == "input_layernorm" || name == "post_attention_layernorm") return {1, dim};
+  if (name == "self_attn.q_proj.bias") return {1, qd};
+  if (name == "self_attn.k_proj.bias" || name == "self_attn.v_proj.bias") return {1, kvd};
+  fail("internal: no block tensor '", name, "'");
+}
+
+Tensor BlockRunner::upload_tensor(const std::string& name, const std::vector<float>& host) {
+  const auto [rows, cols] = shape_of(name);
+  return weight(host, rows, cols);
+}
+
+DeviceBlock BlockRunner::upload(const BlockWeights& w) {
+  DeviceBlock d;
+  for (const auto& [name, host] : w.t) d.t[name] = upload_tensor(name, host);
+  return d;
+}
+
+Tensor BlockRunner::to_device(const std::vector<float>& host) {
+  return to_device(host, int64_t{rows_} * length_, c_.dim);
+}
+
 void BlockRunner::run(std::vector<float>& hidden, BlockWeights& w, const UnitHook& hook) {
   const int64_t n = int64_t{rows_} * length_;
+  GYRE_CHECK(hidden.size() == static_cast<size_t>(n * c_.dim), "internal: hidden size mismatch");
+  Tensor x = to_device(hidden, n, c_.dim);
+  // Each weight is uploaded when the forward reaches it, after the hook of its unit ran.
+  forward(
+      x,
+      [&](const std::string& name) {
+        const auto it = w.t.find(name);
+        return it == w.t.end() ? Tensor{} : upload_tensor(name, it->second);
+      },
+      [&](Unit unit, const Tensor& in) {
+        if (hook) hook(unit, to_host(in), n, w);
+      });
+  hidden = to_host(x);
+}
+
+void BlockRunner::run(Tensor& hidden, DeviceBlock w, const DeviceUnitHook& hook) {
+  const int64_t n = int64_t{rows_} * length_;
+  GYRE_CHECK(hidden.rows == n && hidden.cols == c_.dim, "internal: hidden size mismatch");
+  forward(
+      hidden,
+      [&](const std::string& name) {
+        const auto it = w.t.find(name);
+        return it == w.t.end() ? Tensor{} : it->second;
+      },
+      [&](Unit unit, const Tensor& in) {
+        if (hook) hook(unit, to_host(in), n, w);
+      });
+}
+
+void BlockRunner::forward(Tensor& x, const std::function<Tensor(const std::string&)>& get,
+                          const std::function<void(Unit, const Tensor&)>& at_unit) {
+  const int64_t n = int64_t{rows_} * length_;
   const int dim = c_.dim, qd = c_.q_dim(), kvd = c_.kv_dim(), ff = c_.hidden_dim;
-  GYRE_CHECK(hidden.size() == static_cast<size_t>(n * dim), "internal: hidden size mismatch");
-  auto& t = w.t;
-  Tensor x = to_device(hidden, n, dim), xn = be_.alloc(n, dim);
-  be_.rmsnorm(xn, x, weight(t["input_layernorm"], 1, dim), c_.norm_eps);
-  if (hook) hook(Unit::QKV, to_host(xn), n, w);
+  Tensor xn = be_.alloc(n, dim);
+  be_.rmsnorm(xn, x, get("input_layernorm"), c_.norm_eps);
+  at_unit(Unit::QKV, xn);
   Tensor q = be_.alloc(n, qd), k = be_.alloc(n, kvd), v = be_.alloc(n, kvd);
-  auto proj = [&](Tensor& out, const char* name, int64_t rows) {
-    const std::string bias = std::string(name) + ".bias";
+  auto proj = [&](Tensor& out, const char* name) {
     Tensor b;
-    if (c_.qkv_bias && t.count(bias)) b = weight(t[bias], 1, rows);
-    be_.matmul(out, xn, weight(t[name], rows, dim), c_.qkv_bias && t.count(bias) ? &b : nullptr);
+    if (c_.qkv_bias) b = get(std::string(name) + ".bias");
+    be_.matmul(out, xn, get(name), b.data != nullptr ? &b : nullptr);
   };
-  proj(q, "self_attn.q_proj", qd);
-  proj(k, "self_attn.k_proj", kvd);
-  proj(v, "self_attn.v_proj", kvd);
+  proj(q, "self_attn.q_proj");
+  proj(k, "self_attn.k_proj");
+  proj(v, "self_attn.v_proj");
   be_.rope(q, c_.n_heads, c_.head_dim, positions_.data(), rope_);
   be_.rope(k, c_.n_kv_heads, c_.head_dim, positions_.data(), rope_);
   AttentionParams ap;
@@ -148,20 +205,27 @@ void BlockRunner::run(std::vector<float>& hidden, BlockWeights& w, const UnitHoo
     be_.attention(o, q.slice_rows(r0, length_), k.slice_rows(r0, length_),
                   v.slice_rows(r0, length_), *cache_, 0, 0, ap);
   }
-  if (hook) hook(Unit::O, to_host(att), n, w);
+  at_unit(Unit::O, att);
   Tensor delta = be_.alloc(n, dim);
-  be_.matmul(delta, att, weight(t["self_attn.o_proj"], dim, qd), nullptr);
+  be_.matmul(delta, att, get("self_attn.o_proj"), nullptr);
   be_.add(x, delta);
-  be_.rmsnorm(xn, x, weight(t["post_attention_layernorm"], 1, dim), c_.norm_eps);
-  if (hook) hook(Unit::GateUp, to_host(xn), n, w);
+  be_.rmsnorm(xn, x, get("post_attention_layernorm"), c_.norm_eps);
+  at_unit(Unit::GateUp, xn);
   Tensor gate = be_.alloc(n, ff), up = be_.alloc(n, ff);
-  be_.matmul(gate, xn, weight(t["mlp.gate_proj"], ff, dim), nullptr);
-  be_.matmul(up, xn, weight(t["mlp.up_proj"], ff, dim), nullptr);
+  be_.matmul(gate, xn, get("mlp.gate_proj"), nullptr);
+  be_.matmul(up, xn, get("mlp.up_proj"), nullptr);
   be_.silu_mul(gate, gate, up);
-  if (hook) hook(Unit::Down, to_host(gate), n, w);
-  be_.matmul(delta, gate, weight(t["mlp.down_proj"], dim, ff), nullptr);
+  at_unit(Unit::Down, gate);
+  be_.matmul(delta, gate, get("mlp.down_proj"), nullptr);
   be_.add(x, delta);
-  hidden = to_host(x);
+}
+
+Tensor BlockRunner::logits(const Tensor& hidden, const Tensor& norm, const Tensor& head) {
+  const int64_t n = int64_t{rows_} * length_;
+  Tensor xn = be_.alloc(n, c_.dim), out = be_.alloc(n, head.rows);
+  be_.rmsnorm(xn, hidden, norm, c_.norm_eps);
+  be_.matmul(out, xn, head, nullptr);
+  return out;
 }
 
 std::vector<float> BlockRunner::final_norm(const std::vector<float>& hidden,

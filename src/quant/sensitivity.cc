@@ -1,7 +1,10 @@
 #include "quant/sensitivity.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <future>
 #include <mutex>
 
 #include "core/error.h"
@@ -10,6 +13,9 @@
 #include "quant/linalg.h"
 #include "quant/progress.h"
 #include "quant/unit_quant.h"
+#ifdef GYRE_HAVE_CUDA
+#include "quant/cuda/kl_cuda.h"
+#endif
 
 namespace gyre::quant {
 
@@ -37,73 +43,178 @@ double mean_kl_of_logits(const std::vector<float>& ref_logits, const std::vector
   return n > 0 ? sum / static_cast<double>(n) : 0.0;
 }
 
+namespace {
+
+// One unit's perturbed copy of the hidden states on its way through the later blocks: on the
+// backend while the copies fit the budget, else on the host between blocks.
+struct Stream {
+  std::string key;
+  UnitSensitivity s;
+  Tensor on_backend;
+  std::vector<float> on_host;
+};
+
+// The mean KL of logits against the reference: on the GPU when the backend left FP16 logits on
+// one, else on the host in float64 (ref_host is the reference's host copy, made once).
+double kl_against(BlockRunner& runner, const Tensor& ref, const std::vector<float>& ref_host,
+                  const Tensor& logits, int threads) {
+#ifdef GYRE_HAVE_CUDA
+  if (logits.dtype == DType::F16 && ref.dtype == DType::F16) {
+    runner.backend().synchronize();
+    return cuda::mean_kl_f16(ref.data, logits.data, logits.rows, logits.cols);
+  }
+#endif
+  (void)ref;
+  return mean_kl_of_logits(ref_host, runner.to_host(logits), logits.cols, threads);
+}
+
+}  // namespace
+
+size_t backend_memory_used() {
+#ifdef GYRE_HAVE_CUDA
+  return cuda::device_memory_used();
+#else
+  return 0;
+#endif
+}
+
+// Block-major: each block's weights are loaded (from the mapped file, or generated) and uploaded
+// once, and every perturbed copy of the hidden states made in earlier blocks goes through them
+// before this block's own units are probed; so the pass holds one block's weights at a time (two
+// while the next loads) and each unit costs the forward of the blocks after it, the same
+// arithmetic (in the same order per unit) as running the model once per unit.
+// The copies: 4 per block, each [rows * length, dim], FP16 on CUDA: 16 MiB at the Llama-3-8B
+// shape and 8 rows of 256, so 128 copies take 2 GiB; 80 blocks of width 8192 would take 20 GiB,
+// beyond the default budget (12 GiB), and move the rest through the host.
 std::map<std::string, UnitSensitivity> measure_sensitivity(const QuantContext& ctx,
-                                                           const QuantSetting& probe,
-                                                           int max_rows) {
+                                                           const QuantSetting& probe, int max_rows,
+                                                           size_t stream_budget_bytes) {
   const LoadedModel& m = *ctx.model;
   const ModelConfig& c = m.config;
   QuantContext sub = ctx;
   if (static_cast<int>(sub.rows.size()) > max_rows) sub.rows.resize(static_cast<size_t>(max_rows));
   const int rows = static_cast<int>(sub.rows.size()), length = static_cast<int>(sub.rows[0].size());
   BlockRunner runner(*ctx.backend, c, rows, length);
-  std::vector<BlockWeights> blocks;
-  for (int b = 0; b < c.n_layers; ++b) blocks.push_back(block_of(ctx, b));
-  const std::vector<float> norm = tensor_to_f32(m.weights.get("model.norm.weight"));
+  std::vector<float> norm = tensor_to_f32(m.weights.get("model.norm.weight"));
   const bool own_head = !c.tie_embeddings && m.weights.has("lm_head.weight");
-  const std::vector<float> head =
+  std::vector<float> head =
       tensor_to_f32(m.weights.get(own_head ? "lm_head.weight" : "model.embed_tokens.weight"));
   const int64_t vocab = static_cast<int64_t>(head.size()) / c.dim;
-  // The unquantized inputs of every block, and the reference logits.
-  std::vector<std::vector<float>> inputs{embed_rows(sub)};
-  for (int b = 0; b < c.n_layers; ++b) {
-    std::vector<float> h = inputs.back();
-    runner.run(h, blocks[b], nullptr);
-    inputs.push_back(std::move(h));
-  }
-  const std::vector<float> ref = runner.logits(runner.final_norm(inputs.back(), norm), head, vocab);
+  const Tensor norm_t = runner.upload_weight_floats(norm, 1, c.dim);
+  const Tensor head_t = runner.upload_weight_floats(head, vocab, c.dim);
+  if (head_t.owner != nullptr) std::vector<float>().swap(head);  // the backend has its own copy
 
-  std::map<std::string, UnitSensitivity> out;
-  Progress bar("sensitivity", int64_t{c.n_layers} * kUnits, ctx.progress);
-  for (int b = 0; b < c.n_layers; ++b)
+  std::vector<Stream> streams;
+  size_t stream_bytes = 0;
+  // Wall seconds per part, for the log: uploading blocks (and waiting for their loading), carrying
+  // the earlier units' states, probing (the partial forward, Hessian, GPTQ), the final logits and
+  // KLs.
+  double t_load = 0, t_carry = 0, t_probe = 0, t_kl = 0;
+  int64_t carried = 0;
+  auto clock = std::chrono::steady_clock::now();
+  auto lap = [&](double& into) {
+    const auto now = std::chrono::steady_clock::now();
+    into += std::chrono::duration<double>(now - clock).count();
+    clock = now;
+  };
+  Tensor ref = runner.to_device(embed_rows(sub));  // the unquantized hidden states
+  Progress bar("sensitivity", int64_t{c.n_layers} * kUnits * 2, ctx.progress);
+  // The next block is loaded (read from the mapped file, or generated) on another thread while
+  // this one's forwards and probes run; the backend is only used from this thread.
+  std::future<BlockWeights> next = std::async(std::launch::async, [&] { return block_of(ctx, 0); });
+  for (int b = 0; b < c.n_layers; ++b) {
+    const BlockWeights w = next.get();
+    if (b + 1 < c.n_layers)
+      next = std::async(std::launch::async, [&ctx, b] { return block_of(ctx, b + 1); });
+    const DeviceBlock dev = runner.upload(w);
+    lap(t_load);
+    for (Stream& s : streams) {  // the units of earlier blocks, through this unperturbed block
+      if (!s.on_host.empty()) {
+        Tensor t = runner.to_device(s.on_host);
+        runner.run(t, dev, nullptr);
+        s.on_host = runner.to_host(t);
+      } else {
+        runner.run(s.on_backend, dev, nullptr);
+      }
+      ++carried;
+    }
+    runner.backend().synchronize();
+    lap(t_carry);
+    // The reference through this block, keeping each unit's input: with only that unit
+    // perturbed, everything before it in the block is unperturbed, so that input is the one its
+    // own forward would see.
+    const std::vector<float> input = runner.to_host(ref);
+    std::vector<std::vector<float>> unit_inputs(kUnits);
+    runner.run(ref, dev, [&](Unit at, const std::vector<float>& x, int64_t, DeviceBlock&) {
+      unit_inputs[static_cast<int>(at)] = x;
+    });
+    const int64_t tokens = ref.rows;
     for (int u = 0; u < kUnits; ++u) {
       const Unit unit = static_cast<Unit>(u);
-      UnitSensitivity s;
-      bool quantized = false;
-      BlockWeights w = blocks[b];
-      std::vector<float> h = inputs[b];
-      runner.run(h, w, [&](Unit at, const std::vector<float>& x, int64_t tokens, BlockWeights& bw) {
-        if (at != unit) return;
-        const int in = static_cast<int>(static_cast<int64_t>(x.size()) / tokens);
-        QuantSetting st = probe;  // the widest group up to the probe's that fits this width
-        while (st.group_size > 32 && in % st.group_size != 0) st.group_size /= 2;
-        if (in % st.group_size != 0) return;
-        UnitQuantizer uq(ctx);
-        uq.set_input(x, tokens);
-        for (const std::string& name : unit_linears(unit)) {
-          std::vector<float>& wt = bw.t[name];
-          double err = 0;
-          QuantizedWeight q = uq.quantize(wt, st, &err);
-          s.probe_error += err;
-          wt = std::move(q.dequant);
-        }
-        quantized = true;
-      });
-      if (quantized) {
-        for (int later = b + 1; later < c.n_layers; ++later) {
-          runner.run(h, blocks[later], nullptr);  // no hook: the weights stay as they are
-        }
-        s.kl = mean_kl_of_logits(ref, runner.logits(runner.final_norm(h, norm), head, vocab), vocab,
-                                 ctx.threads);
-        const std::string key = layer_tensor(b, unit_linears(unit)[0].c_str());
-        char line[200];
-        std::snprintf(line, sizeof(line), "  %-40s KL %.6f rel. error %.6f sensitivity %.4f",
-                      key.c_str(), s.kl, s.probe_error, s.sensitivity());
-        bar.note(line);
-        out[key] = s;
+      const std::vector<float>& x = unit_inputs[u];
+      const int in = static_cast<int>(static_cast<int64_t>(x.size()) / tokens);
+      QuantSetting st = probe;  // the widest group up to the probe's that fits this width
+      while (st.group_size > 32 && in % st.group_size != 0) st.group_size /= 2;
+      if (in % st.group_size != 0) {
+        bar.step(2);
+        continue;
       }
+      Stream s;
+      DeviceBlock perturbed = dev;
+      std::vector<std::vector<float>> dequant;  // read in place by the CPU backend during run
+      dequant.reserve(unit_linears(unit).size());
+      UnitQuantizer uq(ctx);
+      uq.set_input(x, tokens);
+      for (const std::string& name : unit_linears(unit)) {
+        double err = 0;
+        QuantizedWeight q = uq.quantize(w.t.at(name), st, &err);
+        s.s.probe_error += err;
+        dequant.push_back(std::move(q.dequant));
+        perturbed.t[name] = runner.upload_tensor(name, dequant.back());
+      }
+      Tensor h = runner.to_device(input);
+      runner.run(h, std::move(perturbed), nullptr);
       bar.step();
+      s.key = layer_tensor(b, unit_linears(unit)[0].c_str());
+      const size_t bytes = h.row_bytes() * static_cast<size_t>(h.rows);
+      if (stream_bytes + bytes <= stream_budget_bytes) {
+        stream_bytes += bytes;
+        s.on_backend = std::move(h);
+      } else {
+        s.on_host = runner.to_host(h);
+      }
+      streams.push_back(std::move(s));
     }
+    runner.backend().synchronize();
+    lap(t_probe);
+  }
+  const Tensor ref_logits = runner.logits(ref, norm_t, head_t);
+  std::vector<float> ref_host;
+  if (ref_logits.dtype != DType::F16) ref_host = runner.to_host(ref_logits);
+
+  std::map<std::string, UnitSensitivity> out;
+  for (Stream& s : streams) {
+    const Tensor h = s.on_host.empty() ? s.on_backend : runner.to_device(s.on_host);
+    s.on_backend = Tensor{};  // its memory goes back after this unit
+    s.s.kl =
+        kl_against(runner, ref_logits, ref_host, runner.logits(h, norm_t, head_t), ctx.threads);
+    char line[200];
+    std::snprintf(line, sizeof(line), "  %-40s KL %.6f rel. error %.6f sensitivity %.4f",
+                  s.key.c_str(), s.s.kl, s.s.probe_error, s.s.sensitivity());
+    bar.note(line);
+    out[s.key] = s.s;
+    bar.step();
+  }
+  lap(t_kl);
   bar.finish();
+  std::fprintf(
+      stderr,
+      "sensitivity: %zu units; blocks loaded+uploaded %.1f s, %lld carried block forwards "
+      "%.1f s, probes %.1f s, logits+KL %.1f s (%s); %zu of them kept on the backend\n",
+      out.size(), t_load, static_cast<long long>(carried), t_carry, t_probe, t_kl,
+      runner.backend().name().c_str(),
+      static_cast<size_t>(std::count_if(streams.begin(), streams.end(),
+                                        [](const Stream& s) { return s.on_host.empty(); })));
   return out;
 }
 

@@ -8,6 +8,7 @@
 // the probe; the optimizer then minimizes sum(sensitivity * relative error), a first-order
 // estimate of the KL of the whole quantized model (small independent perturbations add).
 #pragma once
+#include <cstddef>
 #include <map>
 #include <string>
 #include <vector>
@@ -23,10 +24,18 @@ inline constexpr QuantSetting kSensitivityProbe{3, 128, true};
 
 // Keyed by the unit's first layer name ("model.layers.3.mlp.gate_proj"); a unit whose width the
 // probe's group does not divide is probed at the widest of its group / 2 / 4 (down to 32) that
-// does, and left out when none does. Uses the first
-// `max_rows` calibration rows of ctx (fewer when ctx has fewer).
-std::map<std::string, UnitSensitivity> measure_sensitivity(const QuantContext& ctx,
-                                                           const QuantSetting& probe, int max_rows);
+// does, and left out when none does. Uses the first `max_rows` calibration rows of ctx (fewer
+// when ctx has fewer). Memory: one block's float weights at a time (two while the next one is
+// read from the mapped file, or generated, on a second thread), the final norm and the head;
+// each unit's perturbed hidden states [rows * length, dim] stay on the backend while they fit
+// `stream_budget_bytes` (the rest wait on the host between blocks).
+inline constexpr size_t kSensitivityStreamBudget = size_t{12} << 30;
+std::map<std::string, UnitSensitivity> measure_sensitivity(
+    const QuantContext& ctx, const QuantSetting& probe, int max_rows,
+    size_t stream_budget_bytes = kSensitivityStreamBudget);
+
+// Device memory in use now (total - free) on the GPU the quantizer uses; 0 without CUDA.
+size_t backend_memory_used();
 
 // Mean KL(p || q) per row of two logit matrices [n, vocab], in double precision, rows split over
 // `threads` (on the GPU path this was the sensitivity pass's largest cost).

@@ -1,9 +1,13 @@
 #include "quant/synthetic.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <mutex>
 #include <thread>
 
 #include "backend/backend.h"
@@ -14,6 +18,7 @@
 #include "quant/linalg.h"
 #include "quant/measure.h"
 #include "quant/runtime.h"
+#include "quant/sensitivity.h"
 
 namespace gyre::quant {
 
@@ -43,6 +48,57 @@ void fill(std::vector<float>& v, int64_t rows, int64_t cols, uint64_t stream, fl
     for (int64_t i = r0 * cols; i < r1 * cols; ++i)
       v[static_cast<size_t>(i)] = offset + scale * uniform(stream, static_cast<uint64_t>(i));
   });
+}
+
+// The largest device memory in use (total - free, so other processes' too) seen by a thread that
+// looks every 100 ms while the conversion runs: an estimate of the peak from below.
+class MemoryWatch {
+ public:
+  // Off on the CPU path: asking CUDA would make a context on a GPU the run does not use.
+  explicit MemoryWatch(bool enabled) : enabled_(enabled) {
+    if (!enabled_) return;
+    thread_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!stop_) {
+        peak_ = std::max(peak_, backend_memory_used());
+        cv_.wait_for(lock, std::chrono::milliseconds(100));
+      }
+    });
+  }
+  ~MemoryWatch() {
+    if (!enabled_) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  size_t peak_device_bytes() {
+    if (!enabled_) return 0;
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::max(peak_, backend_memory_used());
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool enabled_, stop_ = false;
+  size_t peak_ = 0;
+  std::thread thread_;
+};
+
+// The process's peak resident set (VmHWM), 0 where /proc does not say.
+size_t peak_host_rss_bytes() {
+  std::string status;
+  try {
+    status = read_text_file("/proc/self/status");
+  } catch (const Error&) {
+    return 0;
+  }
+  const size_t at = status.find("VmHWM:");
+  if (at == std::string::npos) return 0;
+  return static_cast<size_t>(std::strtoull(status.c_str() + at + 6, nullptr, 10)) * 1024;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -75,6 +131,9 @@ void convert_synthetic(const ModelConfig& c, const std::string& name, const Conv
              "--rows and --length must be positive (length at most ", c.max_seq_len, ")");
   GYRE_CHECK(o.uniform.empty() && o.measurement.empty() && !o.rotate,
              "--synthetic measures and quantizes only (no --uniform, --measurement, --rotate)");
+  GYRE_CHECK(o.chooser == "kl" || o.chooser == "plain", "--chooser must be kl or plain, got '",
+             o.chooser, "'");
+  GYRE_CHECK(o.sensitivity_rows >= 1, "--sensitivity-rows must be at least 1");
   GYRE_CHECK(!fs::exists(o.out + "/conversion.json"), "'", o.out,
              "' already holds a conversion; choose a new output folder");
   const auto start = std::chrono::steady_clock::now();
@@ -102,10 +161,11 @@ void convert_synthetic(const ModelConfig& c, const std::string& name, const Conv
           out.push_back(a * uniform(kSeed + 7, uint64_t(id) * uint64_t(c.dim) + uint64_t(k)));
     return out;
   };
-  // The final norm and an untied LM head (unless --head-bits 0), random like the blocks, so the
-  // timing includes the head's GPTQ as a real conversion's does.
+  // The final norm and an untied LM head, random like the blocks, so the timing includes the
+  // head's GPTQ (unless --head-bits 0) as a real conversion's does; the KL chooser's sensitivity
+  // pass needs them too (the next-token distributions it compares).
   std::vector<float> final_norm, head;
-  if (o.head_bits > 0) {
+  if (o.head_bits > 0 || o.chooser == "kl") {
     fill(final_norm, 1, c.dim, mix(kSeed + 3), 0.2f, 1.0f, 1);
     fill(head, c.vocab_size, c.dim, mix(kSeed + 5), std::sqrt(3.0f / static_cast<float>(c.dim)),
          0.0f, ctx.threads);
@@ -115,10 +175,7 @@ void convert_synthetic(const ModelConfig& c, const std::string& name, const Conv
   }
   const std::string& device = rt.device;
   QuantTimings& timings = rt.timings;
-  if (o.chooser == "kl")
-    std::fprintf(stderr,
-                 "convert: --synthetic chooses by the plain error sum (the KL "
-                 "sensitivity pass needs an LM head)\n");
+  MemoryWatch memory(device != "cpu");
   std::error_code ec;
   const std::string job = o.out + "/.gyre-job";
   fs::create_directories(job, ec);
@@ -132,7 +189,23 @@ void convert_synthetic(const ModelConfig& c, const std::string& name, const Conv
   measure(ctx, meas, [](const Measurement&) {});
   const double t_measure = seconds_since(t0);
   const QuantTimings measure_la = timings;
-  Plan plan = optimized_plan(lm, meas, o.bpw, false);
+  // Each phase's time as soon as it ends, so a run cut short still tells how far it got.
+  std::fprintf(stderr,
+               "convert: measurement took %.1f s (peak GPU memory in use so far %.2f GiB)\n",
+               t_measure, static_cast<double>(memory.peak_device_bytes()) / (1 << 30));
+  double t_sensitivity = 0;
+  QuantTimings sensitivity_la;
+  if (o.chooser == "kl") {
+    t0 = std::chrono::steady_clock::now();
+    timings = QuantTimings{};
+    meas.sensitivity = measure_sensitivity(ctx, kSensitivityProbe, o.sensitivity_rows);
+    t_sensitivity = seconds_since(t0);
+    sensitivity_la = timings;
+    std::fprintf(stderr,
+                 "convert: sensitivity took %.1f s (peak GPU memory in use so far %.2f GiB)\n",
+                 t_sensitivity, static_cast<double>(memory.peak_device_bytes()) / (1 << 30));
+  }
+  Plan plan = optimized_plan(lm, meas, o.bpw, o.chooser == "kl");
   t0 = std::chrono::steady_clock::now();
   timings = QuantTimings{};
   quantize_pass(ctx, plan, job, o.head_bits);
@@ -152,12 +225,19 @@ void convert_synthetic(const ModelConfig& c, const std::string& name, const Conv
                             {"length", o.length},
                             {"bpw_target", o.bpw},
                             {"head_bits", o.head_bits},
+                            {"chooser", o.chooser},
+                            {"sensitivity_rows", o.sensitivity_rows},
                             {"bits_per_weight", numel > 0 ? bits / numel : 0.0},
+                            {"peak_host_rss_bytes", peak_host_rss_bytes()},
+                            {"peak_device_bytes", memory.peak_device_bytes()},
                             {"seconds",
                              {{"total", total},
                               {"measure", t_measure},
                               {"measure_hessian_factor", measure_la.hessian},
                               {"measure_gptq", measure_la.gptq},
+                              {"sensitivity", t_sensitivity},
+                              {"sensitivity_hessian_factor", sensitivity_la.hessian},
+                              {"sensitivity_gptq", sensitivity_la.gptq},
                               {"quantize", t_quant},
                               {"quantize_hessian_factor", timings.hessian},
                               {"quantize_gptq", timings.gptq}}}};
@@ -166,9 +246,14 @@ void convert_synthetic(const ModelConfig& c, const std::string& name, const Conv
   fs::remove_all(job, ec);
   std::fprintf(stderr,
                "convert: synthetic %s on %s: %.1f s total (measure %.1f s: Hessians+factors %.1f, "
-               "GPTQ+errors %.1f; quantize %.1f s: %.1f, %.1f), %.3f bits per weight\n",
+               "GPTQ+errors %.1f; sensitivity (%s chooser) %.1f s: %.1f, %.1f; quantize %.1f s: "
+               "%.1f, %.1f), %.3f bits per weight; peak host RSS %.2f GiB, peak GPU memory in use "
+               "%.2f GiB\n",
                name.c_str(), device.c_str(), total, t_measure, measure_la.hessian, measure_la.gptq,
-               t_quant, timings.hessian, timings.gptq, numel > 0 ? bits / numel : 0.0);
+               o.chooser.c_str(), t_sensitivity, sensitivity_la.hessian, sensitivity_la.gptq,
+               t_quant, timings.hessian, timings.gptq, numel > 0 ? bits / numel : 0.0,
+               static_cast<double>(peak_host_rss_bytes()) / (1 << 30),
+               static_cast<double>(memory.peak_device_bytes()) / (1 << 30));
 }
 
 }  // namespace gyre::quant
