@@ -58,6 +58,23 @@ inline std::vector<uint16_t> random_halves(size_t n, float scale, uint32_t seed)
   return h;
 }
 
+// RMSNorm of `tokens` rows of x (halves) times the norm weight, rounded to FP16 the way the
+// fused-norm kernels round it: the input the plain reference sees for a fused-norm GEMV.
+inline std::vector<uint16_t> rms_normed(const std::vector<uint16_t>& x,
+                                        const std::vector<uint16_t>& norm_w, int tokens, int cols,
+                                        double eps) {
+  std::vector<uint16_t> out(x.size());
+  for (int t = 0; t < tokens; ++t) {
+    double ss = 0;
+    for (int c = 0; c < cols; ++c) ss += std::pow(f16_to_f32(x[size_t(t) * cols + c]), 2);
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss / cols + eps));
+    for (int c = 0; c < cols; ++c)
+      out[size_t(t) * cols + c] =
+          f32_to_f16(f16_to_f32(x[size_t(t) * cols + c]) * inv * f16_to_f32(norm_w[c]));
+  }
+  return out;
+}
+
 // A 4-bit layout under test: from floats (gguf F32) with this group / symmetry / act-order, or
 // random blocks of a GGUF type.
 struct Layout {

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/mapped_file.h"
 #include "engine/transformer.h"
+#include "error_test_util.h"
 #include "gguf_vocab_util.h"
 #include "model/loader.h"
 #include "quant/block_forward.h"
@@ -90,16 +91,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ConvertGgufTokenizer,
                          ::testing::Values("llama2", "llama3", "mistral", "stories260K"));
 
 TEST(ConvertGguf, UnwritableInputsGiveOneLineErrors) {
-  const auto one_line = [](const std::function<void()>& f, const std::string& needle) {
-    try {
-      f();
-      ADD_FAILURE() << "no error, expected one mentioning " << needle;
-    } catch (const Error& e) {
-      const std::string msg = e.what();
-      EXPECT_NE(msg.find(needle), std::string::npos) << msg;
-      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-    }
-  };
+  const auto one_line = testutil::expect_one_line_error;
+
   GgufVocab v = test::llama_vocab("stories260K");
   v.model = "bert";
   one_line([&] { gguf_vocab_to_tokenizer_json(v); }, "'bert'");

@@ -192,15 +192,7 @@ TEST(CudaGemv4, FusedNormAndAccumulateMatchFloat64) {
       const std::vector<uint16_t> xh = random_halves(size_t(8) * cols, 3.0f, seed++);
       const std::vector<uint16_t> nh = random_halves(cols, 1.5f, seed++);
       const std::vector<uint16_t> y0 = random_halves(size_t(8) * rows, 2.0f, seed++);
-      std::vector<uint16_t> xn(xh.size());
-      for (int t = 0; t < 8; ++t) {
-        double ss = 0;
-        for (int c = 0; c < cols; ++c) ss += std::pow(f16_to_f32(xh[size_t(t) * cols + c]), 2);
-        const float inv = static_cast<float>(1.0 / std::sqrt(ss / cols + eps));
-        for (int c = 0; c < cols; ++c)
-          xn[size_t(t) * cols + c] =
-              f32_to_f16(f16_to_f32(xh[size_t(t) * cols + c]) * inv * f16_to_f32(nh[c]));
-      }
+      const std::vector<uint16_t> xn = qtest::rms_normed(xh, nh, 8, cols, eps);
       const Reference plain = reference(w, xh, nullptr, 8), normed = reference(w, xn, nullptr, 8);
       QWeightDevice dw = qweight_upload(w);
       Buf x(size_t(8) * cols), y(size_t(8) * rows), norm(cols);

@@ -20,43 +20,13 @@
 #include "backend/cuda/qlinear.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "qlinear_test_util.h"
 
 namespace gyre {
 namespace {
 
-bool gpu_present() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
-
-struct Halves {
-  __half* p = nullptr;
-  size_t n = 0;
-  explicit Halves(size_t count) : n(count) {
-    if (cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(count, 1) * 2) != cudaSuccess)
-      p = nullptr;
-  }
-  ~Halves() { cudaFree(p); }
-  void upload(const std::vector<uint16_t>& h) {
-    cudaMemcpy(p, h.data(), n * 2, cudaMemcpyHostToDevice);
-  }
-  std::vector<uint16_t> download() const {
-    std::vector<uint16_t> h(n);
-    cudaMemcpy(h.data(), p, n * 2, cudaMemcpyDeviceToHost);
-    return h;
-  }
-  void poison() { cudaMemset(p, 0xff, n * 2); }  // NaN in FP16
-};
-
-std::vector<uint16_t> random_halves(size_t n, float scale, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-scale, scale);
-  std::vector<uint16_t> h(n);
-  for (auto& x : h) x = f32_to_f16(u(rng));
-  return h;
-}
+using qtest::random_halves;
+using Halves = qtest::DeviceHalves;
 
 QWeightHost make_weight(int bits, int group, bool asym, bool perm, int rows, int cols,
                         uint32_t seed) {
@@ -130,7 +100,7 @@ const Narrow kLayouts[] = {{2, 32, false, false}, {2, 128, true, false},  {3, 64
 // Rows not multiples of 2/16/64; 96 columns (one short tile of 3 units), 1056 (a full tile and a
 // short one of 1 unit), 2560 (2.5 tiles, split-K across warps).
 TEST(CudaQbits, MatmulMatchesFloat64AtEveryN) {
-  if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
+  if (!qtest::have_gpu()) GTEST_SKIP() << "no CUDA device";
   const int shapes[][2] = {{1, 96}, {77, 1056}, {301, 2560}};
   uint32_t seed = 1;
   for (const Narrow& l : kLayouts)
@@ -148,7 +118,7 @@ TEST(CudaQbits, MatmulMatchesFloat64AtEveryN) {
 
 // The host layout and its kernel (GYRE_CUDA_BITS_STREAM=0) on the same awkward shapes.
 TEST(CudaQbits, HostLayoutKernelMatchesFloat64) {
-  if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
+  if (!qtest::have_gpu()) GTEST_SKIP() << "no CUDA device";
   qlinear_detail::set_bits_stream(0);
   const int shapes[][2] = {{1, 96}, {77, 1056}, {301, 2560}};
   uint32_t seed = 700;
@@ -167,7 +137,7 @@ TEST(CudaQbits, HostLayoutKernelMatchesFloat64) {
 
 // The benchmark knob's other configuration (4 weight rows per warp) on odd row counts.
 TEST(CudaQbits, FourRowsPerWarpMatchesFloat64) {
-  if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
+  if (!qtest::have_gpu()) GTEST_SKIP() << "no CUDA device";
   qlinear_detail::set_bits_stream(0);
   qlinear_detail::set_bits_rows(4);
   uint32_t seed = 500;
@@ -181,7 +151,7 @@ TEST(CudaQbits, FourRowsPerWarpMatchesFloat64) {
 
 // Enough rows for the no-split-K configuration (>= 4096 rows).
 TEST(CudaQbits, TallWeightMatchesFloat64) {
-  if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
+  if (!qtest::have_gpu()) GTEST_SKIP() << "no CUDA device";
   for (const int bits : {3, 6}) {
     const QWeightHost w = make_weight(bits, 128, false, false, 4099, 256, 40u + bits);
     for (const int n : {1, 8}) check_matmul(w, n, 50u + n);
@@ -189,7 +159,7 @@ TEST(CudaQbits, TallWeightMatchesFloat64) {
 }
 
 TEST(CudaQbits, SplitOutputsMatchTheWholeWeight) {
-  if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
+  if (!qtest::have_gpu()) GTEST_SKIP() << "no CUDA device";
   const QWeightHost w = make_weight(5, 32, false, false, 70, 1056, 7);
   for (const int n : {3, 9}) {
     const int cols = w.desc.cols;
@@ -225,7 +195,7 @@ TEST(CudaQbits, SplitOutputsMatchTheWholeWeight) {
 // The FP16 dequantization (prefill path): each value is the reference's float value rounded to
 // FP16 (the GPU rounds s*q+m once; the reference in float, then to FP16: at most one FP16 ulp).
 TEST(CudaQbits, DequantizeMatchesReference) {
-  if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
+  if (!qtest::have_gpu()) GTEST_SKIP() << "no CUDA device";
   uint32_t seed = 300;
   for (const int pieces : {-1, 0, 1, 2, 4, 8})  // host layout, tiled by width, 1/2/4/8 blocks
     for (const Narrow& l : kLayouts) {
@@ -236,7 +206,9 @@ TEST(CudaQbits, DequantizeMatchesReference) {
       qlinear_detail::set_bits_stream(-1);
       qlinear_detail::set_bits_stream_pieces(0);
       ASSERT_EQ(dw.narrow_tiled > 0, pieces >= 0);
-      if (pieces > 0) ASSERT_EQ(dw.narrow_tiled, pieces == 8 && l.bits != 2 ? 4 : pieces);
+      if (pieces > 0) {
+        ASSERT_EQ(dw.narrow_tiled, pieces == 8 && l.bits != 2 ? 4 : pieces);
+      }
       Halves out(size_t(37) * 1152);
       out.poison();
       qlinear_dequantize(dw, out.p, nullptr);
@@ -255,7 +227,7 @@ TEST(CudaQbits, DequantizeMatchesReference) {
 // budget, and weights whose rows are too long for the tiled layout (x of one token must fit
 // shared memory): they keep the host layout and its kernel.
 TEST(CudaQbits, StreamPiecesAndLongRowsMatchFloat64) {
-  if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
+  if (!qtest::have_gpu()) GTEST_SKIP() << "no CUDA device";
   uint32_t seed = 900;
   for (const int pieces : {1, 2, 4, 8}) {  // 8: 2 bits (the others take 4)
     qlinear_detail::set_bits_stream_pieces(pieces);
@@ -281,7 +253,7 @@ TEST(CudaQbits, StreamPiecesAndLongRowsMatchFloat64) {
 // does) and y += x W, alone and together, n = 1..8 (12288 columns: two tokens per pass over the
 // weight, x staged per pass).
 TEST(CudaQbits, FusedNormAndAccumulateMatchFloat64) {
-  if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
+  if (!qtest::have_gpu()) GTEST_SKIP() << "no CUDA device";
   const float eps = 1e-5f;
   uint32_t seed = 1200;
   const int shapes[][2] = {{50, 1056}, {33, 12288}};
@@ -293,15 +265,7 @@ TEST(CudaQbits, FusedNormAndAccumulateMatchFloat64) {
       const std::vector<uint16_t> xh = random_halves(size_t(8) * cols, 3.0f, seed++);
       const std::vector<uint16_t> nh = random_halves(cols, 1.5f, seed++);
       const std::vector<uint16_t> y0 = random_halves(size_t(8) * rows, 2.0f, seed++);
-      std::vector<uint16_t> xn(xh.size());
-      for (int t = 0; t < 8; ++t) {
-        double ss = 0;
-        for (int c = 0; c < cols; ++c) ss += std::pow(f16_to_f32(xh[size_t(t) * cols + c]), 2);
-        const float inv = static_cast<float>(1.0 / std::sqrt(ss / cols + eps));
-        for (int c = 0; c < cols; ++c)
-          xn[size_t(t) * cols + c] =
-              f32_to_f16(f16_to_f32(xh[size_t(t) * cols + c]) * inv * f16_to_f32(nh[c]));
-      }
+      const std::vector<uint16_t> xn = qtest::rms_normed(xh, nh, 8, cols, eps);
       const std::vector<double> wf = dequantized(w);
       QWeightDevice dw = qweight_upload(w);
       Halves x(size_t(8) * cols), y(size_t(8) * rows), norm(cols);
@@ -353,7 +317,7 @@ TEST(CudaQbits, FusedNormAndAccumulateMatchFloat64) {
 // Gate/up weights interleaved by 8 rows (out_split.h) with the SwiGLU epilogue: out[t, h] =
 // silu(gate_h . x_t) * (up_h . x_t) against float64, hidden sizes not multiples of 8 or 16.
 TEST(CudaQbits, SwigluMatchesFloat64) {
-  if (!gpu_present()) GTEST_SKIP() << "no CUDA device";
+  if (!qtest::have_gpu()) GTEST_SKIP() << "no CUDA device";
   uint32_t seed = 1500;
   for (const Narrow& l : kLayouts)
     for (const int hidden : {13, 40}) {

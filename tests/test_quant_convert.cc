@@ -13,6 +13,7 @@
 #include "core/mapped_file.h"
 #include "engine/eval.h"
 #include "engine/transformer.h"
+#include "error_test_util.h"
 #include "model/loader.h"
 #include "quant/convert.h"
 
@@ -50,16 +51,7 @@ std::string story_text() {
   return t.substr(0, 6000);
 }
 
-void expect_one_line_error(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error, expected one mentioning " << needle;
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
-    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-  }
-}
+using testutil::expect_one_line_error;
 
 TEST(QuantConvert, Stories260KAtFourBitsLoadsAndStaysClose) {
   const std::string out = fresh_dir("s4");
