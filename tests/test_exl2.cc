@@ -99,47 +99,7 @@ TEST(Exl2, ConfigIsDetectedByQuantMethod) {
   EXPECT_THROW(exl2_config_from_hf(cfg({{"quant_method", "exl2"}, {"bits", "four"}}), c), Error);
 }
 
-TEST(Exl2, TinyLlamaForwardEqualsItsFloatTwin) {
-  const auto exl2 = load_model(kDir + "/llama");
-  const auto dense = load_model(kDir + "/llama_float");
-  EXPECT_EQ(exl2->format, "exl2");
-  EXPECT_EQ(dense->format, "hf");
-  auto backend = make_cpu_backend(2);
-  Transformer a(exl2->config, exl2->weights, *backend, 64);
-  Transformer b(dense->config, dense->weights, *backend, 64);
-  const std::vector<int32_t> tokens = {1, 403, 261, 307, 9, 44, 500, 2, 17, 300, 411, 5};
-  const int n = static_cast<int>(tokens.size()), vocab = exl2->config.vocab_size;
-  std::vector<float> la(static_cast<size_t>(n) * vocab), lb(la.size());
-  a.forward(tokens.data(), n, 0, la.data(), true);
-  b.forward(tokens.data(), n, 0, lb.data(), true);
-  double max_diff = 0, max_abs = 0;
-  for (size_t i = 0; i < la.size(); ++i) {
-    max_diff = std::max(max_diff, static_cast<double>(std::fabs(la[i] - lb[i])));
-    max_abs = std::max(max_abs, static_cast<double>(std::fabs(lb[i])));
-  }
-  EXPECT_GT(max_abs, 0.1);  // the model does something
-  EXPECT_LE(max_diff, 1e-5 * max_abs);
-}
-
-TEST(Exl2, LoadedModelHasF16ProjectionsEqualToTheTwinAndNoExl2Tensors) {
-  const auto m = load_model(kDir + "/llama");
-  const auto dense = load_model(kDir + "/llama_float");
-  int projections = 0;
-  for (const auto& [name, t] : m->weights.all()) {
-    for (const char* part : {".q_weight", ".q_scale", ".q_groups", ".q_invperm", ".q_perm"})
-      EXPECT_EQ(name.find(part), std::string::npos) << name;
-    const TensorView& d = dense->weights.get(name, t.shape);
-    if (name.find("proj") != std::string::npos || name == "lm_head.weight") {
-      ++projections;
-      ASSERT_EQ(t.dtype, DType::F16) << name;
-      ASSERT_EQ(d.dtype, DType::F16) << name;
-      EXPECT_EQ(std::memcmp(t.data, d.data, t.nbytes), 0) << name;  // padding trimmed too
-    }
-  }
-  EXPECT_EQ(projections, 2 * 7 + 1);
-  EXPECT_EQ(m->weights.get("model.layers.0.mlp.gate_proj.weight").shape,
-            std::vector<int64_t>({172, 64}));
-}
+// The tiny model's quantized and F16 layers and its logits: tests/test_exl2_quant.cc.
 
 // ---- Hostile inputs: one clear line, never a crash. ----
 
@@ -304,7 +264,12 @@ TEST(Exl2, FuzzedLayersLoadOrFailCleanly) {
       }
     }
     const Exl2Tensors t{&qw.view, &sc.view, &sm.view, &qg.view, &ip.view, nullptr};
-    const std::string msg = error_of([&] { exl2_dequantize("F", t, rng() % 2 ? 8 : -1); });
+    const int64_t out = rng() % 2 ? 8 : -1;
+    const std::string msg = error_of([&] {
+      exl2_dequantize("F", t, out);
+      const Exl2Quantized q = exl2_quantize_layer("F", t, out);  // same checks, then packs
+      EXPECT_EQ(q.single || q.mixed, q.reason.empty());
+    });
     EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
     (msg.empty() ? loads : errors)++;
   }

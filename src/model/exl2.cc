@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -152,20 +153,46 @@ bool exl2_config_from_hf(const nlohmann::json& config, Exl2Config& out) {
   return true;
 }
 
-std::vector<float> exl2_dequantize(const std::string& name, const Exl2Tensors& t,
-                                   int64_t out_features) {
+namespace {
+
+// A layer's checked tables: its groups, the act-order permutation, every group's column scales
+// (fp16 values) and the code of each quantized row and column.
+struct Exl2Layer {
+  int64_t K = 0, N = 0, Np = 0;
+  std::vector<Group> groups;
+  std::vector<int64_t> perm, invperm;  // perm[r]: the input row of quantized row r
+  std::vector<float> scale;            // [G, N]
+  std::vector<int32_t> group_of_row;   // [K]
+  const TensorView* q_weight = nullptr;
+
+  int code(int64_t r, int64_t n) const {
+    const Group& gr = groups[group_of_row[r]];
+    const int64_t bit = (r - gr.first_row) * gr.bits, word_row = gr.first_word_row + bit / 32;
+    const int shift = static_cast<int>(bit % 32);
+    uint64_t v = load_word(*q_weight, word_row * Np + n);
+    if (shift + gr.bits > 32)  // straddles: then word_row + 1 < R (checked groups)
+      v |= static_cast<uint64_t>(load_word(*q_weight, (word_row + 1) * Np + n)) << 32;
+    return static_cast<int>((v >> shift) & ((1u << gr.bits) - 1));
+  }
+};
+
+Exl2Layer read_layer(const std::string& name, const Exl2Tensors& t, int64_t out_features) {
   check_tensor(name, "q_weight", t.q_weight, {DType::I32}, 2);
   check_tensor(name, "q_invperm", t.q_invperm, {DType::I32, DType::I16}, 1);
   check_tensor(name, "q_groups", t.q_groups, {DType::I16, DType::I32}, 1);
   check_tensor(name, "q_scale", t.q_scale, {DType::I32}, 2);
   check_tensor(name, "q_scale_max", t.q_scale_max, {DType::F16}, 1);
-  const int64_t R = t.q_weight->shape[0], Np = t.q_weight->shape[1], K = t.q_invperm->shape[0];
+  Exl2Layer l;
+  l.q_weight = t.q_weight;
+  const int64_t R = t.q_weight->shape[0], Np = l.Np = t.q_weight->shape[1];
+  const int64_t K = l.K = t.q_invperm->shape[0];
   GYRE_CHECK(Np % 32 == 0, "EXL2 layer ", name, ": q_weight has ", Np,
              " columns, not a multiple of 32");
-  const int64_t N = out_features < 0 ? Np : out_features;
+  const int64_t N = l.N = out_features < 0 ? Np : out_features;
   GYRE_CHECK(N > 0 && (N + 31) / 32 * 32 == Np, "EXL2 layer ", name, ": q_weight's ", Np,
              " columns are not ", N, " output features padded to 32");
-  const std::vector<Group> groups = read_groups(name, *t.q_groups, R, K);
+  l.groups = read_groups(name, *t.q_groups, R, K);
+  const std::vector<Group>& groups = l.groups;
   const auto G = static_cast<int64_t>(groups.size());
   GYRE_CHECK(groups.back().first_row + groups.back().rows == K, "EXL2 layer ", name,
              ": the groups do not cover the ", K, " input rows");
@@ -175,27 +202,28 @@ std::vector<float> exl2_dequantize(const std::string& name, const Exl2Tensors& t
   GYRE_CHECK(t.q_scale_max->shape[0] == G, "EXL2 layer ", name, ": q_scale_max has ",
              t.q_scale_max->shape[0], " entries for ", G, " groups");
 
-  // perm[r]: the input row that quantized row r belongs to (the inverse of q_invperm), built to
-  // check that q_invperm is a permutation and q_perm its inverse.
-  std::vector<int64_t> perm(static_cast<size_t>(K), -1), invperm(static_cast<size_t>(K));
+  // perm is the inverse of q_invperm, built to check that q_invperm is a permutation and
+  // q_perm its inverse.
+  l.perm.assign(static_cast<size_t>(K), -1);
+  l.invperm.resize(static_cast<size_t>(K));
   for (int64_t i = 0; i < K; ++i) {
-    const int64_t r = invperm[i] = load_int(*t.q_invperm, i);
-    GYRE_CHECK(r >= 0 && r < K && perm[r] < 0, "EXL2 layer ", name, ": q_invperm is not a ",
+    const int64_t r = l.invperm[i] = load_int(*t.q_invperm, i);
+    GYRE_CHECK(r >= 0 && r < K && l.perm[r] < 0, "EXL2 layer ", name, ": q_invperm is not a ",
                "permutation of 0..", K - 1, " (entry ", i, " = ", r, ")");
-    perm[r] = i;
+    l.perm[r] = i;
   }
   if (t.q_perm) {
     check_tensor(name, "q_perm", t.q_perm, {DType::I32, DType::I16}, 1);
     GYRE_CHECK(t.q_perm->shape[0] == K, "EXL2 layer ", name, ": q_perm has ", t.q_perm->shape[0],
                " entries, q_invperm ", K);
     for (int64_t r = 0; r < K; ++r)
-      GYRE_CHECK(load_int(*t.q_perm, r) == perm[r], "EXL2 layer ", name,
+      GYRE_CHECK(load_int(*t.q_perm, r) == l.perm[r], "EXL2 layer ", name,
                  ": q_perm is not the inverse of q_invperm (entry ", r, ")");
   }
 
-  // Every group's column scales (checked here: the parallel part below cannot throw).
-  std::vector<float> scale(static_cast<size_t>(G * N));
-  std::vector<int32_t> group_of_row(static_cast<size_t>(K));
+  // Every group's column scales (checked here: the parallel parts cannot throw).
+  l.scale.resize(static_cast<size_t>(G * N));
+  l.group_of_row.resize(static_cast<size_t>(K));
   for (int64_t g = 0; g < G; ++g) {
     uint16_t max_bits;
     std::memcpy(&max_bits, static_cast<const uint8_t*>(t.q_scale_max->data) + g * 2, 2);
@@ -207,31 +235,54 @@ std::vector<float> exl2_dequantize(const std::string& name, const Exl2Tensors& t
     for (int64_t n = 0; n < N; ++n) {
       const uint32_t code = (load_word(*t.q_scale, g * (Np / 8) + n / 8) >> (4 * (n % 8))) & 15u;
       const float c = static_cast<float>(code + 1);
-      scale[g * N + n] = round_f16(c * c * m);
+      l.scale[g * N + n] = round_f16(c * c * m);
     }
-    std::fill_n(group_of_row.begin() + groups[g].first_row, groups[g].rows,
+    std::fill_n(l.group_of_row.begin() + groups[g].first_row, groups[g].rows,
                 static_cast<int32_t>(g));
   }
+  return l;
+}
+
+bool gyre_group_size_ok(int bits, int64_t rows) {
+  return rows == 32 || rows == 64 || rows == 128 || rows == 256 || (bits == 8 && rows == 16);
+}
+
+// Groups [g0, g1) of one width as a QWeightHost over their quantized rows in order (packed
+// column j = quantized row first_row + j), with EXL2's codes and fp16 scales; no permutation.
+QWeightHost pack_groups(const Exl2Layer& l, size_t g0, size_t g1) {
+  const Group& first = l.groups[g0];
+  QWeightDesc d;
+  d.bits = first.bits;
+  d.group_size = static_cast<int>(first.rows);
+  d.rows = static_cast<int>(l.N);
+  d.cols = static_cast<int>(static_cast<int64_t>(g1 - g0) * first.rows);
+  QWeightHost w = qweight_allocate(d);
+  parallel_ranges(l.N, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      for (int64_t j = 0; j < d.cols; ++j) qweight_set_q(w, n, j, l.code(first.first_row + j, n));
+      for (size_t g = g0; g < g1; ++g)  // an fp16 value: set exactly
+        qweight_set_scale(w, n, static_cast<int64_t>(g - g0), l.scale[g * l.N + n], 0.0f);
+    }
+  });
+  return w;
+}
+
+}  // namespace
+
+std::vector<float> exl2_dequantize(const std::string& name, const Exl2Tensors& t,
+                                   int64_t out_features) {
+  const Exl2Layer l = read_layer(name, t, out_features);
+  const int64_t K = l.K, N = l.N;
   // Quantized rows first ([K, N], written in order), then a blocked transpose that undoes the
   // act-order: writing W[n, i] directly would touch a new cache line per value.
   std::vector<float> rows(static_cast<size_t>(N * K));
   parallel_ranges(K, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const Group& gr = groups[group_of_row[r]];
-      const float* s = scale.data() + group_of_row[r] * N;
-      const uint32_t mask = (1u << gr.bits) - 1;
-      const int zero = 1 << (gr.bits - 1);
-      const int64_t bit = (r - gr.first_row) * gr.bits, word_row = gr.first_word_row + bit / 32;
-      const int shift = static_cast<int>(bit % 32);
-      const bool straddles = shift + gr.bits > 32;  // then word_row + 1 < R (checked groups)
+      const int zero = 1 << (l.groups[l.group_of_row[r]].bits - 1);
+      const float* s = l.scale.data() + l.group_of_row[r] * N;
       float* out = rows.data() + r * N;
-      for (int64_t n = 0; n < N; ++n) {
-        uint64_t v = load_word(*t.q_weight, word_row * Np + n);
-        if (straddles)
-          v |= static_cast<uint64_t>(load_word(*t.q_weight, (word_row + 1) * Np + n)) << 32;
-        const int q = static_cast<int>((v >> shift) & mask);
-        out[n] = round_f16(static_cast<float>(q - zero) * s[n]);
-      }
+      for (int64_t n = 0; n < N; ++n)
+        out[n] = round_f16(static_cast<float>(l.code(r, n) - zero) * s[n]);
     }
   });
   std::vector<float> w(rows.size());
@@ -240,11 +291,60 @@ std::vector<float> exl2_dequantize(const std::string& name, const Exl2Tensors& t
     for (int64_t i0 = b0 * kTile; i0 < std::min(b1 * kTile, K); i0 += kTile)
       for (int64_t n0 = 0; n0 < N; n0 += kTile)
         for (int64_t i = i0; i < std::min(i0 + kTile, K); ++i) {
-          const float* src = rows.data() + invperm[i] * N;
+          const float* src = rows.data() + l.invperm[i] * N;
           for (int64_t n = n0; n < std::min(n0 + kTile, N); ++n) w[n * K + i] = src[n];
         }
   });
   return w;
+}
+
+Exl2Quantized exl2_quantize_layer(const std::string& name, const Exl2Tensors& t,
+                                  int64_t out_features) {
+  const Exl2Layer l = read_layer(name, t, out_features);
+  Exl2Quantized q;
+  // Runs of one width (widths never increase, so each width is one run), at most two, and their
+  // group size: every group of a width must have the same supported row count, the last included.
+  std::vector<size_t> run_begin;
+  for (size_t g = 0; g < l.groups.size(); ++g)
+    if (g == 0 || l.groups[g].bits != l.groups[g - 1].bits) run_begin.push_back(g);
+  if (run_begin.size() > 2) {
+    q.reason = "3+ widths";
+    return q;
+  }
+  for (size_t g = 0; g < l.groups.size(); ++g) {
+    const bool run_start = std::find(run_begin.begin(), run_begin.end(), g) != run_begin.end();
+    if (!run_start && l.groups[g].rows != l.groups[g - 1].rows) {
+      q.reason = g + 1 == l.groups.size() ? "a partial last group" : "uneven group sizes";
+      return q;
+    }
+    if (!gyre_group_size_ok(l.groups[g].bits, l.groups[g].rows)) {
+      q.reason = "an unsupported group size";
+      return q;
+    }
+  }
+  run_begin.push_back(l.groups.size());
+  bool identity = true;
+  for (int64_t r = 0; r < l.K; ++r) identity = identity && l.perm[r] == r;
+  if (run_begin.size() == 2) {
+    q.single = std::make_shared<QWeightHost>(pack_groups(l, 0, l.groups.size()));
+    if (!identity) {
+      q.single->desc.has_perm = true;
+      q.single->perm.assign(l.perm.begin(), l.perm.end());
+    }
+    return q;
+  }
+  // Two widths: the first width's groups read the inputs of their quantized rows, the rest the
+  // others (a mix's parts have no permutation of their own; hi_cols / lo_cols are one).
+  const int64_t hi_rows = l.groups[run_begin[1]].first_row;
+  q.mixed = std::make_shared<QMixedHost>();
+  q.mixed->rows = static_cast<int>(l.N);
+  q.mixed->cols = static_cast<int>(l.K);
+  q.mixed->hi = pack_groups(l, 0, run_begin[1]);
+  q.mixed->lo = pack_groups(l, run_begin[1], l.groups.size());
+  q.mixed->hi_cols.assign(l.perm.begin(), l.perm.begin() + hi_rows);
+  q.mixed->lo_cols.assign(l.perm.begin() + hi_rows, l.perm.end());
+  qmixed_validate(*q.mixed);
+  return q;
 }
 
 int64_t exl2_out_features(const ModelConfig& c, const std::string& layer) {
@@ -258,26 +358,102 @@ int64_t exl2_out_features(const ModelConfig& c, const std::string& layer) {
   return -1;
 }
 
-void exl2_load_weights(const ModelConfig& c, std::shared_ptr<const WeightSet> raw, WeightSet& out) {
+namespace {
+
+// The other layers the engine fuses with layer p (q|k|v, gate|up of one decoder layer).
+std::vector<std::string> fused_partners(const std::string& p) {
+  const std::vector<std::vector<std::string>> sets = {
+      {".self_attn.q_proj", ".self_attn.k_proj", ".self_attn.v_proj"},
+      {".mlp.gate_proj", ".mlp.up_proj"}};
+  for (const auto& set : sets)
+    for (const std::string& own : set) {
+      if (!ends_with(p, own)) continue;
+      const std::string stem = p.substr(0, p.size() - own.size());
+      std::vector<std::string> others;
+      for (const std::string& o : set)
+        if (o != own) others.push_back(stem + o);
+      return others;
+    }
+  return {};
+}
+
+}  // namespace
+
+std::string Exl2LoadReport::summary() const {
+  std::string s = "EXL2: " + std::to_string(quantized) + " of " +
+                  std::to_string(quantized + dequantized) + " layers kept quantized, " +
+                  std::to_string(dequantized) + " dequantized to F16";
+  for (size_t i = 0; i < reasons.size(); ++i)
+    s += (i == 0 ? " (" : ", ") + std::to_string(reasons[i].second) + " with " + reasons[i].first;
+  return s + (reasons.empty() ? "" : ")");
+}
+
+Exl2LoadReport exl2_load_weights(const ModelConfig& c, std::shared_ptr<const WeightSet> raw,
+                                 WeightSet& out) {
   const std::string suffix = ".q_weight";
   std::vector<std::string> prefixes;
   for (const auto& [name, view] : raw->all())
     if (ends_with(name, suffix)) prefixes.push_back(name.substr(0, name.size() - suffix.size()));
   GYRE_CHECK(!prefixes.empty(), "EXL2 model has no .q_weight tensors");
+  Exl2LoadReport report;
   std::vector<std::string> consumed;
+  std::vector<Exl2Tensors> tensors;
+  std::vector<Exl2Quantized> quantized;
   for (const std::string& p : prefixes) {
     auto find = [&](const char* part) {
       return raw->has(p + part) ? &raw->get(p + part) : nullptr;
     };
-    Exl2Tensors t{find(".q_weight"), find(".q_scale"),   find(".q_scale_max"),
-                  find(".q_groups"), find(".q_invperm"), find(".q_perm")};
-    const std::vector<float> w = exl2_dequantize(p, t, exl2_out_features(c, p));
+    tensors.push_back({find(".q_weight"), find(".q_scale"), find(".q_scale_max"), find(".q_groups"),
+                       find(".q_invperm"), find(".q_perm")});
+    for (const char* part :
+         {".q_weight", ".q_scale", ".q_scale_max", ".q_groups", ".q_invperm", ".q_perm"})
+      consumed.push_back(p + part);
+    quantized.push_back(exl2_quantize_layer(p, tensors.back(), exl2_out_features(c, p)));
+  }
+  // The engine fuses q|k|v and gate|up, which needs one dtype per fused weight: a layer kept
+  // quantized whose partner is dequantized is dequantized too.
+  for (size_t i = 0; i < prefixes.size(); ++i) {
+    if (quantized[i].single || quantized[i].mixed) continue;
+    for (const std::string& partner : fused_partners(prefixes[i])) {
+      const auto it = std::find(prefixes.begin(), prefixes.end(), partner);
+      if (it == prefixes.end()) continue;
+      Exl2Quantized& q = quantized[static_cast<size_t>(it - prefixes.begin())];
+      if (!q.single && !q.mixed) continue;
+      q = Exl2Quantized{};
+      q.reason = "a dequantized fused partner";
+    }
+  }
+  for (size_t i = 0; i < prefixes.size(); ++i) {
+    const std::string& p = prefixes[i];
+    const Exl2Tensors& t = tensors[i];
+    Exl2Quantized& q = quantized[i];
+    const int64_t out_features = exl2_out_features(c, p);
+    if (q.single || q.mixed) {
+      ++report.quantized;
+      if (q.single) {
+        out.add(qweight_view(p + ".weight", *q.single));
+        out.keep_owner(std::move(q.single));
+      } else {
+        out.add(qmixed_view(p + ".weight", *q.mixed));
+        out.keep_owner(std::move(q.mixed));
+      }
+      continue;
+    }
+    ++report.dequantized;
+    auto it = std::find_if(report.reasons.begin(), report.reasons.end(),
+                           [&](const auto& r) { return r.first == q.reason; });
+    if (it == report.reasons.end()) {
+      report.reasons.emplace_back(q.reason, 1);
+    } else {
+      ++it->second;
+    }
+    const std::vector<float> w = exl2_dequantize(p, t, out_features);
     const int64_t k = t.q_invperm->shape[0], n = static_cast<int64_t>(w.size()) / k;
     // Every value is an fp16 number, so F16 holds the weight exactly in half the memory.
     auto bytes = std::make_shared<std::vector<uint8_t>>(w.size() * 2);
-    for (size_t i = 0; i < w.size(); ++i) {
-      const uint16_t h = f32_to_f16(w[i]);
-      std::memcpy(bytes->data() + i * 2, &h, 2);
+    for (size_t j = 0; j < w.size(); ++j) {
+      const uint16_t h = f32_to_f16(w[j]);
+      std::memcpy(bytes->data() + j * 2, &h, 2);
     }
     TensorView v;
     v.name = p + ".weight";
@@ -287,14 +463,13 @@ void exl2_load_weights(const ModelConfig& c, std::shared_ptr<const WeightSet> ra
     v.nbytes = bytes->size();
     out.add(std::move(v));
     out.keep(std::move(bytes));
-    for (const char* part :
-         {".q_weight", ".q_scale", ".q_scale_max", ".q_groups", ".q_invperm", ".q_perm"})
-      consumed.push_back(p + part);
   }
   std::sort(consumed.begin(), consumed.end());
   for (const auto& [name, view] : raw->all())
     if (!std::binary_search(consumed.begin(), consumed.end(), name)) out.add(view);
   out.keep_owner(std::move(raw));
+  std::fprintf(stderr, "gyre: %s\n", report.summary().c_str());
+  return report;
 }
 
 }  // namespace gyre

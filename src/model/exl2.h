@@ -17,14 +17,21 @@
 // with q the code of quantized row q_invperm[i] in column n (each product is exact in f32, so
 // one rounding to fp16 gives the same bits as the GPU's half arithmetic).
 //
-// Gyre has no kernels for mixed per-group widths yet, so the loader dequantizes each layer to
-// an F16 weight (exact: every value is an fp16 number); exl2_dequantize is the reusable step.
+// The loader keeps a layer quantized in Gyre's layouts when they hold its codes and scales as
+// they are (exl2_quantize_layer): one width with one supported group size (32, 64, 128, 256 rows;
+// also 16 at 8 bits) becomes a QWeightHost whose perm is the act-order, two such widths a
+// QMixedHost. Gyre's value is the exact product (q - 2^(bits-1)) * s, of which EXL2's is the
+// fp16 rounding (the CUDA kernels' half arithmetic rounds the same way; the CPU keeps f32).
+// Any other layer (3+ widths, other or uneven group sizes, a partial last group) is dequantized
+// to an F16 weight (exact: every value is an fp16 number) by exl2_dequantize.
 #pragma once
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
+#include "backend/cpu/qlinear_ref.h"
+#include "backend/cpu/qmixed.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -56,13 +63,33 @@ struct Exl2Tensors {
 std::vector<float> exl2_dequantize(const std::string& name, const Exl2Tensors& t,
                                    int64_t out_features);
 
+// The layer in Gyre's quantized layouts: `single` for one width, `mixed` for two, or neither
+// with `reason` saying why (the layer is then dequantized). Throws as exl2_dequantize does.
+struct Exl2Quantized {
+  std::shared_ptr<QWeightHost> single;
+  std::shared_ptr<QMixedHost> mixed;
+  std::string reason;
+};
+Exl2Quantized exl2_quantize_layer(const std::string& name, const Exl2Tensors& t,
+                                  int64_t out_features);
+
+// What exl2_load_weights did, logged once per model as "EXL2: N of M layers kept quantized, K
+// dequantized to F16 (reasons)".
+struct Exl2LoadReport {
+  int quantized = 0, dequantized = 0;
+  std::vector<std::pair<std::string, int>> reasons;  // each reason and its layer count
+  std::string summary() const;
+};
+
 // The output features ExLlamaV2 padded away for layer P of a Llama-family model (the
 // projections and lm_head), or -1 for a name it does not know.
 int64_t exl2_out_features(const ModelConfig& c, const std::string& layer);
 
 // The canonical weights of an EXL2 checkpoint whose safetensors tensors are in `raw`: each layer
-// P (found by its P.q_weight) becomes "P.weight" of dtype F16 [N, K]; its EXL2 tensors are
-// dropped and every other tensor is passed through. `out` keeps `raw` alive.
-void exl2_load_weights(const ModelConfig& c, std::shared_ptr<const WeightSet> raw, WeightSet& out);
+// P (found by its P.q_weight) becomes "P.weight" [N, K], QPACKED (a QWeightHost or QMixedHost
+// view) where exl2_quantize_layer can, F16 otherwise; its EXL2 tensors are dropped and every
+// other tensor is passed through. `out` keeps `raw` alive. Logs the report's summary to stderr.
+Exl2LoadReport exl2_load_weights(const ModelConfig& c, std::shared_ptr<const WeightSet> raw,
+                                 WeightSet& out);
 
 }  // namespace gyre

@@ -98,7 +98,7 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path) {
     gyre_quant_load(cfg, raw->first, m->weights, path);
     m->weights.keep(std::shared_ptr<std::vector<uint8_t>>(raw, &raw->second));
   } else if (exl2_config_from_hf(cfg, exl2)) {
-    // Dequantized to F16 at load (model/exl2.h): no mixed-width kernels yet.
+    // Layers of one or two widths stay quantized (QPACKED), others become F16 (model/exl2.h).
     auto raw = std::make_shared<WeightSet>();
     for (const std::string& f : shard_files(path)) safetensors_load(f, *raw);
     exl2_load_weights(m->config, std::move(raw), m->weights);
