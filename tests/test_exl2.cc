@@ -1,7 +1,7 @@
 // EXL2 checkpoints (model/exl2.h) against tests/data/exl2, written by tools/make_exl2_fixture.py
 // from the format definition with numpy (its reader unpacks bit arrays, independently of its
-// packer): every layer case must dequantize bit for bit to the numpy values, a tiny EXL2 Llama
-// must run as its numpy-dequantized float twin, and hostile inputs must give one-line errors.
+// packer): every layer case must dequantize bit for bit to the numpy values and hostile inputs
+// must give one-line errors (layers kept quantized and the tiny model: test_exl2_quant.cc).
 #include <gtest/gtest.h>
 
 #include <cmath>
