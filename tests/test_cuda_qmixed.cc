@@ -17,20 +17,11 @@
 #include "backend/cpu/qmixed.h"
 #include "engine/transformer.h"
 #include "model/loader.h"
+#include "model_test_util.h"
 #include "quant/convert.h"
-#ifdef GYRE_HAVE_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
 
 namespace gyre {
 namespace {
-
-std::unique_ptr<Backend> gpu_backend() {
-#ifdef GYRE_HAVE_CUDA
-  if (cuda_device_count() > 0) return make_cuda_backend(0, BackendOptions{});
-#endif
-  return nullptr;
-}
 
 // A mixed weight of random values: groups `hi_groups` at hi_bits, the rest at lo_bits.
 QMixedHost random_mixed(int rows, int cols, int group, int lo_bits, int hi_bits, bool asym,
@@ -81,7 +72,7 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 }
 
 TEST(QMixedCuda, MatmulSplitAndSwigluMatchTheCpuBackend) {
-  auto gpu = gpu_backend();
+  auto gpu = mtest::cuda_backend_or_null();
   if (!gpu) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
   auto cpu = make_cpu_backend(2);
   struct Case {
@@ -134,22 +125,18 @@ TEST(QMixedCuda, MatmulSplitAndSwigluMatchTheCpuBackend) {
 // kernels with a permutation; the CPU backend (checked against its float twin in test_gptq.cc)
 // is the reference.
 TEST(QMixedCuda, Gptq3BitTinyLlamaMatchesTheCpuBackend) {
-  auto gpu = gpu_backend();
+  auto gpu = mtest::cuda_backend_or_null();
   if (!gpu) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
   const auto m = load_model(std::string(GYRE_SOURCE_DIR) + "/tests/data/gptq/llama3");
   auto cpu = make_cpu_backend(2);
   Transformer a(m->config, m->weights, *cpu, 64);
   Transformer b(m->config, m->weights, *gpu, 64);
-  const std::vector<int32_t> tokens = {1, 403, 261, 307, 9, 44, 500, 2, 17, 300, 411, 5};
-  const int n = static_cast<int>(tokens.size()), vocab = m->config.vocab_size;
-  std::vector<float> la(static_cast<size_t>(n) * vocab), lb(la.size());
-  a.forward(tokens.data(), n, 0, la.data(), true);
-  b.forward(tokens.data(), n, 0, lb.data(), true);
-  expect_close(lb, la, "logits");
+  const mtest::LogitsDiff d = mtest::compare_prompt_logits(a, b, m->config.vocab_size);
+  expect_close(d.test, d.ref, "logits");
 }
 
 TEST(QMixedCuda, ForcedMixStoriesMatchesTheCpuBackend) {
-  auto gpu = gpu_backend();
+  auto gpu = mtest::cuda_backend_or_null();
   if (!gpu) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
   const std::string out = ::testing::TempDir() + "/gyre_qmixed_cuda";
   std::filesystem::remove_all(out);
@@ -167,17 +154,15 @@ TEST(QMixedCuda, ForcedMixStoriesMatchesTheCpuBackend) {
   auto cpu = make_cpu_backend(2);
   Transformer a(m->config, m->weights, *cpu, 64);
   Transformer b(m->config, m->weights, *gpu, 64);
-  const std::vector<int32_t> tokens = {1, 403, 261, 307, 9, 44, 500, 2, 17, 300, 411, 5};
-  const int n = static_cast<int>(tokens.size()), vocab = m->config.vocab_size;
-  std::vector<float> la(static_cast<size_t>(n) * vocab), lb(la.size());
-  a.forward(tokens.data(), n, 0, la.data(), true);
-  b.forward(tokens.data(), n, 0, lb.data(), true);
-  expect_close(lb, la, "logits");
+  const mtest::LogitsDiff d = mtest::compare_prompt_logits(a, b, m->config.vocab_size);
+  expect_close(d.test, d.ref, "logits");
   // Decode: one token at a time (the direct GEMV path of both parts).
+  const auto& tokens = mtest::kProbeTokens;
+  const int n = static_cast<int>(tokens.size()), vocab = m->config.vocab_size;
   Transformer c(m->config, m->weights, *gpu, 64);
   std::vector<float> step(static_cast<size_t>(vocab));
   for (int t = 0; t < n; ++t) c.forward(&tokens[t], 1, t, step.data(), false);
-  expect_close(step, std::vector<float>(la.end() - vocab, la.end()), "decoded last logits");
+  expect_close(step, std::vector<float>(d.ref.end() - vocab, d.ref.end()), "decoded last logits");
 }
 
 }  // namespace

@@ -17,49 +17,25 @@
 #include "engine/generator.h"
 #include "engine/transformer.h"
 #include "model/loader.h"
+#include "model_test_util.h"
 #include "quant/convert.h"
-#ifdef GYRE_HAVE_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
 
 namespace gyre {
 namespace {
-
-std::unique_ptr<Backend> gpu_backend() {
-#ifdef GYRE_HAVE_CUDA
-  if (cuda_device_count() > 0) return make_cuda_backend(0, BackendOptions{});
-#endif
-  return nullptr;
-}
 
 // All-position logits of one prompt on both backends: FP16-tolerance agreement, same argmax.
 void expect_same_logits(const LoadedModel& m, Backend& gpu) {
   auto cpu = make_cpu_backend(2);
   Transformer a(m.config, m.weights, *cpu, 64);
   Transformer b(m.config, m.weights, gpu, 64);
-  const std::vector<int32_t> tokens = {1, 403, 261, 307, 9, 44, 500, 2, 17, 300, 411, 5};
-  const int n = static_cast<int>(tokens.size()), vocab = m.config.vocab_size;
-  std::vector<float> la(static_cast<size_t>(n) * vocab), lb(la.size());
-  a.forward(tokens.data(), n, 0, la.data(), true);
-  b.forward(tokens.data(), n, 0, lb.data(), true);
-  double max_diff = 0, max_abs = 0;
-  int same_argmax = 0;
-  for (int t = 0; t < n; ++t) {
-    const float* ra = la.data() + static_cast<size_t>(t) * vocab;
-    const float* rb = lb.data() + static_cast<size_t>(t) * vocab;
-    for (int i = 0; i < vocab; ++i) {
-      max_diff = std::max(max_diff, static_cast<double>(std::fabs(ra[i] - rb[i])));
-      max_abs = std::max(max_abs, static_cast<double>(std::fabs(ra[i])));
-    }
-    same_argmax += std::max_element(ra, ra + vocab) - ra == std::max_element(rb, rb + vocab) - rb;
-  }
-  EXPECT_GT(max_abs, 0.1);
-  EXPECT_LE(max_diff, 2e-2 * max_abs) << "max |cpu - cuda| " << max_diff;
-  EXPECT_GE(same_argmax, n - 1);
+  const mtest::LogitsDiff d = mtest::compare_prompt_logits(a, b, m.config.vocab_size);
+  EXPECT_GT(d.max_abs, 0.1);
+  EXPECT_LE(d.max_diff, 2e-2 * d.max_abs) << "max |cpu - cuda| " << d.max_diff;
+  EXPECT_GE(d.same_argmax, d.positions - 1);
 }
 
 TEST(QuantFormatsCuda, GptqTinyLlamaMatchesTheCpuBackend) {
-  auto gpu = gpu_backend();
+  auto gpu = mtest::cuda_backend_or_null();
   if (!gpu) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
   const auto m = load_model(std::string(GYRE_SOURCE_DIR) + "/tests/data/gptq/llama");
   expect_same_logits(*m, *gpu);
@@ -129,7 +105,7 @@ void expect_same_greedy(const LoadedModel& m, Backend& gpu, const std::string& t
 }
 
 TEST(QuantFormatsCuda, ConvertedStories260KGreedyTokensMatchTheCpuBackend) {
-  auto gpu = gpu_backend();
+  auto gpu = mtest::cuda_backend_or_null();
   if (!gpu) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
   expect_same_greedy(*load_model(std::string(GYRE_FIXTURES) + "/stories260K"), *gpu, "float");
   const auto mixed = converted_stories("", "mixed");

@@ -24,6 +24,7 @@
 #include "model/exl2.h"
 #include "model/loader.h"
 #include "model/safetensors.h"
+#include "model_test_util.h"
 
 namespace gyre {
 namespace {
@@ -256,22 +257,10 @@ TEST(Exl2Quant, TinyLlamaLogitsMatchTheFp16Twin) {
   auto backend = make_cpu_backend(2);
   Transformer a(exl2->config, exl2->weights, *backend, 64);
   Transformer b(dense->config, dense->weights, *backend, 64);
-  const std::vector<int32_t> tokens = {1, 403, 261, 307, 9, 44, 500, 2, 17, 300, 411, 5};
-  const int n = static_cast<int>(tokens.size()), vocab = exl2->config.vocab_size;
-  std::vector<float> la(static_cast<size_t>(n) * vocab), lb(la.size());
-  a.forward(tokens.data(), n, 0, la.data(), true);
-  b.forward(tokens.data(), n, 0, lb.data(), true);
-  double max_diff = 0, max_abs = 0;
-  int argmax_same = 0;
-  for (int p = 0; p < n; ++p) {
-    const float* x = la.data() + static_cast<size_t>(p) * vocab;
-    const float* y = lb.data() + static_cast<size_t>(p) * vocab;
-    argmax_same += std::max_element(x, x + vocab) - x == std::max_element(y, y + vocab) - y;
-    for (int v = 0; v < vocab; ++v) {
-      max_diff = std::max(max_diff, static_cast<double>(std::fabs(x[v] - y[v])));
-      max_abs = std::max(max_abs, static_cast<double>(std::fabs(y[v])));
-    }
-  }
+  const int n = static_cast<int>(mtest::kProbeTokens.size());
+  const mtest::LogitsDiff d = mtest::compare_prompt_logits(b, a, exl2->config.vocab_size);
+  const double max_diff = d.max_diff, max_abs = d.max_abs;
+  const int argmax_same = d.same_argmax;
   std::printf("exl2 logits: max |quantized - fp16 twin| %.3g of max |logit| %.3g\n", max_diff,
               max_abs);
   EXPECT_GT(max_abs, 0.1);

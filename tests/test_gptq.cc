@@ -22,6 +22,7 @@
 #include "model/gptq.h"
 #include "model/loader.h"
 #include "model/safetensors.h"
+#include "model_test_util.h"
 
 namespace gyre {
 namespace {
@@ -97,18 +98,9 @@ void expect_forward_equals_float_twin(const std::string& quantized, const std::s
   auto backend = make_cpu_backend(2);
   Transformer a(gptq->config, gptq->weights, *backend, 64);
   Transformer b(dense->config, dense->weights, *backend, 64);
-  const std::vector<int32_t> tokens = {1, 403, 261, 307, 9, 44, 500, 2, 17, 300, 411, 5};
-  const int n = static_cast<int>(tokens.size()), vocab = gptq->config.vocab_size;
-  std::vector<float> la(static_cast<size_t>(n) * vocab), lb(la.size());
-  a.forward(tokens.data(), n, 0, la.data(), true);
-  b.forward(tokens.data(), n, 0, lb.data(), true);
-  double max_diff = 0, max_abs = 0;
-  for (size_t i = 0; i < la.size(); ++i) {
-    max_diff = std::max(max_diff, static_cast<double>(std::fabs(la[i] - lb[i])));
-    max_abs = std::max(max_abs, static_cast<double>(std::fabs(lb[i])));
-  }
-  EXPECT_GT(max_abs, 0.1);  // the model does something
-  EXPECT_LE(max_diff, 1e-5 * max_abs);
+  const mtest::LogitsDiff d = mtest::compare_prompt_logits(b, a, gptq->config.vocab_size);
+  EXPECT_GT(d.max_abs, 0.1);  // the model does something
+  EXPECT_LE(d.max_diff, 1e-5 * d.max_abs);
 }
 
 TEST(Gptq, TinyLlamaForwardEqualsItsSpecDequantizedFloatTwin) {

@@ -23,6 +23,7 @@
 #include "model/gyre_quant_loader.h"
 #include "model/loader.h"
 #include "model/safetensors.h"
+#include "model_test_util.h"
 #include "quant/convert.h"
 #include "quant/convert_pass.h"
 #include "quant/gptq.h"
@@ -311,18 +312,9 @@ TEST(QuantMix, ForcedMixConvertMatchesItsDecodedFloatTwin) {
   auto backend = make_cpu_backend(2);
   Transformer a(q->config, q->weights, *backend, 64);
   Transformer b(q->config, twin, *backend, 64);
-  const std::vector<int32_t> tokens = {1, 403, 261, 307, 9, 44, 500, 2, 17, 300, 411, 5};
-  const int n = static_cast<int>(tokens.size()), vocab = q->config.vocab_size;
-  std::vector<float> la(static_cast<size_t>(n) * vocab), lb(la.size());
-  a.forward(tokens.data(), n, 0, la.data(), true);
-  b.forward(tokens.data(), n, 0, lb.data(), true);
-  double max_diff = 0, max_abs = 0;
-  for (size_t i = 0; i < la.size(); ++i) {
-    max_diff = std::max(max_diff, static_cast<double>(std::fabs(la[i] - lb[i])));
-    max_abs = std::max(max_abs, static_cast<double>(std::fabs(lb[i])));
-  }
-  EXPECT_GT(max_abs, 0.1);
-  EXPECT_LE(max_diff, 1e-5 * max_abs);
+  const mtest::LogitsDiff d = mtest::compare_prompt_logits(b, a, q->config.vocab_size);
+  EXPECT_GT(d.max_abs, 0.1);
+  EXPECT_LE(d.max_diff, 1e-5 * d.max_abs);
   // Tampering: a mixed layer in a version-1 file, and a hi_groups list out of order.
   auto expect_error = [&](const std::function<void(nlohmann::json&, WeightSet&)>& edit,
                           const std::string& needle) {
