@@ -166,6 +166,7 @@ void open_runtime(const ConvertOptions& o, QuantContext& ctx, QuantRuntime& rt) 
   ctx.act_order = o.act_order;
   ctx.rtn = o.rtn;
   ctx.clip_search = o.clip_search;
+  ctx.hadamard = o.hadamard;
   ctx.threads = o.threads > 0 ? o.threads
                               : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   ctx.progress = o.progress;
@@ -220,6 +221,9 @@ void convert_model(const ConvertOptions& o) {
     GYRE_CHECK(meas.meta.value("rotate", false) == o.rotate, "'", o.measurement,
                "' was measured with another --rotate option; measure again");
   if (o.uniform.empty() && !o.measurement.empty())
+    GYRE_CHECK(meas.meta.value("hadamard", false) == o.hadamard, "'", o.measurement,
+               "' was measured with another --hadamard option; measure again");
+  if (o.uniform.empty() && !o.measurement.empty())
     GYRE_CHECK(meas.blocks_done == model->config.n_layers, "'", o.measurement,
                "' is an unfinished measurement (", meas.blocks_done, " of ", model->config.n_layers,
                " blocks)");
@@ -245,6 +249,7 @@ void convert_model(const ConvertOptions& o) {
                         {"chooser", o.chooser},
                         {"sensitivity_rows", o.sensitivity_rows},
                         {"rotate", o.rotate},
+                        {"hadamard", o.hadamard},
                         {"clip_search", o.clip_search},
                         {"calibration_hash", std::to_string(std::hash<std::string>{}(text))}};
   if (file_exists(job + "/job.json")) {
@@ -283,7 +288,8 @@ void convert_model(const ConvertOptions& o) {
       meas.meta = {{"model", sig["model"]},    {"rows", o.rows},
                    {"length", o.length},       {"damp", o.damp},
                    {"act_order", o.act_order}, {"method", o.rtn ? "rtn" : "gptq"},
-                   {"rotate", o.rotate},       {"clip_search", o.clip_search}};
+                   {"rotate", o.rotate},       {"clip_search", o.clip_search},
+                   {"hadamard", o.hadamard}};
       measure(ctx, meas,
               [&](const Measurement& m) { write_file_atomic(mpath, m.to_json().dump(1)); });
       phase_done("measurement");

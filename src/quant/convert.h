@@ -27,6 +27,9 @@ struct ConvertOptions {
   // into the weights before measuring (quant/rotate.h); the output stays a plain Llama.
   bool rotate = false;
   bool clip_search = true;  // GPTQ group scales by a clipping search (gptq.h)
+  // Rotate each decoder layer's input by random-sign block Hadamard matrices (quant/hadamard.h):
+  // the file stores quant(W R), the backends rotate x at run time (format version 3).
+  bool hadamard = false;
   // Baselines: every layer at one setting "BITS:GROUP[:asym]" (no measurement), and round to
   // nearest instead of GPTQ.
   std::string uniform;

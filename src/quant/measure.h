@@ -64,6 +64,7 @@ struct QuantContext {
   bool act_order = true;
   bool rtn = false;          // round to nearest instead of GPTQ (a baseline)
   bool clip_search = false;  // GPTQ group parameters by a clipping search (gptq.h)
+  bool hadamard = false;     // rotate every decoder unit's input (quant/hadamard.h)
   int threads = 1;
   bool progress = true;
   GptqDevice* gpu = nullptr;        // not null: GPTQ and Hessians on this GPU (not for rtn)

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "quant/gptq_device.h"
+#include "quant/hadamard.h"
 
 namespace gyre::quant {
 
@@ -25,11 +26,21 @@ class ScopedSeconds {
 
 }  // namespace
 
-void UnitQuantizer::set_input(const std::vector<float>& x, int64_t tokens) {
-  GYRE_CHECK(tokens > 0 && x.size() % static_cast<size_t>(tokens) == 0,
+void UnitQuantizer::set_input(const std::vector<float>& x_in, int64_t tokens,
+                              const std::string& unit) {
+  GYRE_CHECK(tokens > 0 && x_in.size() % static_cast<size_t>(tokens) == 0,
              "internal: unit input size mismatch");
   ScopedSeconds timer(ctx_.timings ? &ctx_.timings->hessian : nullptr);
-  n_ = static_cast<int>(static_cast<int64_t>(x.size()) / tokens);
+  n_ = static_cast<int>(static_cast<int64_t>(x_in.size()) / tokens);
+  rot_ = ctx_.hadamard && !unit.empty() ? unit_rotation(unit, n_) : HadamardRotation{};
+  // The Hessian of the rotated input is R^T H R: rotating the rows of x first gives it (in
+  // float64 by hessian_of, on either device) without another n^3 product.
+  std::vector<float> rotated;
+  if (rot_.active()) {
+    rotated = x_in;
+    hadamard_rotate_rows(rotated.data(), tokens, n_, rot_);
+  }
+  const std::vector<float>& x = rot_.active() ? rotated : x_in;
   if (on_gpu()) {
     ctx_.gpu->set_input(x.data(), tokens, n_, ctx_.damp, ctx_.act_order, ctx_.clip_search);
     h_.clear();
@@ -55,10 +66,21 @@ QuantizedWeight UnitQuantizer::quantize_cpu(const std::vector<float>& w,
                   : gptq_quantize(w.data(), rows, n_, prep_, st, ctx_.threads);
 }
 
-std::vector<double> UnitQuantizer::errors(const std::vector<float>& w,
+const std::vector<float>& UnitQuantizer::weight_in(const std::vector<float>& w,
+                                                   std::vector<float>& rotated) const {
+  if (!rot_.active()) return w;
+  rotated = w;
+  hadamard_rotate_rows(rotated.data(), static_cast<int64_t>(w.size()) / n_, n_, rot_);
+  return rotated;
+}
+
+std::vector<double> UnitQuantizer::errors(const std::vector<float>& w_in,
                                           const std::vector<QuantSetting>& settings) {
-  GYRE_CHECK(n_ > 0 && w.size() % static_cast<size_t>(n_) == 0, "internal: weight width mismatch");
+  GYRE_CHECK(n_ > 0 && w_in.size() % static_cast<size_t>(n_) == 0,
+             "internal: weight width mismatch");
   ScopedSeconds timer(ctx_.timings ? &ctx_.timings->gptq : nullptr);
+  std::vector<float> rotated;
+  const std::vector<float>& w = weight_in(w_in, rotated);
   const int rows = static_cast<int>(static_cast<int64_t>(w.size()) / n_);
   std::vector<QuantSetting> plain;
   for (const QuantSetting& st : settings)
@@ -84,15 +106,26 @@ std::vector<double> UnitQuantizer::errors(const std::vector<float>& w,
   return out;
 }
 
-QuantizedWeight UnitQuantizer::quantize(const std::vector<float>& w, const QuantSetting& st,
+QuantizedWeight UnitQuantizer::quantize(const std::vector<float>& w_in, const QuantSetting& st,
                                         double* rel_error) {
-  GYRE_CHECK(n_ > 0 && w.size() % static_cast<size_t>(n_) == 0, "internal: weight width mismatch");
+  GYRE_CHECK(n_ > 0 && w_in.size() % static_cast<size_t>(n_) == 0,
+             "internal: weight width mismatch");
   ScopedSeconds timer(ctx_.timings ? &ctx_.timings->gptq : nullptr);
+  std::vector<float> rotated;
+  const std::vector<float>& w = weight_in(w_in, rotated);
   const int rows = static_cast<int>(static_cast<int64_t>(w.size()) / n_);
-  if (on_gpu() && !st.mixed()) return ctx_.gpu->quantize(w.data(), rows, st, rel_error);
-  if (on_gpu()) ensure_cpu_prep();
-  QuantizedWeight q = quantize_cpu(w, st);
-  if (rel_error != nullptr) *rel_error = relative_error(w.data(), q, h_, ctx_.threads);
+  QuantizedWeight q;
+  if (on_gpu() && !st.mixed()) {
+    q = ctx_.gpu->quantize(w.data(), rows, st, rel_error);
+  } else {
+    if (on_gpu()) ensure_cpu_prep();
+    q = quantize_cpu(w, st);
+    if (rel_error != nullptr) *rel_error = relative_error(w.data(), q, h_, ctx_.threads);
+  }
+  if (rot_.active()) {  // the error is invariant under R; the layer's floats are unrotated
+    q.had = rot_;
+    hadamard_unrotate_rows(q.dequant.data(), rows, n_, rot_);
+  }
   return q;
 }
 
