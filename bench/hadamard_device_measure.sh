@@ -31,3 +31,7 @@ conv g40h --bpw 4.0 --hadamard
 conv g30h --bpw 3.0 --hadamard --measurement /tmp/q/g40h/measurement.json
 conv g40 --bpw 4.0
 conv g30 --bpw 3.0 --measurement /tmp/q/g40/measurement.json
+# Cross-check of the CUDA rotation on a real model: the rotated GPTQ 4-bit model scored on the
+# CPU (fp32) must give about the GPU's KLD.
+/tmp/gyre kld -m /tmp/q/gptq4h --ref $M -f /tmp/eval.txt --score-all --json --device cpu > "$OUT/kld_gptq4h_cpu.json" 2>/dev/null
+echo "== gptq4h on the CPU:" | tee -a "$OUT/log"; tail -c 400 "$OUT/kld_gptq4h_cpu.json" | tee -a "$OUT/log"

@@ -9,7 +9,7 @@ xz -dc .device/had/gyre_tests.xz > /tmp/gt && chmod +x /tmp/gt
 xz -dc .device/had/gyre.xz > /tmp/gyre && chmod +x /tmp/gyre
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv 2>&1 | tee -a "$OUT/log"
 /tmp/gt --gtest_filter='Hadamard*:QMixedCuda*:CudaFused*:QuantFormatsCuda*:FusedWeights*' 2>&1 | tail -40 | tee -a "$OUT/log"
-for had in 0 1; do
+for had in 0 1 0 1; do
   echo "== bench GYRE_SYNTHETIC_HADAMARD=$had" | tee -a "$OUT/log"
   GYRE_SYNTHETIC_HADAMARD=$had timeout 60 /tmp/gyre bench --synthetic llama3-8b --bits 4 -p 512 -n 128 --long 0 2>&1 | tail -8 | tee -a "$OUT/log"
 done
