@@ -58,22 +58,58 @@ int read_bits(const uint8_t* row, int64_t c, int bits) {
   return v;
 }
 
-// The float64 effective weight (W R)_q R^T of a symmetric one-width layer of the file.
-std::vector<double> decode_rotated(const WeightSet& raw, const std::string& name,
-                                   const nlohmann::json& j) {
-  const int bits = j["bits"], group = j["group_size"];
-  const int64_t rows = j["shape"][0], cols = j["shape"][1];
-  const TensorView& qw = raw.get(name + ".qweight");
-  const TensorView& sc = raw.get(name + ".scales");
-  std::vector<double> wr(static_cast<size_t>(rows * cols));
+double f16_at(const TensorView& t, int64_t i) {
+  uint16_t h;
+  std::memcpy(&h, static_cast<const uint8_t*>(t.data) + i * 2, 2);
+  return f16_to_f32(h);
+}
+
+// The float64 values of one width's part PREFIX over `cols` columns (the format's formula).
+std::vector<double> decode_part(const WeightSet& raw, const std::string& prefix, int bits,
+                                int group, bool sym, int64_t rows, int64_t cols) {
+  const TensorView& qw = raw.get(prefix + ".qweight");
+  const TensorView& sc = raw.get(prefix + ".scales");
+  const TensorView* mn = sym ? nullptr : &raw.get(prefix + ".mins");
+  std::vector<double> out(static_cast<size_t>(rows * cols));
+  const int64_t groups = cols / group;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) {
       const auto* row = static_cast<const uint8_t*>(qw.data) + r * (cols * bits / 8);
-      uint16_t h;
-      std::memcpy(&h, static_cast<const uint8_t*>(sc.data) + (r * (cols / group) + c / group) * 2,
-                  2);
-      wr[r * cols + c] = f16_to_f32(h) * (read_bits(row, c, bits) - (1 << (bits - 1)));
+      const int q = read_bits(row, c, bits);
+      const double sv = f16_at(sc, r * groups + c / group);
+      out[r * cols + c] =
+          sym ? sv * (q - (1 << (bits - 1))) : sv * q + f16_at(*mn, r * groups + c / group);
     }
+  return out;
+}
+
+// The float64 effective weight (W R)_q R^T of a layer of the file (one width or a mix).
+std::vector<double> decode_rotated(const WeightSet& raw, const std::string& name,
+                                   const nlohmann::json& j) {
+  const int bits = j["bits"], group = j["group_size"];
+  const bool sym = j["sym"];
+  const int64_t rows = j["shape"][0], cols = j["shape"][1];
+  std::vector<double> wr;
+  if (!j.contains("mix")) {
+    wr = decode_part(raw, name, bits, group, sym, rows, cols);
+  } else {  // the hi groups' columns from NAME.hi, the others from NAME, in column order
+    const TensorView& hg = raw.get(name + ".hi_groups");
+    std::vector<int32_t> hi(static_cast<size_t>(hg.numel()));
+    std::memcpy(hi.data(), hg.data, hi.size() * 4);
+    std::vector<bool> is_hi(static_cast<size_t>(cols / group), false);
+    for (int32_t g : hi) is_hi[g] = true;
+    const int64_t hi_cols = static_cast<int64_t>(hi.size()) * group;
+    const std::vector<double> h =
+        decode_part(raw, name + ".hi", j["mix"]["bits"], group, sym, rows, hi_cols);
+    const std::vector<double> l = decode_part(raw, name, bits, group, sym, rows, cols - hi_cols);
+    wr.resize(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t jh = 0, jl = 0;
+      for (int64_t c = 0; c < cols; ++c)
+        wr[r * cols + c] =
+            is_hi[c / group] ? h[r * hi_cols + jh++] : l[r * (cols - hi_cols) + jl++];
+    }
+  }
   if (!j.contains("hadamard")) return wr;
   const int block = j["hadamard"];
   const TensorView& st = raw.get(name + ".had_signs");
@@ -95,12 +131,8 @@ std::vector<double> decode_rotated(const WeightSet& raw, const std::string& name
   return w;
 }
 
-TEST(HadamardConvert, RotatedFileDecodesToItsFloatTwinAndStaysCloseToTheOriginal) {
-  const std::string out = convert("gyre_had_convert4", "4:32", true);
-  const auto cfg = nlohmann::json::parse(read_text_file(out + "/config.json"));
-  const auto& qc = cfg["quantization_config"];
-  EXPECT_EQ(qc["version"], 3);
-  EXPECT_EQ(qc["hadamard"], true);
+// The loaded model's CPU logits against those of its float twin (every layer decoded here).
+void expect_twin_logits(const std::string& out, const nlohmann::json& qc) {
   WeightSet raw;
   safetensors_load(out + "/model.safetensors", raw);
   auto owner = std::make_shared<std::vector<std::vector<float>>>();
@@ -124,7 +156,7 @@ TEST(HadamardConvert, RotatedFileDecodesToItsFloatTwinAndStaysCloseToTheOriginal
   EXPECT_EQ(rotated, 5 * 6);
   for (const auto& [name, t] : raw.all())
     if (t.dtype != DType::I32 && t.dtype != DType::I16 && !twin.has(name) &&
-        name.find(".scales") == std::string::npos)
+        name.find(".scales") == std::string::npos && name.find(".mins") == std::string::npos)
       twin.add(t);
   const auto q = load_model(out);
   auto cpu = make_cpu_backend(2);
@@ -133,6 +165,33 @@ TEST(HadamardConvert, RotatedFileDecodesToItsFloatTwinAndStaysCloseToTheOriginal
   const mtest::LogitsDiff d = mtest::compare_prompt_logits(b, a, q->config.vocab_size);
   EXPECT_GT(d.max_abs, 0.1);
   EXPECT_LE(d.max_diff, 1e-5 * d.max_abs);
+}
+
+// A forced mix of two widths (asymmetric), rotated: the mix's parts hold columns of W R.
+TEST(HadamardConvert, RotatedMixDecodesToItsFloatTwin) {
+  const std::string out = convert("gyre_had_convert_mix", "3:32:asym:4x4", true);
+  const auto cfg = nlohmann::json::parse(read_text_file(out + "/config.json"));
+  EXPECT_EQ(cfg["quantization_config"]["version"], 3);
+  expect_twin_logits(out, cfg["quantization_config"]);
+  if (auto gpu = mtest::cuda_backend_or_null()) {  // the rotated mixed weights on CUDA
+    const auto q = load_model(out);
+    auto cpu = make_cpu_backend(2);
+    Transformer a(q->config, q->weights, *cpu, 64), g(q->config, q->weights, *gpu, 64);
+    const mtest::LogitsDiff dg = mtest::compare_prompt_logits(a, g, q->config.vocab_size);
+    EXPECT_LE(dg.max_diff, 0.02 * dg.max_abs);
+  }
+}
+
+TEST(HadamardConvert, RotatedFileDecodesToItsFloatTwinAndStaysCloseToTheOriginal) {
+  const std::string out = convert("gyre_had_convert4", "4:32", true);
+  const auto cfg = nlohmann::json::parse(read_text_file(out + "/config.json"));
+  const auto& qc = cfg["quantization_config"];
+  EXPECT_EQ(qc["version"], 3);
+  EXPECT_EQ(qc["hadamard"], true);
+  expect_twin_logits(out, qc);
+  const auto q = load_model(out);
+  auto cpu = make_cpu_backend(2);
+  Transformer a(q->config, q->weights, *cpu, 64);
 
   // On a GPU: the CUDA backend against the CPU, the prompt at once and then token by token (the
   // decode path, where norms would otherwise fuse into the GEMV).
