@@ -25,7 +25,8 @@ namespace {
 
 int g_stream = -1;      // -1: GYRE_CUDA_BITS_STREAM (default on)
 int g_pieces = 0;       // blocks per piece of new uploads: 0 = by width
-int g_warp_budget = 0;  // 0 = 32
+int g_warp_budget = 0;  // 0 = by width and n
+int g_chunk = 0;        // tokens per pass: 0 = by shape
 
 // Low-plane bits of a width (the host split planes, qlinear_ref.h).
 __host__ __device__ constexpr int low_bits(int bits) {
@@ -193,6 +194,11 @@ void set_bits_stream_warps(int budget) {
   g_warp_budget = budget;
 }
 
+void set_bits_stream_chunk(int tokens) {
+  GYRE_CHECK(tokens >= 0 && tokens <= 8, "qlinear: tokens per pass must be 0..8");
+  g_chunk = tokens;
+}
+
 int bits_tiled_layout(const QWeightDesc& d) {
   // x of one token (cols halves) must fit next to the reduction space in any sm_80+ block.
   if (!d.narrow() || d.scale_f32 || d.cols > kQlinearTiledBitsMaxCols || !bits_stream_enabled())
@@ -231,7 +237,9 @@ void launch_gemv_bits_stream(const Params& p, int pieces_s, cudaStream_t stream)
   one.n = 1;
   const int per_token = stream_smem(one);
   int chunk = std::clamp(((optin - 8 * 1024) / 3) / per_token, 1, 8);
-  if (chunk < p.n) {
+  if (g_chunk > 0) {
+    chunk = std::min(g_chunk, std::clamp((optin - 8 * 1024) / per_token, 1, 8));
+  } else if (chunk < p.n) {
     const int most = std::clamp(((optin - 8 * 1024) / 2) / per_token, 1, 8);
     const int passes = (p.n + most - 1) / most;
     chunk = (p.n + passes - 1) / passes;
