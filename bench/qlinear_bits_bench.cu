@@ -25,8 +25,9 @@ Weight make(const QWeightDesc& d, uint32_t seed) {
 
 // `qlinear_bits_bench tune`: the dispatch sweeps of session 7 (bench/qlinear_notes.md): asymmetric
 // weights on every shape by layout (blocks per piece) and warp budget, and the passes (tokens per
-// pass) of long rows at n = 3..8. Lines: shape bits sym n layout budget chunk us.
-int tune(const __half* x, __half* y) {
+// pass) of long rows at n = 3..8; `qlinear_bits_bench verify`: the default dispatch and the
+// host-layout kernel on every shape. Lines: T shape bits sym n layout budget chunk us.
+int tune(const __half* x, __half* y, bool verify) {
   const int shapes[][2] = {{4096, 4096}, {6144, 4096}, {14336, 4096}, {4096, 14336}, {28672, 4096}};
   auto sweep = [&](const int* sh, int bits, bool asym, const std::vector<int>& layouts,
                    const std::vector<int>& budgets, const std::vector<int>& chunks,
@@ -65,6 +66,16 @@ int tune(const __half* x, __half* y) {
     qlinear_detail::set_bits_stream_pieces(0);
     qlinear_detail::set_bits_stream(-1);
   };
+  if (verify) {  // the default dispatch against the host-layout kernel
+    std::printf("\n# verify: old (host layout) and the default dispatch\n");
+    for (const auto& sh : shapes)
+      for (const int bits : {2, 3, 5, 6})
+        for (const bool asym : {false, true})
+          sweep(
+              sh, bits, asym, {0, -1}, {0}, {0},
+              sh[1] > 8192 ? std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8} : std::vector<int>{1, 2, 8});
+    return 0;
+  }
   std::printf("\n# asymmetric: layout x warp budget (0 = default)\n");
   for (const auto& sh : shapes)
     for (const int bits : {2, 3, 5, 6})
@@ -108,7 +119,8 @@ int main(int argc, char** argv) {
       "\nqlinear_matmul, g128 f16 scales; GB/s = (weight + scales + x + y bytes, unpadded) / time\n"
       "%-12s %4s %-5s %2s %-7s %9s %8s %7s\n",
       "shape", "bits", "sym", "n", "kernel", "us", "GB/s", "%copy");
-  if (argc > 1 && std::string(argv[1]) == "tune") return tune(x, y);
+  if (argc > 1 && std::string(argv[1]) == "tune") return tune(x, y, false);
+  if (argc > 1 && std::string(argv[1]) == "verify") return tune(x, y, true);
   auto row = [&](const int* sh, int bits, bool asym, int n, const char* kernel, float ms,
                  double bytes) {
     const double moved = bytes + 2.0 * n * (sh[0] + sh[1]);
