@@ -230,7 +230,7 @@ TEST(CudaFusedParts, DecodeStepGraphReplaysWithNewInputs) {
     const Tensor delta = input_on(*gpu, normal(kCols, 0.5f, 8), 1);
     const bool with_norm = gpu->fuses_norms(1, g.wqkv) && gpu->fuses_norms(1, g.wgu);
     EXPECT_TRUE(which == 0 || !with_norm);  // mixed parts keep their rmsnorm
-    g.unfused(with_norm);                     // sizes every scratch buffer before the capture
+    g.unfused(with_norm);                   // sizes every scratch buffer before the capture
     g.fused(with_norm);
     const int tag = 0;
     gpu->capture_begin(&tag, 0);
