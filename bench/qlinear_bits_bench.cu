@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/qlinear.h"
@@ -22,7 +23,76 @@ Weight make(const QWeightDesc& d, uint32_t seed) {
   return make_weight(d, seed);
 }
 
-int main() {
+// `qlinear_bits_bench tune`: the dispatch sweeps of session 7 (bench/qlinear_notes.md): asymmetric
+// weights on every shape by layout (blocks per piece) and warp budget, and the passes (tokens per
+// pass) of long rows at n = 3..8; `qlinear_bits_bench verify`: the default dispatch and the
+// host-layout kernel on every shape. Lines: T shape bits sym n layout budget chunk us.
+int tune(const __half* x, __half* y, bool verify) {
+  const int shapes[][2] = {{4096, 4096}, {6144, 4096}, {14336, 4096}, {4096, 14336}, {28672, 4096}};
+  auto sweep = [&](const int* sh, int bits, bool asym, const std::vector<int>& layouts,
+                   const std::vector<int>& budgets, const std::vector<int>& chunks,
+                   const std::vector<int>& ns) {
+    QWeightDesc d;
+    d.bits = bits;
+    d.group_size = 128;
+    d.asymmetric = asym;
+    d.rows = sh[0];
+    d.cols = sh[1];
+    const double bytes = double(d.qweight_bytes()) + d.scale_count() * (asym ? 4.0 : 2.0);
+    const int copies = std::max(1, int(std::ceil(300e6 / bytes)));
+    for (const int layout : layouts) {
+      qlinear_detail::set_bits_stream(layout == 0 ? 0 : 1);
+      qlinear_detail::set_bits_stream_pieces(layout < 0 ? 0 : layout);
+      std::vector<Weight> ws;
+      for (int c = 0; c < copies; ++c) ws.push_back(make(d, 17 + c));
+      for (const int budget : layout == 0 ? std::vector<int>{0} : budgets) {
+        qlinear_detail::set_bits_stream_warps(budget);
+        for (const int chunk : layout == 0 ? std::vector<int>{0} : chunks) {
+          qlinear_detail::set_bits_stream_chunk(chunk);
+          for (const int n : ns) {
+            const float ms = time_ms(
+                [&](int i) { qlinear_matmul(ws[i % copies].w, x, y, n, nullptr, nullptr); }, 40);
+            std::printf("T %5dx%-6d %d %-4s %d %s%d b%d c%d %8.2f\n", sh[0], sh[1], bits,
+                        asym ? "asym" : "sym", n, layout == 0 ? "old" : "s",
+                        layout == 0 ? 0 : ws[0].w.narrow_tiled, budget, chunk, ms * 1e3);
+          }
+        }
+      }
+      qlinear_detail::set_bits_stream_warps(0);
+      qlinear_detail::set_bits_stream_chunk(0);
+      CK(cudaGetLastError());
+      for (auto& w : ws) CK(cudaFree(w.mem));
+    }
+    qlinear_detail::set_bits_stream_pieces(0);
+    qlinear_detail::set_bits_stream(-1);
+  };
+  if (verify) {  // the default dispatch against the host-layout kernel
+    std::printf("\n# verify: old (host layout) and the default dispatch\n");
+    for (const auto& sh : shapes)
+      for (const int bits : {2, 3, 5, 6})
+        for (const bool asym : {false, true})
+          sweep(
+              sh, bits, asym, {0, -1}, {0}, {0},
+              sh[1] > 8192 ? std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8} : std::vector<int>{1, 2, 8});
+    return 0;
+  }
+  std::printf("\n# asymmetric: layout x warp budget (0 = default)\n");
+  for (const auto& sh : shapes)
+    for (const int bits : {2, 3, 5, 6})
+      sweep(sh, bits, true,
+            bits == 2 ? std::vector<int>{0, 1, 2, 4, 8} : std::vector<int>{0, 1, 2, 4}, {0, 32, 64},
+            {0}, {1, 2, 8});
+  std::printf("\n# long rows: tokens per pass x warp budget\n");
+  for (const int bits : {2, 3, 5, 6})
+    for (const bool asym : {false, true})
+      sweep(shapes[3], bits, asym, {0, -1}, {0, 16, 32, 64}, {0, 1, 2, 3, 4, 5, 7}, {3, 4, 6, 8});
+  std::printf("\n# long rows 6-bit n = 8 by layout\n");
+  sweep(shapes[3], 6, false, {1, 2, 4}, {0, 32, 64}, {0, 2, 3, 4, 7}, {8});
+  CK(cudaDeviceSynchronize());
+  return 0;
+}
+
+int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
@@ -49,6 +119,8 @@ int main() {
       "\nqlinear_matmul, g128 f16 scales; GB/s = (weight + scales + x + y bytes, unpadded) / time\n"
       "%-12s %4s %-5s %2s %-7s %9s %8s %7s\n",
       "shape", "bits", "sym", "n", "kernel", "us", "GB/s", "%copy");
+  if (argc > 1 && std::string(argv[1]) == "tune") return tune(x, y, false);
+  if (argc > 1 && std::string(argv[1]) == "verify") return tune(x, y, true);
   auto row = [&](const int* sh, int bits, bool asym, int n, const char* kernel, float ms,
                  double bytes) {
     const double moved = bytes + 2.0 * n * (sh[0] + sh[1]);

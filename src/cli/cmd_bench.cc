@@ -30,7 +30,7 @@ namespace {
 
 struct BenchOptions {
   std::string model, synthetic, device = "auto", kv_cache = "f16";
-  int bits = 16, prompt = 2048, decode = 128, long_ctx = 8192, threads = 0;
+  int bits = 16, part_bits = 0, prompt = 2048, decode = 128, long_ctx = 8192, threads = 0;
   bool json = false;
   std::string concurrency;  // non-empty: the serving benchmark (bench_serve.cc)
   int prefix = 2048, ttft_requests = 32;
@@ -156,6 +156,8 @@ void run_bench(const BenchOptions& o) {
   GYRE_CHECK(o.model.empty() != o.synthetic.empty(), "give either -m MODEL or --synthetic NAME");
   GYRE_CHECK(o.bits == 16 || o.bits == 8 || (o.bits >= 2 && o.bits <= 6),
              "--bits must be 16, 8, 6, 5, 4, 3 or 2");
+  GYRE_CHECK(o.part_bits == 0 || (!o.synthetic.empty() && o.bits != 16),
+             "--part-bits needs --synthetic and --bits below 16");
   GYRE_CHECK(o.prompt > 0 && o.decode > 0 && o.long_ctx >= 0, "bad -p/-n/--long");
   BackendOptions bo;
   bo.n_threads = o.threads;
@@ -173,6 +175,7 @@ void run_bench(const BenchOptions& o) {
     synthetic_weights(config, synth);
 #ifdef GYRE_HAVE_CUDA
     cuda_set_synthetic_weights(*backend, 12345);
+    if (o.part_bits != 0) cuda_set_synthetic_part_bits(*backend, o.part_bits);
 #endif
   } else {
     loaded = load_model(o.model);
@@ -249,6 +252,7 @@ void run_bench(const BenchOptions& o) {
   j["model"] = o.synthetic.empty() ? o.model : "synthetic:" + o.synthetic;
   j["device"] = backend->name();
   j["bits"] = o.bits;
+  if (o.part_bits != 0) j["part_bits"] = o.part_bits;
   j["prefill_tokens"] = o.prompt;
   j["prefill_tok_s"] = o.prompt / prefill_s;
   j["decode_tokens"] = o.decode;
@@ -314,6 +318,9 @@ void add_bench_command(CLI::App& app) {
                   "random weights of a known shape: llama3-8b, llama2-7b, mistral-7b, llama-30b");
   cmd->add_option("--bits", o->bits, "weight bits: 16, 8, 6, 5, 4, 3 or 2 (2/3/5/6: CUDA only)")
       ->capture_default_str();
+  cmd->add_option("--part-bits", o->part_bits,
+                  "synthetic: k_proj, v_proj and up_proj at these bits (fused parts of two widths, "
+                  "as in EXL2)");
   cmd->add_option("-p,--prompt", o->prompt, "prefill length")->capture_default_str();
   cmd->add_option("-n,--decode", o->decode, "decode steps timed")->capture_default_str();
   cmd->add_option("--long", o->long_ctx, "long context for the second decode timing (0: skip)")

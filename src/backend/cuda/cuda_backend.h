@@ -20,6 +20,9 @@ CudaMemoryReport cuda_memory_report(Backend& backend);
 // From now on upload_weight ignores the host data and fills each weight on the GPU with
 // deterministic pseudo-random values (never zeros) of the right shape: synthetic benchmarks.
 void cuda_set_synthetic_weights(Backend& backend, uint64_t seed);
+// ... with k_proj, v_proj and up_proj at `bits` (2..8) and the other projections at
+// BackendOptions::weight_bits: fused Q|K|V and gate|up of two widths, as in EXL2 checkpoints.
+void cuda_set_synthetic_part_bits(Backend& backend, int bits);
 // Device memory bandwidth in bytes/s, measured with a large device-to-device copy
 // (bytes read + bytes written over the time).
 double cuda_measure_bandwidth(Backend& backend);

@@ -20,6 +20,7 @@ namespace gyre {
 struct QWeightDevice;
 struct QMixedDevice;
 struct QMixedHost;
+struct QlinearFusion;
 }  // namespace gyre
 
 namespace gyre::cuda {
@@ -39,6 +40,10 @@ bool is_mixed_tensor(const Tensor& t);
 const QMixedDevice& qmixed_of(const Tensor& t);
 // Device copy of a rotation's signs (cuda_hadamard.cc; validated against cols first).
 std::shared_ptr<void> upload_hadamard_signs(const HadamardRotation& had, int64_t cols);
+// Fused weights kept as quantized parts of different layouts (cuda_fused_parts.cc); off with
+// GYRE_CUDA_FUSED_PARTS=0 (such parts are then fused as FP16).
+bool is_parts_tensor(const Tensor& t);
+bool fused_parts_enabled();
 
 class CudaKvCache final : public KvCache {
  public:
@@ -160,6 +165,8 @@ class CudaBackend final : public Backend {
     synthetic_ = true;
     synthetic_seed_ = seed;
   }
+  // Synthetic weights: k_proj, v_proj and up_proj at this width (0: all at weight_bits).
+  void set_synthetic_part_bits(int bits) { synthetic_part_bits_ = bits; }
   double measure_bandwidth();
 
  private:
@@ -196,6 +203,15 @@ class CudaBackend final : public Backend {
     a.single_span = single_span_;
   }
   half* fused_scratch(size_t halves);
+  // Fused weights of parts with different layouts (cuda_fused_parts.cc): upload, one group's
+  // product into its outputs, and the fused ops over the groups (f: the folded norm, if any).
+  Tensor upload_parts(const std::vector<TensorView>& parts, FusedKind kind);
+  void group_matmul(const Tensor& w, const half* x, const OutSplit& split, int n, const half* bias,
+                    const QlinearFusion& f);
+  bool parts_fuse_norms(int n, const Tensor& w) const;
+  void parts_matmul_split(const std::vector<Tensor*>& outs, const Tensor& x, const Tensor& w,
+                          const Tensor* bias, const QlinearFusion& f);
+  void parts_matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w, const QlinearFusion& f);
   // Mixed-width weights (cuda_qmixed.cc): upload, y [n, rows] = W x (+ bias) as the sum of the
   // parts' products, one part's product, and the scratch of gathered inputs and partial sums.
   Tensor upload_mixed(const QMixedHost& host);
@@ -266,6 +282,7 @@ class CudaBackend final : public Backend {
   uint64_t graph_replays_ = 0;
   bool synthetic_ = false;
   uint64_t synthetic_seed_ = 0;
+  int synthetic_part_bits_ = 0;
   size_t weight_bytes_ = 0, kv_bytes_ = 0, scratch_bytes_ = 0;
   std::shared_ptr<PagedStep> paged_step_;
   // The device arrays of bucketed decode steps, one set per bucket (fixed addresses: records

@@ -31,12 +31,18 @@ int swiglu_rows(int64_t hidden) {
 
 namespace {
 
-// Parts that cannot fuse in a packed layout: their float rows (`floats` keeps them alive) as F32
-// views in `dense`, which the caller fuses; returns an empty view.
-TensorView dense_parts(const std::vector<TensorView>& parts,
-                       std::vector<std::vector<float>>& floats, std::vector<TensorView>& dense) {
+// Parts that cannot fuse in one packed layout, with the parts path off (GYRE_CUDA_FUSED_PARTS=0,
+// for comparisons): their float rows (`floats` keeps them alive) as F32 views in `dense`, which
+// the caller fuses as FP16.
+std::vector<TensorView> dense_parts(const std::vector<TensorView>& parts,
+                                    std::vector<std::vector<float>>& floats) {
+  std::vector<TensorView> dense;
   floats.resize(parts.size());
   for (size_t i = 0; i < parts.size(); ++i) {
+    if (parts[i].dtype != DType::QPACKED) {
+      dense.push_back(parts[i]);
+      continue;
+    }
     const int64_t rows = parts[i].rows(), cols = parts[i].cols();
     floats[i].resize(static_cast<size_t>(rows * cols));
     for (int64_t r = 0; r < rows; ++r) {
@@ -47,43 +53,50 @@ TensorView dense_parts(const std::vector<TensorView>& parts,
     }
     dense.push_back(f32_view(parts[i].name, floats[i], parts[i].shape));
   }
-  return TensorView{};
+  return dense;
 }
 
-// Packed parts (GPTQ) fuse in the packed layout when they share it (same perm: q/k/v and gate/up
-// of act-order checkpoints usually do, having one input); otherwise their float rows are fused
-// and the fused weight is stored as FP16. `floats` keeps those rows alive.
-TensorView fuse_packed(const std::vector<TensorView>& parts, int block, QWeightHost& fused,
-                       std::vector<std::vector<float>>& floats, std::vector<TensorView>& dense) {
-  std::vector<const QWeightHost*> hosts;
-  for (const TensorView& p : parts) hosts.push_back(&qweight_of_view(p));
-  bool same = true;
-  for (const QWeightHost* h : hosts) same = same && qweight_same_layout(*hosts[0], *h);
-  if (same && (block == 0 || hosts.size() == 2)) {
-    fused = block == 0 ? qweight_concat_rows(hosts)
-                       : qweight_interleave_rows(*hosts[0], *hosts[1], block);
-    return qweight_view(parts[0].name, fused);
-  }
-  return dense_parts(parts, floats, dense);
-}
-
-// Mixed parts fuse as one mixed weight when they split their columns alike (q|k|v and gate|up
-// share their input, so the energies that choose the split are the same); otherwise as floats.
-TensorView fuse_mixed(const std::vector<TensorView>& parts, int block, QMixedHost& fused,
-                      std::vector<std::vector<float>>& floats, std::vector<TensorView>& dense) {
-  bool same = true;
-  std::vector<const QMixedHost*> hosts;
+// Packed parts (GPTQ) fuse in the packed layout when they share it (same width, group and perm:
+// q/k/v and gate/up of act-order checkpoints usually do, having one input); mixed parts when
+// they split their columns alike. Returns false (nothing uploaded) otherwise.
+bool fuse_one_layout(const std::vector<TensorView>& parts, int block, QWeightHost& packed,
+                     QMixedHost& mixed, TensorView& fused) {
+  if (block != 0 && parts.size() != 2) return false;
+  bool all_packed = true, all_mixed = true;
   for (const TensorView& p : parts) {
-    same = same && is_qmixed_view(p);
-    if (same) hosts.push_back(&qmixed_of_view(p));
-    same = same && qmixed_same_layout(*hosts[0], *hosts.back());
+    all_mixed = all_mixed && is_qmixed_view(p);
+    all_packed = all_packed && p.dtype == DType::QPACKED && !is_qmixed_view(p);
   }
-  if (same && (block == 0 || hosts.size() == 2)) {
-    fused = block == 0 ? qmixed_concat_rows(hosts)
+  if (all_packed) {
+    std::vector<const QWeightHost*> hosts;
+    for (const TensorView& p : parts) hosts.push_back(&qweight_of_view(p));
+    for (const QWeightHost* h : hosts)
+      if (!qweight_same_layout(*hosts[0], *h)) return false;
+    packed = block == 0 ? qweight_concat_rows(hosts)
+                        : qweight_interleave_rows(*hosts[0], *hosts[1], block);
+    fused = qweight_view(parts[0].name, packed);
+    return true;
+  }
+  if (all_mixed) {
+    std::vector<const QMixedHost*> hosts;
+    for (const TensorView& p : parts) hosts.push_back(&qmixed_of_view(p));
+    for (const QMixedHost* h : hosts)
+      if (!qmixed_same_layout(*hosts[0], *h)) return false;
+    mixed = block == 0 ? qmixed_concat_rows(hosts)
                        : qmixed_interleave_rows(*hosts[0], *hosts[1], block);
-    return qmixed_view(parts[0].name, fused);
+    fused = qmixed_view(parts[0].name, mixed);
+    return true;
   }
-  return dense_parts(parts, floats, dense);
+  return false;
+}
+
+bool any_rotated(const std::vector<TensorView>& parts) {
+  for (const TensorView& p : parts) {
+    if (p.dtype != DType::QPACKED) continue;
+    if (is_qmixed_view(p) ? qmixed_of_view(p).had.active() : qweight_of_view(p).had.active())
+      return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -91,23 +104,18 @@ TensorView fuse_mixed(const std::vector<TensorView>& parts, int block, QMixedHos
 Tensor CudaBackend::upload_fused(const std::vector<TensorView>& parts, FusedKind kind) {
   const int block = kind == FusedKind::GateUp ? kSwigluBlock : 0;
   std::vector<uint8_t> storage;
-  bool any_mixed = false;
-  for (const TensorView& p : parts) any_mixed = any_mixed || is_qmixed_view(p);
-  if (any_mixed) {
-    QMixedHost fused;
+  bool any_quantized = false;
+  for (const TensorView& p : parts) any_quantized = any_quantized || p.dtype == DType::QPACKED;
+  if (any_quantized) {
+    QWeightHost packed;
+    QMixedHost mixed;
+    if (TensorView v; fuse_one_layout(parts, block, packed, mixed, v)) return upload_weight(v);
+    // The parts path runs each part's kernels without the input rotation (cuda_hadamard.cc), so
+    // rotated parts of different layouts (a unit's layers share one setting: not from Gyre's
+    // converter) take the FP16 fusion, whose dequantized rows are already unrotated.
+    if (fused_parts_enabled() && !any_rotated(parts)) return upload_parts(parts, kind);
     std::vector<std::vector<float>> floats;
-    std::vector<TensorView> dense;
-    const TensorView v = fuse_mixed(parts, block, fused, floats, dense);
-    if (v.dtype == DType::QPACKED) return upload_weight(v);
-    return upload_weight(fuse_views(dense, block, storage));
-  }
-  if (!parts.empty() && parts[0].dtype == DType::QPACKED) {
-    QWeightHost fused;
-    std::vector<std::vector<float>> floats;
-    std::vector<TensorView> dense;
-    const TensorView v = fuse_packed(parts, block, fused, floats, dense);
-    if (v.dtype == DType::QPACKED) return upload_weight(v);
-    return upload_weight(fuse_views(dense, block, storage));
+    return upload_weight(fuse_views(dense_parts(parts, floats), block, storage));
   }
   if (synthetic_) {
     // Contents are generated on the device: only the shape matters (no host copy of the parts).
@@ -117,7 +125,16 @@ Tensor CudaBackend::upload_fused(const std::vector<TensorView>& parts, FusedKind
     v.name = parts[0].name;
     v.data = parts[0].data;
     v.nbytes = static_cast<size_t>(v.rows()) * dtype_row_bytes(v.dtype, v.cols());
-    return upload_weight(v);
+    const bool two_widths = synthetic_part_bits_ != 0 && options_.weight_bits != 0 &&
+                            synthetic_part_bits_ != options_.weight_bits && v.shape.size() == 2;
+    if (!two_widths) return upload_weight(v);
+    if (fused_parts_enabled()) return upload_parts(parts, kind);
+    // As before the parts path: parts of two widths fused as FP16.
+    const int saved = options_.weight_bits;
+    options_.weight_bits = 0;
+    Tensor t = upload_weight(v);
+    options_.weight_bits = saved;
+    return t;
   }
   return upload_weight(fuse_views(parts, block, storage));
 }
@@ -194,6 +211,7 @@ const half* split_bias(const Tensor* bias, const Tensor& w) {
 
 void CudaBackend::matmul_split(const std::vector<Tensor*>& outs, const Tensor& x, const Tensor& w,
                                const Tensor* bias) {
+  if (is_parts_tensor(w)) return parts_matmul_split(outs, x, w, bias, QlinearFusion{});
   const OutSplit split = split_outputs(outs, x, w);
   const int n = static_cast<int>(x.rows), o = static_cast<int>(w.rows),
             in = static_cast<int>(w.cols);
@@ -226,6 +244,7 @@ void CudaBackend::matmul_split(const std::vector<Tensor*>& outs, const Tensor& x
 }
 
 void CudaBackend::matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_gate_up) {
+  if (is_parts_tensor(w_gate_up)) return parts_matmul_swiglu(out, x, w_gate_up, QlinearFusion{});
   check_f16(out, "matmul_swiglu");
   check_f16(x, "matmul_swiglu");
   const int n = static_cast<int>(x.rows), hidden = static_cast<int>(out.cols),
@@ -267,6 +286,7 @@ void CudaBackend::matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_ga
 // shared memory (4-bit at n <= 2, tiled 2/3/5/6-bit at n <= 8) normalise it there, and every
 // quantized matmul can add into its output.
 bool CudaBackend::fuses_norms(int n, const Tensor& w) const {
+  if (is_parts_tensor(w)) return parts_fuse_norms(n, w);
   // A rotated weight needs the normalised x rotated before the GEMV (cuda_hadamard.cc): the
   // separate ops run (the fused version is later work).
   return is_quantized_tensor(w) && qweight_of(w).had_block == 0 &&
@@ -279,6 +299,12 @@ void CudaBackend::norm_matmul_split(const std::vector<Tensor*>& outs, const Norm
     return Backend::norm_matmul_split(outs, in, w, bias);
   check_f16(in.norm, "norm_matmul_split");
   GYRE_CHECK(in.norm.rows * in.norm.cols == in.x.cols, "CUDA norm_matmul_split: bad norm size");
+  if (is_parts_tensor(w)) {
+    QlinearFusion f;
+    f.norm_w = static_cast<const half*>(in.norm.data);
+    f.norm_eps = in.eps;
+    return parts_matmul_split(outs, in.x, w, bias, f);
+  }
   const OutSplit split = split_outputs(outs, in.x, w);
   const half* b = split_bias(bias, w);
   QlinearFusion f;
@@ -290,6 +316,14 @@ void CudaBackend::norm_matmul_split(const std::vector<Tensor*>& outs, const Norm
 
 void CudaBackend::norm_matmul_swiglu(Tensor& out, const NormedInput& in, const Tensor& w_gate_up) {
   const int n = static_cast<int>(in.x.rows);
+  if (is_parts_tensor(w_gate_up) && fuses_norms(n, w_gate_up)) {
+    check_f16(in.norm, "norm_matmul_swiglu");
+    GYRE_CHECK(in.norm.rows * in.norm.cols == in.x.cols, "CUDA norm_matmul_swiglu: bad norm size");
+    QlinearFusion f;
+    f.norm_w = static_cast<const half*>(in.norm.data);
+    f.norm_eps = in.eps;
+    return parts_matmul_swiglu(out, in.x, w_gate_up, f);
+  }
   if (fuses_norms(n, w_gate_up)) {
     check_f16(out, "norm_matmul_swiglu");
     check_f16(in.norm, "norm_matmul_swiglu");

@@ -153,6 +153,8 @@ void set_bits_rows(int rows);
 void set_bits_stream(int mode);
 void set_bits_stream_pieces(int pieces);
 void set_bits_stream_warps(int budget);
+// ... and its tokens per pass (1..8, at most what fits one block per SM; 0 = by shape).
+void set_bits_stream_chunk(int tokens);
 }  // namespace qlinear_detail
 
 }  // namespace gyre

@@ -25,7 +25,8 @@ namespace {
 
 int g_stream = -1;      // -1: GYRE_CUDA_BITS_STREAM (default on)
 int g_pieces = 0;       // blocks per piece of new uploads: 0 = by width
-int g_warp_budget = 0;  // 0 = 32
+int g_warp_budget = 0;  // 0 = by width and n
+int g_chunk = 0;        // tokens per pass: 0 = by shape
 
 // Low-plane bits of a width (the host split planes, qlinear_ref.h).
 __host__ __device__ constexpr int low_bits(int bits) {
@@ -193,6 +194,11 @@ void set_bits_stream_warps(int budget) {
   g_warp_budget = budget;
 }
 
+void set_bits_stream_chunk(int tokens) {
+  GYRE_CHECK(tokens >= 0 && tokens <= 8, "qlinear: tokens per pass must be 0..8");
+  g_chunk = tokens;
+}
+
 int bits_tiled_layout(const QWeightDesc& d) {
   // x of one token (cols halves) must fit next to the reduction space in any sm_80+ block.
   if (!d.narrow() || d.scale_f32 || d.cols > kQlinearTiledBitsMaxCols || !bits_stream_enabled())
@@ -201,7 +207,9 @@ int bits_tiled_layout(const QWeightDesc& d) {
   // Measured best on the Llama-3-8B shapes at n = 1 (bench/qlinear_notes.md, round 7): the
   // fewest loads per byte where registers allow (2 bits: 4 blocks, one 16-byte load per lane per
   // two blocks), 2 blocks at 3 and 6 bits, 1 at 5 (at 2 or 4 its 88-91 registers cost more
-  // warps than the saved loads gain).
+  // warps than the saved loads gain). Asymmetric weights (session 7, summed over the five
+  // shapes at n = 1, 2 and 8): 8 blocks at 2 bits, 4 at 3, 2 at 5 and 6.
+  if (d.asymmetric) return d.bits == 2 ? 8 : d.bits == 3 ? 4 : 2;
   return d.bits == 2 ? 4 : d.bits == 5 ? 1 : 2;
 }
 
@@ -224,23 +232,34 @@ void tile_bits_upload(const QWeightHost& w, const Params& p, int pieces_s, uint8
 void launch_gemv_bits_stream(const Params& p, int pieces_s, cudaStream_t stream) {
   int sms = 0, optin = 0;
   stream_device_limits(sms, optin);
-  // Tokens per pass: all n (up to 8) while x leaves room for 3 blocks per SM, as for 4 bits;
-  // for long rows the fewest passes that leave room for 2, evenly split (bits_tiled_layout
-  // guarantees that one token fits).
+  // Tokens per pass: all n (up to 8) while x leaves room for 3 blocks per SM, as for 4 bits.
+  // Long rows (x of fit3 < n tokens): one pass while x fits one block per SM, else a pass of
+  // n - fit2 tokens and one of fit2 (fit2: tokens that leave room for 2 blocks). Session 7 on
+  // 4096x14336 (fit 7 / 3 / 2): n = 8 as 5 + 3 took 42-61 us against 46-84 us for round 7's
+  // 3 + 3 + 2, n = 4 and 6 in one pass 24-35 against 29-57 us (bits_tiled_layout guarantees
+  // that one token fits).
   Params one = p;
   one.n = 1;
   const int per_token = stream_smem(one);
-  int chunk = std::clamp(((optin - 8 * 1024) / 3) / per_token, 1, 8);
-  if (chunk < p.n) {
-    const int most = std::clamp(((optin - 8 * 1024) / 2) / per_token, 1, 8);
-    const int passes = (p.n + most - 1) / most;
-    chunk = (p.n + passes - 1) / passes;
-  }
+  auto fit = [&](int blocks) {
+    return std::clamp(((optin - 8 * 1024) / blocks) / per_token, 1, 8);
+  };
+  const int fit3 = fit(3), fit2 = fit(2), fit1 = fit(1);
+  int chunk = fit3;
+  if (g_chunk > 0)
+    chunk = std::min(g_chunk, fit1);
+  else if (p.n > fit3)
+    chunk = p.n <= fit1 ? p.n : std::min(fit1, std::max(p.n - fit2, (p.n + 1) / 2));
   // Warps per SM: twice a resident wave at n <= 2 where the kernel stays within 64 registers
-  // (2/3/5 bits at their default pieces), one wave otherwise (round 7).
-  const int budget = g_warp_budget != 0                   ? g_warp_budget
-                     : p.n <= 2 && p.bits != 6 && !p.asym ? 64
-                                                          : 32;
+  // (2/3/5 bits at their default pieces), one wave otherwise (round 7); half a wave for one
+  // pass of long rows at two blocks per SM of the asymmetric and 6-bit kernels (fewer split-K
+  // blocks each staging x: n = 3 on 4096x14336 18.7-29.6 against 23.7-33.2 us; the symmetric
+  // 2/3/5-bit kernels were 10-20% slower so).
+  const bool long_one_pass = p.n == chunk && chunk > fit3 && chunk <= fit2;
+  const int budget = g_warp_budget != 0                         ? g_warp_budget
+                     : p.n <= 2 && p.bits != 6 && !p.asym       ? 64
+                     : long_one_pass && (p.asym || p.bits == 6) ? 16
+                                                                : 32;
   for (int t0 = 0; t0 < p.n; t0 += chunk) {
     Params c = p;
     c.n = std::min(chunk, p.n - t0);
