@@ -4,6 +4,8 @@
 
 #include "core/error.h"
 #include "quant/gptq_device.h"
+#include "quant/scale_refit.h"
+#include "quant/target_correction.h"
 
 namespace gyre::quant {
 
@@ -25,27 +27,44 @@ class ScopedSeconds {
 
 }  // namespace
 
-void UnitQuantizer::set_input(const std::vector<float>& x, int64_t tokens) {
+void UnitQuantizer::set_input(const std::vector<float>& x, int64_t tokens,
+                              const std::vector<float>* x_fp) {
   GYRE_CHECK(tokens > 0 && x.size() % static_cast<size_t>(tokens) == 0,
              "internal: unit input size mismatch");
   ScopedSeconds timer(ctx_.timings ? &ctx_.timings->hessian : nullptr);
   n_ = static_cast<int>(static_cast<int64_t>(x.size()) / tokens);
+  cross_.clear();
+  factor_.clear();
   if (on_gpu()) {
     ctx_.gpu->set_input(x.data(), tokens, n_, ctx_.damp, ctx_.act_order, ctx_.clip_search);
     h_.clear();
-    return;
+    prep_ready_ = false;
+  } else {
+    h_ = hessian_of(x, tokens, n_, ctx_.threads);
+    prep_ = GptqPrep{};
+    if (!ctx_.rtn) prep_ = gptq_prepare(h_, n_, ctx_.damp, ctx_.act_order);
+    prep_.clip_search = ctx_.clip_search;
+    prep_ready_ = true;
   }
-  h_ = hessian_of(x, tokens, n_, ctx_.threads);
-  prep_ = GptqPrep{};
-  if (!ctx_.rtn) prep_ = gptq_prepare(h_, n_, ctx_.damp, ctx_.act_order);
-  prep_.clip_search = ctx_.clip_search;
+  if (ctx_.target_correction && x_fp != nullptr) {
+    // On the host in float64 on both paths (the GPU path fetches its Hessian): fine at small
+    // widths, the dominant cost at 8B widths (tokens * n^2 per unit).
+    ensure_host_hessian();
+    cross_ = cross_covariance(*x_fp, x, tokens, n_, ctx_.threads);
+    factor_ = damped_factor(h_, n_, ctx_.damp);
+  }
+}
+
+void UnitQuantizer::ensure_host_hessian() {
+  if (h_.empty()) h_ = ctx_.gpu->hessian();
 }
 
 void UnitQuantizer::ensure_cpu_prep() {
-  if (!h_.empty()) return;
-  h_ = ctx_.gpu->hessian();
+  if (prep_ready_) return;
+  ensure_host_hessian();
   prep_ = gptq_prepare(h_, n_, ctx_.damp, ctx_.act_order);
   prep_.clip_search = ctx_.clip_search;
+  prep_ready_ = true;
 }
 
 QuantizedWeight UnitQuantizer::quantize_cpu(const std::vector<float>& w,
@@ -84,15 +103,31 @@ std::vector<double> UnitQuantizer::errors(const std::vector<float>& w,
   return out;
 }
 
-QuantizedWeight UnitQuantizer::quantize(const std::vector<float>& w, const QuantSetting& st,
+QuantizedWeight UnitQuantizer::quantize(const std::vector<float>& w_in, const QuantSetting& st,
                                         double* rel_error) {
-  GYRE_CHECK(n_ > 0 && w.size() % static_cast<size_t>(n_) == 0, "internal: weight width mismatch");
+  GYRE_CHECK(n_ > 0 && w_in.size() % static_cast<size_t>(n_) == 0,
+             "internal: weight width mismatch");
   ScopedSeconds timer(ctx_.timings ? &ctx_.timings->gptq : nullptr);
-  const int rows = static_cast<int>(static_cast<int64_t>(w.size()) / n_);
-  if (on_gpu() && !st.mixed()) return ctx_.gpu->quantize(w.data(), rows, st, rel_error);
-  if (on_gpu()) ensure_cpu_prep();
-  QuantizedWeight q = quantize_cpu(w, st);
-  if (rel_error != nullptr) *rel_error = relative_error(w.data(), q, h_, ctx_.threads);
+  const int rows = static_cast<int>(static_cast<int64_t>(w_in.size()) / n_);
+  std::vector<float> corrected;
+  if (!cross_.empty()) corrected = corrected_target(w_in, n_, cross_, factor_, ctx_.threads);
+  const std::vector<float>& w = cross_.empty() ? w_in : corrected;
+  QuantizedWeight q;
+  if (on_gpu() && !st.mixed()) {
+    q = ctx_.gpu->quantize(w.data(), rows, st, rel_error);
+  } else {
+    if (on_gpu()) ensure_cpu_prep();
+    q = quantize_cpu(w, st);
+    if (rel_error != nullptr && ctx_.scale_refit == 0)
+      *rel_error = relative_error(w.data(), q, h_, ctx_.threads);
+  }
+  if (ctx_.scale_refit != 0 && !ctx_.rtn) {
+    ensure_host_hessian();
+    const RefitResult r = refit_scales(w.data(), q, h_, ctx_.scale_refit == 1, ctx_.threads);
+    refit_before_ += r.error_before;
+    refit_after_ += r.error_after;
+    if (rel_error != nullptr) *rel_error = relative_error(w.data(), q, h_, ctx_.threads);
+  }
   return q;
 }
 

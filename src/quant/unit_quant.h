@@ -12,12 +12,19 @@ namespace gyre::quant {
 class UnitQuantizer {
  public:
   explicit UnitQuantizer(const QuantContext& ctx) : ctx_(ctx) {}
-  // The unit's input x [tokens, n]: its Hessian (and GPTQ's factor unless ctx.rtn).
-  void set_input(const std::vector<float>& x, int64_t tokens);
+  // The unit's input x [tokens, n]: its Hessian (and GPTQ's factor unless ctx.rtn). With
+  // ctx.target_correction and x_fp (the same tokens' input in the unquantized model), quantize()
+  // aims at the corrected target W C H^-1 instead of W (target_correction.h).
+  void set_input(const std::vector<float>& x, int64_t tokens,
+                 const std::vector<float>* x_fp = nullptr);
   int width() const { return n_; }
   // Relative error tr(E H E^T) / tr(W H W^T) of w [rows, n] quantized at each setting.
   std::vector<double> errors(const std::vector<float>& w, const std::vector<QuantSetting>& st);
+  // rel_error: against the target quantized toward (W, or W* with target correction).
   QuantizedWeight quantize(const std::vector<float>& w, const QuantSetting& st, double* rel_error);
+  // Summed tr(E H E^T) of the layers quantized so far, before and after the scale refit.
+  double refit_error_before() const { return refit_before_; }
+  double refit_error_after() const { return refit_after_; }
 
  private:
   bool on_gpu() const { return ctx_.gpu != nullptr && !ctx_.rtn; }
@@ -25,11 +32,15 @@ class UnitQuantizer {
   // Mixed settings (per-group widths) have no GPU GPTQ: on the GPU path the CPU quantizes them
   // from the device's Hessian, fetched once per input.
   void ensure_cpu_prep();
+  void ensure_host_hessian();
 
   const QuantContext& ctx_;
   int n_ = 0;
-  std::vector<double> h_;  // CPU only
+  std::vector<double> h_;  // CPU, or fetched from the GPU when the host needs it
   GptqPrep prep_;
+  bool prep_ready_ = false;
+  std::vector<double> cross_, factor_;  // target correction: C and chol(H + lambda I)
+  double refit_before_ = 0.0, refit_after_ = 0.0;
 };
 
 }  // namespace gyre::quant
