@@ -88,15 +88,17 @@ TEST(LsqTargetCorrection, MatchesNaiveLeastSquares) {
   const Mat h = hessian_of(xq, tokens, n, 1);
   const double damp = 0.01;
   const std::vector<float> ws = corrected_target(w, n, c, damped_factor(h, n, damp), 2);
-  // Reference: (H + lambda I) W*^T = C^T W^T, lambda = damp * mean diag H.
+  // Reference: (H + lambda I) W*^T = (C + lambda I)^T W^T, lambda = damp * mean diag H.
   Mat hq = naive_cross(xq, xq, tokens, n);
   double mean = 0;
   for (int i = 0; i < n; ++i) mean += hq[i * n + i] / n;
   for (int i = 0; i < n; ++i) hq[i * n + i] += damp * mean;
-  Mat rhs(static_cast<size_t>(n) * rows, 0.0);  // C^T W^T [n, rows]
+  Mat rhs(static_cast<size_t>(n) * rows, 0.0);  // (C + lambda I)^T W^T [n, rows]
   for (int k = 0; k < n; ++k)
-    for (int r = 0; r < rows; ++r)
+    for (int r = 0; r < rows; ++r) {
+      rhs[k * rows + r] = damp * mean * w[r * n + k];
       for (int i = 0; i < n; ++i) rhs[k * rows + r] += c_ref[i * n + k] * w[r * n + i];
+    }
   const Mat ref = naive_solve(hq, rhs, n, rows);
   for (int r = 0; r < rows; ++r)
     for (int k = 0; k < n; ++k)
@@ -108,9 +110,9 @@ TEST(LsqTargetCorrection, IdentityWhenInputsAgree) {
   const std::vector<float> x = random_floats(size_t{tokens} * n, 1.0, 4);
   const std::vector<float> w = random_floats(size_t{rows} * n, 1.0, 5);
   const Mat h = hessian_of(x, tokens, n, 1);
-  // Undamped, W* = W C H^-1 = W exactly; the tiny default floor keeps it within 1e-5.
+  // C = H: W* = W (H + lambda I)(H + lambda I)^-1 = W at any damping (regularized toward W).
   const std::vector<float> ws =
-      corrected_target(w, n, cross_covariance(x, x, tokens, n, 1), damped_factor(h, n, 0.0), 1);
+      corrected_target(w, n, cross_covariance(x, x, tokens, n, 1), damped_factor(h, n, 0.1), 1);
   for (size_t i = 0; i < w.size(); ++i) EXPECT_NEAR(ws[i], w[i], 1e-4);
 }
 

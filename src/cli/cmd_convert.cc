@@ -59,6 +59,10 @@ void add_convert_command(CLI::App& app) {
   cmd->add_flag("--target-correction", o->target_correction,
                 "GPTQ toward W C H^-1: the layer's original output from its quantized-model "
                 "input (runs the unquantized blocks alongside)");
+  cmd->add_option("--target-correction-damp", o->target_damp,
+                  "its regularization toward the original weights, fraction of the mean Hessian "
+                  "diagonal")
+      ->capture_default_str();
   cmd->add_option("--scale-refit", o->scale_refit,
                   "after GPTQ, refit each row's group scales with the codes fixed: off, diag "
                   "(diagonal Hessian) or full")

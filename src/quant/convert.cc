@@ -167,6 +167,9 @@ void open_runtime(const ConvertOptions& o, QuantContext& ctx, QuantRuntime& rt) 
   ctx.rtn = o.rtn;
   ctx.clip_search = o.clip_search;
   ctx.target_correction = o.target_correction;
+  GYRE_CHECK(o.target_damp > 0.0 && o.target_damp <= 100.0,
+             "--target-correction-damp must be in (0, 100], got ", o.target_damp);
+  ctx.target_damp = o.target_damp;
   GYRE_CHECK(o.scale_refit == "off" || o.scale_refit == "diag" || o.scale_refit == "full",
              "--scale-refit must be off, diag or full, got '", o.scale_refit, "'");
   ctx.scale_refit = o.scale_refit == "full" ? 2 : o.scale_refit == "diag" ? 1 : 0;
@@ -259,6 +262,7 @@ void convert_model(const ConvertOptions& o_in) {
                         {"rotate", o.rotate},
                         {"clip_search", o.clip_search},
                         {"target_correction", o.target_correction},
+                        {"target_damp", o.target_damp},
                         {"scale_refit", o.scale_refit},
                         {"calibration_hash", std::to_string(std::hash<std::string>{}(text))}};
   if (file_exists(job + "/job.json")) {

@@ -272,6 +272,7 @@ void write_output(const QuantContext& ctx, const ConvertOptions& o, const Plan& 
                        {"rotated", o.rotate},
                        {"clip_search", ctx.clip_search},
                        {"target_correction", ctx.target_correction},
+                       {"target_damp", ctx.target_damp},
                        {"scale_refit", o.scale_refit},
                        {"calibration_rows", ctx.rows.size()},
                        {"calibration_length", ctx.rows[0].size()},

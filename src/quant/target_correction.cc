@@ -1,6 +1,7 @@
 #include "quant/target_correction.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/error.h"
 #include "quant/linalg.h"
@@ -34,7 +35,7 @@ std::vector<double> cross_covariance(const std::vector<float>& x_fp, const std::
   return c;
 }
 
-std::vector<double> damped_factor(const std::vector<double>& h, int n, double damp) {
+DampedFactor damped_factor(const std::vector<double>& h, int n, double damp) {
   GYRE_CHECK(h.size() == static_cast<size_t>(n) * n, "internal: Hessian size mismatch");
   double mean = 0.0;
   for (int i = 0; i < n; ++i) mean += h[int64_t{i} * n + i] == 0.0 ? 1.0 : h[int64_t{i} * n + i];
@@ -45,15 +46,16 @@ std::vector<double> damped_factor(const std::vector<double>& h, int n, double da
       double& hii = l[int64_t{i} * n + i];
       hii = (hii == 0.0 ? 1.0 : hii) + d * mean;
     }
-    if (cholesky_lower(l, n)) return l;
+    if (cholesky_lower(l, n)) return {std::move(l), d * mean};
     GYRE_CHECK(d * 10.0 <= 1.0, "target correction: the Hessian does not factor even with damping ",
                d);
   }
 }
 
 std::vector<float> corrected_target(const std::vector<float>& w, int n,
-                                    const std::vector<double>& c, const std::vector<double>& l,
+                                    const std::vector<double>& c, const DampedFactor& f,
                                     int threads) {
+  const std::vector<double>& l = f.l;
   GYRE_CHECK(n > 0 && w.size() % static_cast<size_t>(n) == 0 &&
                  c.size() == static_cast<size_t>(n) * n && l.size() == c.size(),
              "internal: target correction size mismatch");
@@ -63,8 +65,8 @@ std::vector<float> corrected_target(const std::vector<float>& w, int n,
     std::vector<double> y(static_cast<size_t>(n));
     for (int64_t r = r0; r < r1; ++r) {
       const float* wr = w.data() + r * n;
-      // rhs = C^T w_r: y[k] = sum_i C[i][k] w_r[i]
-      std::fill(y.begin(), y.end(), 0.0);
+      // rhs = C^T w_r + lambda w_r: y[k] = sum_i C[i][k] w_r[i] + lambda w_r[k]
+      for (int k = 0; k < n; ++k) y[k] = f.lambda * wr[k];
       for (int i = 0; i < n; ++i) {
         const double a = wr[i];
         if (a == 0.0) continue;

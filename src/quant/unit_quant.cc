@@ -34,7 +34,7 @@ void UnitQuantizer::set_input(const std::vector<float>& x, int64_t tokens,
   ScopedSeconds timer(ctx_.timings ? &ctx_.timings->hessian : nullptr);
   n_ = static_cast<int>(static_cast<int64_t>(x.size()) / tokens);
   cross_.clear();
-  factor_.clear();
+  factor_ = DampedFactor{};
   if (on_gpu()) {
     ctx_.gpu->set_input(x.data(), tokens, n_, ctx_.damp, ctx_.act_order, ctx_.clip_search);
     h_.clear();
@@ -51,7 +51,7 @@ void UnitQuantizer::set_input(const std::vector<float>& x, int64_t tokens,
     // widths, the dominant cost at 8B widths (tokens * n^2 per unit).
     ensure_host_hessian();
     cross_ = cross_covariance(*x_fp, x, tokens, n_, ctx_.threads);
-    factor_ = damped_factor(h_, n_, ctx_.damp);
+    factor_ = damped_factor(h_, n_, ctx_.target_damp);
   }
 }
 

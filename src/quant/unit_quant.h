@@ -6,6 +6,7 @@
 
 #include "quant/gptq.h"
 #include "quant/measure.h"
+#include "quant/target_correction.h"
 
 namespace gyre::quant {
 
@@ -39,7 +40,8 @@ class UnitQuantizer {
   std::vector<double> h_;  // CPU, or fetched from the GPU when the host needs it
   GptqPrep prep_;
   bool prep_ready_ = false;
-  std::vector<double> cross_, factor_;  // target correction: C and chol(H + lambda I)
+  std::vector<double> cross_;  // target correction: C, and the factor of H + lambda I
+  DampedFactor factor_;
   double refit_before_ = 0.0, refit_after_ = 0.0;
 };
 
