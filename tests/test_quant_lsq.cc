@@ -4,10 +4,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/half.h"
+#include "core/mapped_file.h"
+#include "engine/eval.h"
+#include "engine/transformer.h"
+#include "model/loader.h"
+#include "quant/convert.h"
 #include "quant/gptq.h"
 #include "quant/measure.h"
 #include "quant/scale_refit.h"
@@ -212,6 +220,66 @@ TEST(LsqScaleRefit, DiagonalMatchesNormalEquations) {
 }
 TEST(LsqScaleRefit, DiagonalAsymMatchesNormalEquations) {
   check_refit({2, 32, false}, true, 41);
+}
+
+TEST(LsqHeadBits, FollowTheTarget) {
+  ConvertOptions o;
+  EXPECT_EQ(resolved_head_bits(o), 6);  // --bpw 4.0
+  o.bpw = 6.0;
+  EXPECT_EQ(resolved_head_bits(o), 8);
+  o.uniform = "5:128";
+  EXPECT_EQ(resolved_head_bits(o), 6);
+  o.uniform = "8:64";
+  EXPECT_EQ(resolved_head_bits(o), 8);
+  o.head_bits = 0;
+  EXPECT_EQ(resolved_head_bits(o), 0);
+}
+
+// End to end on stories260K (CPU): with target correction and the scale refit the output loads,
+// records its options, and stays as close to the float model (the oracle) as plain GPTQ.
+TEST(LsqConvert, Stories260KWithTargetCorrectionAndRefit) {
+  const std::string model = std::string(GYRE_FIXTURES) + "/stories260K";
+  auto f = load_model(model);
+  auto backend = backend_create("cpu", 2);
+  Transformer tf(f->config, f->weights, *backend, 128);
+  EvalOptions eo;
+  eo.ctx = 128;
+  eo.score_all = true;
+  eo.max_windows = 8;
+  const std::string text =
+      read_text_file(std::string(GYRE_FIXTURES) + "/text/tinystories-sample.txt").substr(0, 4000);
+  const auto windows = make_eval_windows(*f->tokenizer, text, eo);
+  auto kld_of = [&](bool correct, const std::string& refit) {
+    ConvertOptions o;
+    o.model = model;
+    o.out = ::testing::TempDir() + "/gyre_lsq_" + (correct ? "tc_" : "plain_") + refit;
+    std::filesystem::remove_all(o.out);
+    o.rows = 8;
+    o.length = 64;
+    o.threads = 2;
+    o.head_bits = 0;
+    o.uniform = "4:32";
+    o.progress = false;
+    o.device = "cpu";
+    o.target_correction = correct;
+    o.scale_refit = refit;
+    convert_model(o);
+    const auto qc =
+        nlohmann::json::parse(read_text_file(o.out + "/config.json"))["quantization_config"];
+    EXPECT_EQ(qc["target_correction"].get<bool>(), correct);
+    EXPECT_EQ(qc["scale_refit"].get<std::string>(), refit);
+    auto q = load_model(o.out);
+    Transformer tq(q->config, q->weights, *backend, 128);
+    const KldResult r =
+        evaluate_kld(windows, f->config.vocab_size, transformer_logits(tf), transformer_logits(tq));
+    EXPECT_GT(r.top1_rate(), 0.7);
+    return r.mean();
+  };
+  const double plain = kld_of(false, "off");
+  const double corrected = kld_of(true, "off");
+  const double refit = kld_of(true, "full");
+  EXPECT_LT(corrected, 1.1 * plain) << "plain " << plain;
+  EXPECT_LT(refit, 1.2 * plain) << "plain " << plain;
 }
 
 }  // namespace
