@@ -146,7 +146,7 @@ void quantize_pass(const QuantContext& ctx, Plan& plan, const std::string& job, 
   Progress bar("quantizing", static_cast<int64_t>(plan.size()), ctx.progress);
   BlockRunner runner(*ctx.backend, c, rows, length);
   std::vector<float> hidden = embed_rows(ctx);
-  UnitQuantizer uq(ctx);
+  UnitQuantizer uq(ctx, /*refine=*/true);
   auto quantize = [&](const std::string& name, const std::vector<float>& w) {
     const QuantSetting& st = plan.at(name);
     double err = 0;

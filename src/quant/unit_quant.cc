@@ -46,7 +46,7 @@ void UnitQuantizer::set_input(const std::vector<float>& x, int64_t tokens,
     prep_.clip_search = ctx_.clip_search;
     prep_ready_ = true;
   }
-  if (ctx_.target_correction && x_fp != nullptr) {
+  if (refine_ && ctx_.target_correction && x_fp != nullptr) {
     // On the host in float64 on both paths (the GPU path fetches its Hessian): fine at small
     // widths, the dominant cost at 8B widths (tokens * n^2 per unit).
     ensure_host_hessian();
@@ -118,10 +118,10 @@ QuantizedWeight UnitQuantizer::quantize(const std::vector<float>& w_in, const Qu
   } else {
     if (on_gpu()) ensure_cpu_prep();
     q = quantize_cpu(w, st);
-    if (rel_error != nullptr && ctx_.scale_refit == 0)
+    if (rel_error != nullptr && !(refine_ && ctx_.scale_refit != 0))
       *rel_error = relative_error(w.data(), q, h_, ctx_.threads);
   }
-  if (ctx_.scale_refit != 0 && !ctx_.rtn) {
+  if (refine_ && ctx_.scale_refit != 0 && !ctx_.rtn) {
     ensure_host_hessian();
     const RefitResult r = refit_scales(w.data(), q, h_, ctx_.scale_refit == 1, ctx_.threads);
     refit_before_ += r.error_before;

@@ -12,7 +12,10 @@ namespace gyre::quant {
 
 class UnitQuantizer {
  public:
-  explicit UnitQuantizer(const QuantContext& ctx) : ctx_(ctx) {}
+  // refine: apply ctx's quantization-pass refinements (target correction, scale refit); the
+  // measurement and the sensitivity probes quantize without them.
+  explicit UnitQuantizer(const QuantContext& ctx, bool refine = false)
+      : ctx_(ctx), refine_(refine) {}
   // The unit's input x [tokens, n]: its Hessian (and GPTQ's factor unless ctx.rtn). With
   // ctx.target_correction and x_fp (the same tokens' input in the unquantized model), quantize()
   // aims at the corrected target W C H^-1 instead of W (target_correction.h).
@@ -36,6 +39,7 @@ class UnitQuantizer {
   void ensure_host_hessian();
 
   const QuantContext& ctx_;
+  bool refine_;
   int n_ = 0;
   std::vector<double> h_;  // CPU, or fetched from the GPU when the host needs it
   GptqPrep prep_;
