@@ -13,9 +13,9 @@
 
 namespace gyre::btest {
 
-// Uniform in [-1, 1), rounded through FP16 so both backends see the same values.
-inline std::vector<float> random_f16(size_t n, std::mt19937& rng) {
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+// Uniform in [-scale, scale), rounded through FP16 so both backends see the same values.
+inline std::vector<float> random_f16(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::uniform_real_distribution<float> u(-scale, scale);
   std::vector<float> v(n);
   for (float& x : v) x = f16_to_f32(f32_to_f16(u(rng)));
   return v;
@@ -44,15 +44,40 @@ inline std::vector<float> host(Backend& b, const Tensor& t) {
   return v;
 }
 
-// ||got - want|| / ||want|| (infinite when got holds a NaN or an infinity).
-inline double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
+// ||got - want|| / ||want|| (infinite when got holds a NaN or an infinity, or the sizes differ).
+template <typename T>
+double rel_error(const std::vector<float>& got, const std::vector<T>& want) {
+  if (got.size() != want.size()) return INFINITY;
   double num = 0, den = 0;
   for (size_t i = 0; i < want.size(); ++i) {
     if (!std::isfinite(got[i])) return INFINITY;
-    num += (got[i] - want[i]) * static_cast<double>(got[i] - want[i]);
-    den += static_cast<double>(want[i]) * want[i];
+    const double d = static_cast<double>(got[i]) - static_cast<double>(want[i]);
+    num += d * d;
+    den += static_cast<double>(want[i]) * static_cast<double>(want[i]);
   }
   return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// One activation on two backends (the CPU backend may keep the host data: the pair owns it).
+struct Pair {
+  Tensor cpu, gpu;
+  std::shared_ptr<std::vector<float>> data;
+};
+inline Pair upload_pair(Backend& cpu, Backend& gpu, std::vector<float> values, int64_t rows,
+                        int64_t cols) {
+  auto v = std::make_shared<std::vector<float>>(std::move(values));
+  TensorView t;
+  t.name = "test";
+  t.dtype = DType::F32;
+  t.shape = {rows, cols};
+  t.data = v->data();
+  t.nbytes = v->size() * sizeof(float);
+  return {cpu.upload_weight(t), gpu.upload_weight(t), v};
+}
+
+// The GPU side of a pair against its CPU side.
+inline double rel_error(Backend& cpu, Backend& gpu, const Pair& p) {
+  return rel_error(host(gpu, p.gpu), host(cpu, p.cpu));
 }
 
 }  // namespace gyre::btest

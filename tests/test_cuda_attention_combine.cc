@@ -23,6 +23,7 @@
 #include "backend_test_util.h"
 #include "core/half.h"
 #include "core/kv_quant.h"
+#include "cuda_test_util.h"
 #ifdef GYRE_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -36,29 +37,13 @@ using btest::random_f16;
 using btest::rel_error;
 using btest::upload;
 
-bool have_gpu() {
-#ifdef GYRE_HAVE_CUDA
-  return cuda_device_count() > 0;
-#else
-  return false;
-#endif
-}
-
 // A CUDA backend made with the environment switches `env` (name=value pairs) set, then unset.
 std::unique_ptr<Backend> cuda_backend(const std::string& kv,
                                       const std::vector<std::pair<const char*, std::string>>& env) {
-#ifdef GYRE_HAVE_CUDA
   for (const auto& [name, value] : env) setenv(name, value.c_str(), 1);
-  BackendOptions o;
-  o.kv_cache = kv;
-  auto b = make_cuda_backend(0, o);
+  auto b = ctest::cuda_backend(kv);
   for (const auto& [name, value] : env) unsetenv(name);
   return b;
-#else
-  (void)kv;
-  (void)env;
-  return nullptr;
-#endif
 }
 
 struct Shape {
@@ -113,7 +98,7 @@ const std::vector<int> kLongSteps = {1, 6, 122, 1, 870, 1, 1};
 const char* const kTypes[] = {"f16", "q8", "q4"};
 
 TEST(CudaAttentionCombine, InKernelCombineAllShapesAndTypes) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
+  GYRE_SKIP_WITHOUT_GPU();
   std::mt19937 rng(777);
   // GQA 4 and 3, MHA, head dims 128/64/80/96/40 and 13 (the generic block), and a group of 10
   // (two head groups per KV head).
@@ -126,7 +111,7 @@ TEST(CudaAttentionCombine, InKernelCombineAllShapesAndTypes) {
 }
 
 TEST(CudaAttentionCombine, EveryShareMode) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
+  GYRE_SKIP_WITHOUT_GPU();
   std::mt19937 rng(778);
   const std::vector<std::vector<std::pair<const char*, std::string>>> modes = {
       {{"GYRE_CUDA_ATTN_SINGLE", "0"}},
@@ -140,7 +125,7 @@ TEST(CudaAttentionCombine, EveryShareMode) {
 }
 
 TEST(CudaAttentionCombine, LongContextManyShares) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
+  GYRE_SKIP_WITHOUT_GPU();
   std::mt19937 rng(779);
   // 4100 keys: 128 splits of >= 32 keys (125 shares).
   run_attention("f16", Shape{2, 1, 64}, {4099, 1}, {}, rng);
@@ -206,7 +191,7 @@ void run_rope(const char* type, const RopeCase& c, const std::vector<int>& steps
 }
 
 TEST(CudaAttentionCombine, FusedRopeStoreContiguous) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
+  GYRE_SKIP_WITHOUT_GPU();
   std::mt19937 rng(780);
   const std::vector<int> steps = {37, 1, 1, 5, 90, 1};
   for (const char* type : kTypes)

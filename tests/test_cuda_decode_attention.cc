@@ -17,6 +17,7 @@
 #include "backend_test_util.h"
 #include "core/half.h"
 #include "core/kv_quant.h"
+#include "cuda_test_util.h"
 #ifdef GYRE_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -26,52 +27,12 @@ namespace {
 
 using btest::random_f16;
 
-bool have_gpu() {
-#ifdef GYRE_HAVE_CUDA
-  return cuda_device_count() > 0;
-#else
-  return false;
-#endif
-}
+using ctest::cuda_backend;
 
-std::unique_ptr<Backend> cuda_backend(const std::string& kv) {
-#ifdef GYRE_HAVE_CUDA
-  BackendOptions o;
-  o.kv_cache = kv;
-  return make_cuda_backend(0, o);
-#else
-  (void)kv;
-  return nullptr;
-#endif
-}
+using btest::Pair;
+using btest::rel_error;
 
-struct Both {
-  Tensor cpu, gpu;
-  std::shared_ptr<std::vector<float>> data;
-};
-Both upload(Backend& cpu, Backend& gpu, std::vector<float> values, int64_t rows, int64_t cols) {
-  auto v = std::make_shared<std::vector<float>>(std::move(values));
-  TensorView t;
-  t.name = "test";
-  t.dtype = DType::F32;
-  t.shape = {rows, cols};
-  t.data = v->data();
-  t.nbytes = v->size() * sizeof(float);
-  return {cpu.upload_weight(t), gpu.upload_weight(t), v};
-}
-
-double rel_error(Backend& cpu, Backend& gpu, const Both& p) {
-  std::vector<float> c(static_cast<size_t>(p.cpu.rows * p.cpu.cols)), g(c.size());
-  cpu.to_host(p.cpu, c.data());
-  gpu.to_host(p.gpu, g.data());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < c.size(); ++i) {
-    if (!std::isfinite(g[i])) return INFINITY;
-    num += (g[i] - c[i]) * static_cast<double>(g[i] - c[i]);
-    den += static_cast<double>(c[i]) * c[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
+using btest::upload_pair;
 
 struct Case {
   int heads, kv_heads, head_dim, window;
@@ -94,10 +55,10 @@ void run_case(const char* type, const Case& c, std::mt19937& rng) {
   int pos = 0;
   for (int n : c.steps) {
     const int qd = c.heads * c.head_dim, kd = c.kv_heads * c.head_dim;
-    Both q = upload(*cpu, *gpu, random_f16(size_t(n) * qd, rng), n, qd);
-    Both k = upload(*cpu, *gpu, random_f16(size_t(n) * kd, rng), n, kd);
-    Both v = upload(*cpu, *gpu, random_f16(size_t(n) * kd, rng), n, kd);
-    Both out{cpu->alloc(n, qd), gpu->alloc(n, qd), nullptr};
+    Pair q = upload_pair(*cpu, *gpu, random_f16(size_t(n) * qd, rng), n, qd);
+    Pair k = upload_pair(*cpu, *gpu, random_f16(size_t(n) * kd, rng), n, kd);
+    Pair v = upload_pair(*cpu, *gpu, random_f16(size_t(n) * kd, rng), n, kd);
+    Pair out{cpu->alloc(n, qd), gpu->alloc(n, qd), nullptr};
     cpu->attention(out.cpu, q.cpu, k.cpu, v.cpu, *cache_cpu, 0, pos, p);
     gpu->attention(out.gpu, q.gpu, k.gpu, v.gpu, *cache_gpu, 0, pos, p);
     EXPECT_LT(rel_error(*cpu, *gpu, out), 5e-3)
@@ -108,7 +69,7 @@ void run_case(const char* type, const Case& c, std::mt19937& rng) {
 }
 
 TEST(CudaDecodeAttention, AwkwardKeyCountsAllCacheTypes) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
+  GYRE_SKIP_WITHOUT_GPU();
   std::mt19937 rng(4242);
   // Steps: 1 key; 31 keys; 129 keys (prefill 98, flash); then decode rows of 1 and 3.
   const std::vector<int> steps = {1, 30, 98, 1, 3};
@@ -121,7 +82,7 @@ TEST(CudaDecodeAttention, AwkwardKeyCountsAllCacheTypes) {
 }
 
 TEST(CudaDecodeAttention, LongContextGqa) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
+  GYRE_SKIP_WITHOUT_GPU();
   std::mt19937 rng(4343);
   // The CPU reference fills the cache by a causal prefill (quadratic): few heads keep it ~5 s.
   run_case("f16", Case{2, 1, 64, 0, {4096, 1}}, rng);     // 4097 keys, 2 heads on one KV head

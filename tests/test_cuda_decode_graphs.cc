@@ -24,13 +24,12 @@
 #include "backend/cuda/cuda_backend.h"
 #endif
 
+#include "cuda_test_util.h"
+
 namespace gyre {
 namespace {
 
 #ifdef GYRE_HAVE_CUDA
-bool have_gpu() {
-  return cuda_device_count() > 0;
-}
 // buckets/record as in cuda_set_decode_graphs; neither: the plain eager path.
 std::unique_ptr<Backend> cuda_backend(bool buckets, bool record) {
   auto b = make_cuda_backend(0, BackendOptions{});
@@ -41,9 +40,6 @@ uint64_t replays(Backend& b) {
   return cuda_graph_replays(b);
 }
 #else
-bool have_gpu() {
-  return false;
-}
 std::unique_ptr<Backend> cuda_backend(bool, bool) {
   return nullptr;
 }
@@ -51,9 +47,6 @@ uint64_t replays(Backend&) {
   return 0;
 }
 #endif
-
-#define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or built without CUDA)"
 
 std::string fixture(const std::string& rel) {
   return std::string(GYRE_FIXTURES) + "/" + rel;
@@ -164,7 +157,7 @@ int argmax(const float* v, int n) {
 }
 
 TEST(CudaDecodeGraphs, BucketedStepsMatchEagerExactlyAndTheCpu) {
-  SKIP_WITHOUT_GPU();
+  GYRE_SKIP_WITHOUT_GPU();
   auto model = load_model(fixture("stories260K"));
   const int vocab = model->config.vocab_size;
   auto rec_b = cuda_backend(true, true), pad_b = cuda_backend(true, false),
@@ -239,7 +232,7 @@ TEST(CudaDecodeGraphs, BucketedStepsMatchEagerExactlyAndTheCpu) {
 // A record writes the keys and values of the cache it was recorded with: a step on another
 // cache of the same bucket must not replay it.
 TEST(CudaDecodeGraphs, AlternatingCachesNeverReplayTheOtherCachesRecord) {
-  SKIP_WITHOUT_GPU();
+  GYRE_SKIP_WITHOUT_GPU();
   auto model = load_model(fixture("stories260K"));
   const int vocab = model->config.vocab_size;
   auto rec_b = cuda_backend(true, true), pad_b = cuda_backend(true, false);

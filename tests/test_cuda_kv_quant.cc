@@ -20,27 +20,13 @@
 #include "backend/cuda/cuda_backend.h"
 #endif
 
+#include "backend_test_util.h"
+#include "cuda_test_util.h"
+
 namespace gyre {
 namespace {
 
-bool have_gpu() {
-#ifdef GYRE_HAVE_CUDA
-  return cuda_device_count() > 0;
-#else
-  return false;
-#endif
-}
-
-std::unique_ptr<Backend> cuda_backend(const std::string& kv) {
-#ifdef GYRE_HAVE_CUDA
-  BackendOptions o;
-  o.kv_cache = kv;
-  return make_cuda_backend(0, o);
-#else
-  (void)kv;
-  return nullptr;
-#endif
-}
+using ctest::cuda_backend;
 
 std::vector<float> random_f16(size_t n, std::mt19937& rng, float scale, bool outliers) {
   std::uniform_real_distribution<float> u(-scale, scale);
@@ -53,36 +39,13 @@ std::vector<float> random_f16(size_t n, std::mt19937& rng, float scale, bool out
   return v;
 }
 
-struct Both {
-  Tensor cpu, gpu;
-  std::shared_ptr<std::vector<float>> data;
-};
-Both upload(Backend& cpu, Backend& gpu, std::vector<float> values, int64_t rows, int64_t cols) {
-  auto v = std::make_shared<std::vector<float>>(std::move(values));
-  TensorView t;
-  t.name = "test";
-  t.dtype = DType::F32;
-  t.shape = {rows, cols};
-  t.data = v->data();
-  t.nbytes = v->size() * sizeof(float);
-  return {cpu.upload_weight(t), gpu.upload_weight(t), v};
-}
+using btest::Pair;
+using btest::rel_error;
 
-double rel_error(Backend& cpu, Backend& gpu, const Both& p) {
-  std::vector<float> c(static_cast<size_t>(p.cpu.rows * p.cpu.cols)), g(c.size());
-  cpu.to_host(p.cpu, c.data());
-  gpu.to_host(p.gpu, g.data());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < c.size(); ++i) {
-    if (!std::isfinite(g[i])) return INFINITY;
-    num += (g[i] - c[i]) * static_cast<double>(g[i] - c[i]);
-    den += static_cast<double>(c[i]) * c[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
+using btest::upload_pair;
 
 TEST(KvQuantCuda, AttentionPrefillAndDecodeMatchCpu) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
+  GYRE_SKIP_WITHOUT_GPU();
   struct Case {
     int heads, kv_heads, head_dim, window, prefill;
   };
@@ -106,10 +69,10 @@ TEST(KvQuantCuda, AttentionPrefillAndDecodeMatchCpu) {
       int pos = 0;
       for (int n : {c.prefill, 1, 1, 3, 70}) {  // 70: a second prefill chunk at pos0 > 0
         const int qd = c.heads * c.head_dim, kd = c.kv_heads * c.head_dim;
-        Both q = upload(*cpu, *gpu, random_f16(size_t(n) * qd, rng, 1.0f, false), n, qd);
-        Both k = upload(*cpu, *gpu, random_f16(size_t(n) * kd, rng, 1.0f, true), n, kd);
-        Both v = upload(*cpu, *gpu, random_f16(size_t(n) * kd, rng, 1.0f, false), n, kd);
-        Both out{cpu->alloc(n, qd), gpu->alloc(n, qd), nullptr};
+        Pair q = upload_pair(*cpu, *gpu, random_f16(size_t(n) * qd, rng, 1.0f, false), n, qd);
+        Pair k = upload_pair(*cpu, *gpu, random_f16(size_t(n) * kd, rng, 1.0f, true), n, kd);
+        Pair v = upload_pair(*cpu, *gpu, random_f16(size_t(n) * kd, rng, 1.0f, false), n, kd);
+        Pair out{cpu->alloc(n, qd), gpu->alloc(n, qd), nullptr};
         cpu->attention(out.cpu, q.cpu, k.cpu, v.cpu, *cache_cpu, layer, pos, p);
         gpu->attention(out.gpu, q.gpu, k.gpu, v.gpu, *cache_gpu, layer, pos, p);
         EXPECT_LT(rel_error(*cpu, *gpu, out), 5e-3)

@@ -17,6 +17,7 @@
 #include "backend_test_util.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "cuda_test_util.h"
 #include "engine/transformer.h"
 #include "model/config.h"
 #include "model/safetensors.h"
@@ -29,34 +30,9 @@ namespace {
 
 using btest::host;
 
-#ifdef GYRE_HAVE_CUDA
-bool have_gpu() {
-  return cuda_device_count() > 0;
-}
-#else
-bool have_gpu() {
-  return false;
-}
-#endif
+using ctest::cuda_backend;
 
-#define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or built without CUDA)"
-
-std::unique_ptr<Backend> cuda_backend() {
-#ifdef GYRE_HAVE_CUDA
-  return make_cuda_backend(0, BackendOptions{});
-#else
-  return nullptr;
-#endif
-}
-
-// Random values already rounded to FP16, so both backends start from identical inputs.
-std::vector<float> random_f16(size_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::uniform_real_distribution<float> u(-scale, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = f16_to_f32(f32_to_f16(u(rng)));
-  return v;
-}
+using btest::random_f16;
 
 // The same host data as a tensor of each backend. The CPU backend may use the host data in
 // place, so the pair keeps it alive.
@@ -75,22 +51,12 @@ Pair upload(Backend& cpu, Backend& gpu, std::vector<float> values, int64_t rows,
   return {cpu.upload_weight(t), gpu.upload_weight(t), v};
 }
 
-// ||gpu - cpu|| / ||cpu||, with every value finite.
-double rel_error(const std::vector<float>& gpu, const std::vector<float>& cpu) {
-  EXPECT_EQ(gpu.size(), cpu.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < cpu.size(); ++i) {
-    if (!std::isfinite(gpu[i])) return INFINITY;
-    num += (gpu[i] - cpu[i]) * static_cast<double>(gpu[i] - cpu[i]);
-    den += static_cast<double>(cpu[i]) * cpu[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
+using btest::rel_error;
 
 class CudaOps : public ::testing::Test {
  protected:
   void SetUp() override {
-    SKIP_WITHOUT_GPU();
+    GYRE_SKIP_WITHOUT_GPU();
     cpu = make_cpu_backend(2);
     gpu = cuda_backend();
   }
@@ -314,7 +280,7 @@ std::vector<int> greedy(Transformer& t, int first, int steps) {
 }
 
 TEST(CudaForward, Stories260KGreedyMatchesCpuAndGolden) {
-  SKIP_WITHOUT_GPU();
+  GYRE_SKIP_WITHOUT_GPU();
   const std::string dir = std::string(GYRE_FIXTURES) + "/stories260K";
   nlohmann::json config_json, golden;
   std::ifstream(dir + "/config.json") >> config_json;

@@ -22,6 +22,7 @@
 #include "backend_test_util.h"
 #include "core/half.h"
 #include "core/kv_quant.h"
+#include "cuda_test_util.h"
 #include "engine/engine.h"
 #include "engine/generator.h"
 #include "engine/transformer.h"
@@ -37,53 +38,13 @@ namespace {
 using btest::host;
 using btest::random_f16;
 
-#ifdef GYRE_HAVE_CUDA
-bool have_gpu() {
-  return cuda_device_count() > 0;
-}
-std::unique_ptr<Backend> cuda_backend(const std::string& kv_cache = "f16") {
-  BackendOptions o;
-  o.kv_cache = kv_cache;
-  return make_cuda_backend(0, o);
-}
-#else
-bool have_gpu() {
-  return false;
-}
-std::unique_ptr<Backend> cuda_backend(const std::string& = "f16") {
-  return nullptr;
-}
-#endif
-
-#define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or built without CUDA)"
+using ctest::cuda_backend;
 
 // Random values already rounded to FP16, so both backends start from identical inputs.
-// One activation on both backends (the CPU backend may keep the host data: the pair owns it).
-struct Pair {
-  Tensor cpu, gpu;
-  std::shared_ptr<std::vector<float>> data;
-};
-Pair upload(Backend& cpu, Backend& gpu, std::vector<float> values, int64_t rows, int64_t cols) {
-  auto v = std::make_shared<std::vector<float>>(std::move(values));
-  TensorView t;
-  t.name = "test";
-  t.dtype = DType::F32;
-  t.shape = {rows, cols};
-  t.data = v->data();
-  t.nbytes = v->size() * sizeof(float);
-  return {cpu.upload_weight(t), gpu.upload_weight(t), v};
-}
+using btest::Pair;
+using btest::rel_error;
 
-double rel_error(const std::vector<float>& gpu, const std::vector<float>& cpu) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < cpu.size(); ++i) {
-    if (!std::isfinite(gpu[i])) return INFINITY;
-    num += (gpu[i] - cpu[i]) * static_cast<double>(gpu[i] - cpu[i]);
-    den += static_cast<double>(cpu[i]) * cpu[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
+using btest::upload_pair;
 
 struct Shape {
   int n_heads, n_kv_heads, head_dim, page_size, window;
@@ -114,9 +75,9 @@ class PagedPair {
     const PagedBatch& b = hb.batch;
     const int64_t n = b.rows, qc = int64_t{s_.n_heads} * s_.head_dim,
                   kvc = int64_t{s_.n_kv_heads} * s_.head_dim;
-    Pair q = upload(cpu_, gpu_, random_f16(size_t(n * qc), rng), n, qc);
-    Pair k = upload(cpu_, gpu_, random_f16(size_t(n * kvc), rng), n, kvc);
-    Pair v = upload(cpu_, gpu_, random_f16(size_t(n * kvc), rng), n, kvc);
+    Pair q = upload_pair(cpu_, gpu_, random_f16(size_t(n * qc), rng), n, qc);
+    Pair k = upload_pair(cpu_, gpu_, random_f16(size_t(n * kvc), rng), n, kvc);
+    Pair v = upload_pair(cpu_, gpu_, random_f16(size_t(n * kvc), rng), n, kvc);
     Tensor oc = cpu_.alloc(n, qc), og = gpu_.alloc(n, qc);
     AttentionParams p;
     p.n_heads = s_.n_heads;
@@ -181,31 +142,31 @@ void run_case(const Shape& s, std::vector<Seq> seqs, uint32_t seed, const char* 
 }
 
 TEST(CudaPagedAttention, Llama8bShapeLongDecodesAndChunks) {
-  SKIP_WITHOUT_GPU();
+  GYRE_SKIP_WITHOUT_GPU();
   // Decode rows at 2.5k/4.1k/50 positions, a 77-row chunk after 300, a fresh 16-row chunk.
   run_case({32, 8, 128, 16, 0},
            {{2500, 1, {}}, {4100, 1, {}}, {50, 1, {}}, {300, 77, {}}, {0, 16, {}}}, 1);
 }
 
 TEST(CudaPagedAttention, HeadDim64OddPagesWindow) {
-  SKIP_WITHOUT_GPU();
+  GYRE_SKIP_WITHOUT_GPU();
   run_case({12, 4, 64, 7, 500},
            {{2000, 1, {}}, {3, 1, {}}, {1000, 130, {}}, {499, 1, {}}, {0, 40, {}}}, 2);
 }
 
 TEST(CudaPagedAttention, HeadDim80NoGqaPage32) {
-  SKIP_WITHOUT_GPU();
+  GYRE_SKIP_WITHOUT_GPU();
   run_case({10, 10, 80, 32, 0}, {{1500, 1, {}}, {33, 65, {}}, {0, 1, {}}, {700, 3, {}}}, 3);
 }
 
 TEST(CudaPagedAttention, HeadDim96AndWideGqa) {
-  SKIP_WITHOUT_GPU();
+  GYRE_SKIP_WITHOUT_GPU();
   run_case({32, 2, 96, 16, 0}, {{900, 1, {}}, {64, 64, {}}, {5, 20, {}}}, 4);
   run_case({32, 2, 64, 16, 256}, {{5000, 1, {}}, {200, 100, {}}}, 5);
 }
 
 TEST(CudaPagedAttention, GenericHeadDims) {
-  SKIP_WITHOUT_GPU();
+  GYRE_SKIP_WITHOUT_GPU();
   // stories260K's head_dim 8 and an odd one: the split kernel takes every row.
   run_case({8, 4, 8, 16, 0}, {{300, 1, {}}, {10, 50, {}}, {0, 3, {}}}, 6);
   run_case({6, 2, 13, 5, 9}, {{100, 1, {}}, {40, 30, {}}}, 7);
@@ -213,13 +174,13 @@ TEST(CudaPagedAttention, GenericHeadDims) {
 
 // q8/q4 paged caches: the store kernel quantizes, the tile and split kernels dequantize.
 TEST(CudaPagedAttention, QuantizedLlama8bShape) {
-  SKIP_WITHOUT_GPU();
+  GYRE_SKIP_WITHOUT_GPU();
   for (const char* kv : {"q8", "q4"})
     run_case({32, 8, 128, 16, 0}, {{2500, 1, {}}, {50, 1, {}}, {300, 77, {}}, {0, 16, {}}}, 11, kv);
 }
 
 TEST(CudaPagedAttention, QuantizedAwkwardShapes) {
-  SKIP_WITHOUT_GPU();
+  GYRE_SKIP_WITHOUT_GPU();
   for (const char* kv : {"q8", "q4"}) {
     // Head dim 80 (a half block at the end of each row) with a window and odd pages; 40 with
     // wide GQA; 8 (one short block, split kernel only); 13 (odd: the scalar paths).
@@ -259,18 +220,18 @@ void copy_then_attend(const char* kv) {
 }
 
 TEST(CudaPagedAttention, CopyKvPageThenAttend) {
-  SKIP_WITHOUT_GPU();
+  GYRE_SKIP_WITHOUT_GPU();
   copy_then_attend("f16");
 }
 
 TEST(CudaPagedAttention, QuantizedCopyKvPageThenAttend) {
-  SKIP_WITHOUT_GPU();
+  GYRE_SKIP_WITHOUT_GPU();
   copy_then_attend("q8");
   copy_then_attend("q4");
 }
 
 TEST(CudaPagedAttention, RejectsBadPlans) {
-  SKIP_WITHOUT_GPU();
+  GYRE_SKIP_WITHOUT_GPU();
   auto gpu = cuda_backend();
   auto cache = gpu->new_paged_kv_cache(1, 1, 8, 4, 4);
   Tensor q = gpu->alloc(1, 8), o = gpu->alloc(1, 8);
@@ -302,7 +263,7 @@ struct Collected {
 };
 
 TEST(CudaPagedEngine, ConcurrentGreedyRequestsMatchSingleSequence) {
-  SKIP_WITHOUT_GPU();
+  GYRE_SKIP_WITHOUT_GPU();
   auto model = load_model(fixture("stories260K"));
   auto gpu = cuda_backend();
   auto cpu = make_cpu_backend(2);

@@ -22,13 +22,12 @@
 #include "backend/cuda/cuda_backend.h"
 #endif
 
+#include "cuda_test_util.h"
+
 namespace gyre {
 namespace {
 
 #ifdef GYRE_HAVE_CUDA
-bool have_gpu() {
-  return cuda_device_count() > 0;
-}
 std::unique_ptr<Backend> cuda_backend(bool record) {
   auto b = make_cuda_backend(0, BackendOptions{});
   cuda_set_decode_graphs(*b, true, record);
@@ -38,9 +37,6 @@ uint64_t replays(Backend& b) {
   return cuda_graph_replays(b);
 }
 #else
-bool have_gpu() {
-  return false;
-}
 std::unique_ptr<Backend> cuda_backend(bool) {
   return nullptr;
 }
@@ -101,7 +97,7 @@ struct Runner {
 };
 
 TEST(CudaPagedWide, FortyDecodeRowsReplayExactlyAndMatchTheCpu) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
+  GYRE_SKIP_WITHOUT_GPU();
   auto model = load_model(std::string(GYRE_FIXTURES) + "/stories260K");
   ASSERT_GE(model->config.max_seq_len, kMaxSeq);
   const int vocab = model->config.vocab_size;

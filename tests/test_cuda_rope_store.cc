@@ -22,6 +22,7 @@
 #include "backend_test_util.h"
 #include "core/half.h"
 #include "core/kv_quant.h"
+#include "cuda_test_util.h"
 #include "paged_batch_util.h"
 #ifdef GYRE_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -36,26 +37,7 @@ using btest::random_f16;
 using btest::rel_error;
 using btest::upload;
 
-#ifdef GYRE_HAVE_CUDA
-bool have_gpu() {
-  return cuda_device_count() > 0;
-}
-std::unique_ptr<Backend> cuda_backend(const std::string& kv_cache) {
-  BackendOptions o;
-  o.kv_cache = kv_cache;
-  return make_cuda_backend(0, o);
-}
-#else
-bool have_gpu() {
-  return false;
-}
-std::unique_ptr<Backend> cuda_backend(const std::string&) {
-  return nullptr;
-}
-#endif
-
-#define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or built without CUDA)"
+using ctest::cuda_backend;
 
 struct Case {
   int n_heads, n_kv_heads, head_dim, page_size;
@@ -180,20 +162,20 @@ void run_case(const Case& c, std::vector<Seq> seqs, uint32_t seed, const char* k
 const char* const kCaches[] = {"f16", "q8", "q4"};
 
 TEST(CudaRopeStore, Llama8bShapeNeox) {
-  SKIP_WITHOUT_GPU();
+  GYRE_SKIP_WITHOUT_GPU();
   for (const char* kv : kCaches)
     run_case({32, 8, 128, 16, 128, false, 1.0f},
              {{120, 1, {}}, {33, 1, {}}, {0, 16, {}}, {40, 40, {}}, {1, 1, {}}}, 1, kv);
 }
 
 TEST(CudaRopeStore, InterleavedOddPagesAttnFactor) {
-  SKIP_WITHOUT_GPU();
+  GYRE_SKIP_WITHOUT_GPU();
   for (const char* kv : kCaches)
     run_case({12, 4, 64, 7, 64, true, 1.2f}, {{200, 1, {}}, {3, 1, {}}, {40, 30, {}}}, 2, kv);
 }
 
 TEST(CudaRopeStore, PartialRotationNoGqa) {
-  SKIP_WITHOUT_GPU();
+  GYRE_SKIP_WITHOUT_GPU();
   for (const char* kv : kCaches) {
     run_case({10, 10, 80, 32, 40, false, 1.0f}, {{150, 1, {}}, {33, 20, {}}}, 3, kv);
     run_case({32, 2, 96, 16, 64, true, 1.0f}, {{90, 1, {}}, {16, 17, {}}}, 4, kv);
@@ -201,7 +183,7 @@ TEST(CudaRopeStore, PartialRotationNoGqa) {
 }
 
 TEST(CudaRopeStore, SmallAndLargeHeads) {
-  SKIP_WITHOUT_GPU();
+  GYRE_SKIP_WITHOUT_GPU();
   for (const char* kv : kCaches) {
     run_case({8, 4, 8, 16, 8, false, 1.0f}, {{60, 1, {}}, {10, 20, {}}}, 5, kv);
     run_case({16, 2, 40, 5, 40, true, 1.0f}, {{70, 1, {}}, {30, 33, {}}}, 6, kv);

@@ -25,6 +25,8 @@
 #include "backend/cuda/cuda_backend.h"
 #endif
 
+#include "cuda_test_util.h"
+
 namespace gyre {
 namespace {
 
@@ -290,27 +292,6 @@ TEST(SamplingOpHost, Stories260KGenerationMatchesHostSampler) {
 
 // ---- CUDA ----
 
-#ifdef GYRE_HAVE_CUDA
-bool have_gpu() {
-  return cuda_device_count() > 0;
-}
-#else
-bool have_gpu() {
-  return false;
-}
-#endif
-
-#define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device (or built without CUDA)"
-
-std::unique_ptr<Backend> gpu_backend() {
-#ifdef GYRE_HAVE_CUDA
-  return make_cuda_backend(0, BackendOptions{});
-#else
-  return nullptr;
-#endif
-}
-
 // Is a GPU choice that differs from the host reference explained by rounding at a boundary?
 bool near_boundary(const std::vector<float>& l, const SampleRequest& r, int gpu_id) {
   const NaiveSet s = naive_set(l, r);
@@ -335,8 +316,8 @@ struct CudaCase {
 };
 
 TEST(SamplingOpCuda, MatchesHostReferenceOnAwkwardVocabularies) {
-  SKIP_WITHOUT_GPU();
-  auto gpu = gpu_backend();
+  GYRE_SKIP_WITHOUT_GPU();
+  auto gpu = ctest::cuda_backend();
   std::mt19937 g(3);
   std::uniform_real_distribution<double> uni(0.0, 1.0);
   sampling::HostScratch scratch;
@@ -390,8 +371,8 @@ TEST(SamplingOpCuda, MatchesHostReferenceOnAwkwardVocabularies) {
 }
 
 TEST(SamplingOpCuda, RandomSettingsOnSmallVocabularies) {
-  SKIP_WITHOUT_GPU();
-  auto gpu = gpu_backend();
+  GYRE_SKIP_WITHOUT_GPU();
+  auto gpu = ctest::cuda_backend();
   std::mt19937 g(21);
   std::uniform_real_distribution<double> uni(0.0, 1.0);
   sampling::HostScratch scratch;
@@ -440,14 +421,14 @@ TEST(SamplingOpCuda, RandomSettingsOnSmallVocabularies) {
 }
 
 TEST(SamplingOpCuda, Stories260KGenerationMatchesHostSampler) {
-  SKIP_WITHOUT_GPU();
-  auto gpu = gpu_backend();
+  GYRE_SKIP_WITHOUT_GPU();
+  auto gpu = ctest::cuda_backend();
   expect_generation_matches(*gpu, "cuda");
 }
 
 TEST(SamplingOpCuda, PenaltyRowsGoToTheHostReference) {
-  SKIP_WITHOUT_GPU();
-  auto gpu = gpu_backend();
+  GYRE_SKIP_WITHOUT_GPU();
+  auto gpu = ctest::cuda_backend();
   std::mt19937 g(5);
   const int vocab = 1000;
   const std::vector<float> l = make_logits(vocab, g, false, false);
@@ -467,8 +448,8 @@ TEST(SamplingOpCuda, PenaltyRowsGoToTheHostReference) {
 // Timing (not a check): the op on 1 and 32 rows of a 128256 vocabulary vs downloading the rows
 // and sampling them on the host. Run with --gtest_also_run_disabled_tests.
 TEST(SamplingOpCuda, DISABLED_Timing) {
-  SKIP_WITHOUT_GPU();
-  auto gpu = gpu_backend();
+  GYRE_SKIP_WITHOUT_GPU();
+  auto gpu = ctest::cuda_backend();
   std::mt19937 g(9);
   const int vocab = 128256;
   using Clock = std::chrono::steady_clock;

@@ -50,6 +50,9 @@ void add_convert_command(CLI::App& app) {
   cmd->add_flag("--rotate", o->rotate,
                 "fold random orthogonal rotations into the weights first (better low-bit quality, "
                 "unties the LM head)");
+  cmd->add_flag("--hadamard", o->hadamard,
+                "rotate each decoder layer's input by random-sign block Hadamard matrices "
+                "(incoherence processing; the backends rotate activations at run time)");
   cmd->add_option("--sensitivity-rows", o->sensitivity_rows,
                   "calibration rows the sensitivity pass runs on")
       ->capture_default_str();

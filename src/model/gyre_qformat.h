@@ -20,6 +20,14 @@
 //   NAME.hi_groups  I32 [K]  the K group indices, strictly increasing
 // y = W x is then the sum of the two parts' products with their gathered inputs
 // (backend/cpu/qmixed.h), so the kernels of each width run it unchanged.
+//
+// Rotated layers (quantization_config version 3; a layer entry with "hadamard": B): the stored
+// weight is quant(W R) with R = diag(s) blockdiag(H_B) (backend/cpu/hadamard.h) and the layer
+// computes y = (W R)_q (R^T x). The signs s are
+//   NAME.had_signs  I16 [cols]  each +1 or -1
+// B is a power of two dividing cols (the converter uses the largest of 128, 64, 32). Layers
+// sharing an input (q|k|v, gate|up) carry the same signs and B, so they still fuse. Everything
+// else (bits, groups, mixes) is as above, in the rotated column space.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -28,9 +36,10 @@
 namespace gyre {
 
 // quantization_config.version: 1 for files of one-width layers (readable by older builds), 2 when
-// any layer is mixed.
-inline int quant_format_version(bool any_mix) {
-  return any_mix ? 2 : 1;
+// any layer is mixed, 3 when any layer is rotated (older builds must refuse such a file rather
+// than run it unrotated).
+inline int quant_format_version(bool any_mix, bool any_rotated = false) {
+  return any_rotated ? 3 : any_mix ? 2 : 1;
 }
 
 struct QuantSetting {

@@ -47,6 +47,7 @@ struct Layer {
   QuantSetting st;
   int64_t rows = 0, cols = 0;
   int64_t hi_groups = 0;  // a mix: groups at st.mix_bits
+  int hadamard = 0;       // a rotated layer: its block B (NAME.had_signs holds the signs)
 };
 
 Layer parse_layer(const std::string& name, const nlohmann::json& j, int version,
@@ -84,6 +85,16 @@ Layer parse_layer(const std::string& name, const nlohmann::json& j, int version,
     l.st.mix_bits = static_cast<int>(mb);
     l.st.mix_eighths = 4;  // only the count matters when loading; validated as a mix
     l.hi_groups = k;
+  }
+  if (j.contains("hadamard")) {
+    GYRE_CHECK(version >= 3, where, ": layer '", name, "' is rotated, which needs version 3");
+    GYRE_CHECK(j["hadamard"].is_number_integer(), where, ": layer '", name,
+               "' has a non-integer hadamard block");
+    const int64_t b = j["hadamard"].get<int64_t>();
+    GYRE_CHECK(b >= 2 && b <= 4096 && (b & (b - 1)) == 0 && l.cols % b == 0, where, ": layer '",
+               name, "' has hadamard block ", b, ", not a power of two dividing its ", l.cols,
+               " columns");
+    l.hadamard = static_cast<int>(b);
   }
   quant_setting_validate(l.st, l.cols, where + ": layer '" + name + "'");
   return l;
@@ -140,9 +151,32 @@ std::shared_ptr<QWeightHost> read_part(const WeightSet& raw, const std::string& 
 // is repacked here (rather than read by the kernels) because a plain stream makes 3/5/6-bit
 // values straddle words; the split-plane layout keeps every GPU extraction one shift and mask.
 // A mix becomes a QMixedHost (backend/cpu/qmixed.h) of two such weights.
+// A rotated layer's NAME.had_signs (I16 [cols], each +1 or -1; see backend/cpu/hadamard.h).
+HadamardRotation read_rotation(const Layer& l, const WeightSet& raw, const std::string& where) {
+  HadamardRotation r;
+  if (l.hadamard == 0) {
+    GYRE_CHECK(!raw.has(l.name + ".had_signs"), where, ": layer '", l.name,
+               "' has hadamard signs but no hadamard block in its quantization_config entry");
+    return r;
+  }
+  const TensorView& t = part(raw, l.name + ".had_signs", DType::I16, {l.cols}, where);
+  r.block = l.hadamard;
+  r.signs.resize(static_cast<size_t>(l.cols));
+  for (int64_t c = 0; c < l.cols; ++c) {
+    int16_t v;
+    std::memcpy(&v, static_cast<const uint8_t*>(t.data) + c * 2, 2);
+    GYRE_CHECK(v == 1 || v == -1, where, ": '", l.name, ".had_signs' holds ", v, " at column ", c,
+               ", not +1 or -1");
+    r.signs[static_cast<size_t>(c)] = static_cast<int8_t>(v);
+  }
+  hadamard_validate(r, l.cols, where + ": layer '" + l.name + "'");
+  return r;
+}
+
 void materialize(const Layer& l, const WeightSet& raw, WeightSet& out, const std::string& where) {
   if (!l.st.mixed()) {
     auto w = read_part(raw, l.name, l.st, l.rows, l.cols, where);
+    w->had = read_rotation(l, raw, where);
     out.add(qweight_view(l.name + ".weight", *w));
     out.keep_owner(std::move(w));
     return;
@@ -166,6 +200,7 @@ void materialize(const Layer& l, const WeightSet& raw, WeightSet& out, const std
   const auto hi_cols = static_cast<int64_t>(m->hi_cols.size());
   m->lo = std::move(*read_part(raw, l.name, l.st.part(false), l.rows, l.cols - hi_cols, where));
   m->hi = std::move(*read_part(raw, l.name + ".hi", l.st.part(true), l.rows, hi_cols, where));
+  m->had = read_rotation(l, raw, where);
   qmixed_validate(*m);
   out.add(qmixed_view(l.name + ".weight", *m));
   out.keep_owner(std::move(m));
@@ -182,8 +217,9 @@ bool is_gyre_quantized(const nlohmann::json& config) {
 void gyre_quant_load(const nlohmann::json& config, const WeightSet& raw, WeightSet& out,
                      const std::string& where) {
   const auto& qc = config["quantization_config"];
-  GYRE_CHECK(qc.contains("version") && (qc["version"] == 1 || qc["version"] == 2), where,
-             ": unsupported gyre quantization version (this build reads versions 1 and 2)");
+  GYRE_CHECK(qc.contains("version") && qc["version"].is_number_integer() &&
+                 qc["version"].get<int64_t>() >= 1 && qc["version"].get<int64_t>() <= 3,
+             where, ": unsupported gyre quantization version (this build reads versions 1 to 3)");
   const int version = qc["version"].get<int>();
   GYRE_CHECK(qc.contains("layers") && qc["layers"].is_object() && !qc["layers"].empty(), where,
              ": quantization_config has no layers object");
@@ -193,7 +229,7 @@ void gyre_quant_load(const nlohmann::json& config, const WeightSet& raw, WeightS
     GYRE_CHECK(!raw.has(name + ".weight"), where, ": layer '", name,
                "' is both quantized and stored as a plain weight");
     materialize(l, raw, out, where);
-    for (const char* s : {".qweight", ".scales", ".mins"}) parts.insert(name + s);
+    for (const char* s : {".qweight", ".scales", ".mins", ".had_signs"}) parts.insert(name + s);
     if (l.st.mixed())
       for (const char* s : {".hi.qweight", ".hi.scales", ".hi.mins", ".hi_groups"})
         parts.insert(name + s);

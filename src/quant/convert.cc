@@ -173,6 +173,7 @@ void open_runtime(const ConvertOptions& o, QuantContext& ctx, QuantRuntime& rt) 
   GYRE_CHECK(o.scale_refit == "off" || o.scale_refit == "diag" || o.scale_refit == "full",
              "--scale-refit must be off, diag or full, got '", o.scale_refit, "'");
   ctx.scale_refit = o.scale_refit == "full" ? 2 : o.scale_refit == "diag" ? 1 : 0;
+  ctx.hadamard = o.hadamard;
   ctx.threads = o.threads > 0 ? o.threads
                               : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   ctx.progress = o.progress;
@@ -235,6 +236,9 @@ void convert_model(const ConvertOptions& o_in) {
     GYRE_CHECK(meas.meta.value("rotate", false) == o.rotate, "'", o.measurement,
                "' was measured with another --rotate option; measure again");
   if (o.uniform.empty() && !o.measurement.empty())
+    GYRE_CHECK(meas.meta.value("hadamard", false) == o.hadamard, "'", o.measurement,
+               "' was measured with another --hadamard option; measure again");
+  if (o.uniform.empty() && !o.measurement.empty())
     GYRE_CHECK(meas.blocks_done == model->config.n_layers, "'", o.measurement,
                "' is an unfinished measurement (", meas.blocks_done, " of ", model->config.n_layers,
                " blocks)");
@@ -260,6 +264,7 @@ void convert_model(const ConvertOptions& o_in) {
                         {"chooser", o.chooser},
                         {"sensitivity_rows", o.sensitivity_rows},
                         {"rotate", o.rotate},
+                        {"hadamard", o.hadamard},
                         {"clip_search", o.clip_search},
                         {"target_correction", o.target_correction},
                         {"target_damp", o.target_damp},
@@ -301,7 +306,8 @@ void convert_model(const ConvertOptions& o_in) {
       meas.meta = {{"model", sig["model"]},    {"rows", o.rows},
                    {"length", o.length},       {"damp", o.damp},
                    {"act_order", o.act_order}, {"method", o.rtn ? "rtn" : "gptq"},
-                   {"rotate", o.rotate},       {"clip_search", o.clip_search}};
+                   {"rotate", o.rotate},       {"clip_search", o.clip_search},
+                   {"hadamard", o.hadamard}};
       measure(ctx, meas,
               [&](const Measurement& m) { write_file_atomic(mpath, m.to_json().dump(1)); });
       phase_done("measurement");

@@ -29,6 +29,9 @@ struct ConvertOptions {
   // into the weights before measuring (quant/rotate.h); the output stays a plain Llama.
   bool rotate = false;
   bool clip_search = true;  // GPTQ group scales by a clipping search (gptq.h)
+  // Rotate each decoder layer's input by random-sign block Hadamard matrices (quant/hadamard.h):
+  // the file stores quant(W R), the backends rotate x at run time (format version 3).
+  bool hadamard = false;
   // Quantization pass refinements: GPTQ toward the target corrected for the quantized inputs
   // (target_correction.h); group scales refit after GPTQ, codes fixed (scale_refit.h): "off",
   // "diag" or "full".

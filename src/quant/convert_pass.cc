@@ -38,7 +38,7 @@ StTensor st_from(const std::string& name, const char* dtype, std::vector<int64_t
 
 // The dequantized floats of the plan's layers stored in a job file (what the loader will make).
 std::map<std::string, std::vector<float>> load_job_file(const std::string& path, const Plan& plan,
-                                                        const LoadedModel& m) {
+                                                        const LoadedModel& m, bool hadamard) {
   WeightSet raw, out;
   safetensors_load(path, raw);
   Plan part;
@@ -48,8 +48,8 @@ std::map<std::string, std::vector<float>> load_job_file(const std::string& path,
   bool any_mix = false;
   for (const auto& [name, st] : part) any_mix = any_mix || st.mixed();
   cfg["quantization_config"] = {{"quant_method", "gyre"},
-                                {"version", quant_format_version(any_mix)},
-                                {"layers", plan_layers_json(part, m.weights)}};
+                                {"version", quant_format_version(any_mix, hadamard)},
+                                {"layers", plan_layers_json(part, m.weights, hadamard)}};
   gyre_quant_load(cfg, raw, out, path);
   std::map<std::string, std::vector<float>> floats;
   for (const auto& [name, st] : part) floats[name] = tensor_to_f32(out.get(name + ".weight"));
@@ -110,10 +110,14 @@ std::vector<StTensor> pack_tensors(const QuantizedWeight& q, const std::string& 
     out.push_back(
         st_from(name + ".hi_groups", "I32", {static_cast<int64_t>(groups.size())}, groups));
   }
+  if (q.had.active()) {
+    const std::vector<int16_t> signs(q.had.signs.begin(), q.had.signs.end());
+    out.push_back(st_from(name + ".had_signs", "I16", {q.cols}, signs));
+  }
   return out;
 }
 
-nlohmann::json plan_layers_json(const Plan& plan, const WeightSet& w) {
+nlohmann::json plan_layers_json(const Plan& plan, const WeightSet& w, bool hadamard) {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& [name, st] : plan) {
     const TensorView& t = name == kHead
@@ -126,6 +130,9 @@ nlohmann::json plan_layers_json(const Plan& plan, const WeightSet& w) {
                {"shape", {t.rows(), t.cols()}}};
     if (st.mixed())
       j[name]["mix"] = {{"bits", st.mix_bits}, {"hi_groups", st.mix_groups(t.cols())}};
+    // The decoder's layers are rotated (quant/hadamard.h), the LM head is not.
+    if (hadamard && name != kHead && hadamard_block_for(t.cols()) != 0)
+      j[name]["hadamard"] = hadamard_block_for(t.cols());
   }
   return j;
 }
@@ -172,7 +179,7 @@ void quantize_pass(const QuantContext& ctx, Plan& plan, const std::string& job, 
                  });
     }
     if (file_exists(path)) {  // done before an interruption: its quantized weights, then move on
-      for (auto& [name, f] : load_job_file(path, plan, m)) {
+      for (auto& [name, f] : load_job_file(path, plan, m, ctx.hadamard)) {
         w.t[name.substr(layer_tensor(b, "").size())] = std::move(f);
         bar.step();
       }
@@ -186,7 +193,8 @@ void quantize_pass(const QuantContext& ctx, Plan& plan, const std::string& job, 
           for (const std::string& s : unit_linears(unit))
             if (plan.count(layer_tensor(b, s.c_str()))) names.push_back(s);
           if (names.empty()) return;
-          uq.set_input(x, tokens, tc ? &fp_inputs.at(unit) : nullptr);
+          uq.set_input(x, tokens, layer_tensor(b, unit_linears(unit)[0].c_str()),
+                       tc ? &fp_inputs.at(unit) : nullptr);
           for (const std::string& s : names) {
             const std::string name = layer_tensor(b, s.c_str());
             QuantizedWeight q = quantize(name, bw.t[s]);
@@ -202,7 +210,7 @@ void quantize_pass(const QuantContext& ctx, Plan& plan, const std::string& job, 
     const std::vector<float> x = runner.final_norm(hidden, norm);
     std::vector<float> x_fp;
     if (tc) x_fp = runner.final_norm(hidden_fp, norm);
-    uq.set_input(x, int64_t{rows} * length, tc ? &x_fp : nullptr);
+    uq.set_input(x, int64_t{rows} * length, {}, tc ? &x_fp : nullptr);
     const QuantizedWeight q = quantize(kHead, tensor_to_f32(head_weight(m)));
     write_safetensors(head_path, pack_tensors(q, kHead));
   } else if (plan.count(kHead)) {
@@ -261,7 +269,7 @@ void write_output(const QuantContext& ctx, const ConvertOptions& o, const Plan& 
   bool any_mix = false;
   for (const auto& [name, st] : plan) any_mix = any_mix || st.mixed();
   nlohmann::json qc = {{"quant_method", "gyre"},
-                       {"version", quant_format_version(any_mix)},
+                       {"version", quant_format_version(any_mix, ctx.hadamard)},
                        {"bits_per_weight", qnumel > 0 ? qbits / qnumel : 16.0},
                        {"target_bits_per_weight", o.uniform.empty() ? o.bpw : 0.0},
                        {"uniform", o.uniform},
@@ -270,13 +278,14 @@ void write_output(const QuantContext& ctx, const ConvertOptions& o, const Plan& 
                        {"act_order", ctx.act_order},
                        {"damp", ctx.damp},
                        {"rotated", o.rotate},
+                       {"hadamard", ctx.hadamard},
                        {"clip_search", ctx.clip_search},
                        {"target_correction", ctx.target_correction},
                        {"target_damp", ctx.target_damp},
                        {"scale_refit", o.scale_refit},
                        {"calibration_rows", ctx.rows.size()},
                        {"calibration_length", ctx.rows[0].size()},
-                       {"layers", plan_layers_json(plan, m.weights)}};
+                       {"layers", plan_layers_json(plan, m.weights, ctx.hadamard)}};
   cfg["quantization_config"] = qc;
   write_file_atomic(o.out + "/config.json", cfg.dump(2));
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model",

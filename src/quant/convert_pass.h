@@ -23,8 +23,9 @@ Plan optimized_plan(const LoadedModel& m, const Measurement& meas, double bpw, b
 // NAME.qweight / NAME.scales (/ NAME.mins) in the model/gyre_qformat.h layout.
 std::vector<StTensor> pack_tensors(const QuantizedWeight& q, const std::string& name);
 
-// quantization_config.layers: {name: {bits, group_size, sym, shape}}.
-nlohmann::json plan_layers_json(const Plan& plan, const WeightSet& w);
+// quantization_config.layers: {name: {bits, group_size, sym, shape}} (+ "hadamard": B for the
+// decoder's layers when `hadamard`).
+nlohmann::json plan_layers_json(const Plan& plan, const WeightSet& w, bool hadamard = false);
 
 // Quantizes block by block into OUT/.gyre-job/block_N.safetensors (existing files are reused:
 // resume), then the LM head (head_bits 0: none) into head.safetensors.

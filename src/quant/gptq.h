@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "backend/cpu/hadamard.h"
 #include "model/gyre_qformat.h"
 
 namespace gyre::quant {
@@ -27,6 +28,9 @@ struct QuantizedWeight {
   std::vector<uint16_t> mins;    // same, asymmetric only
   std::vector<float> dequant;    // [rows, cols] the values the loader will produce
   std::vector<int> hi_groups;    // a mix: the groups at setting.mix_bits (mix_hi_groups)
+  // A rotated layer (quant/unit_quant.h): q, scales and mins quantize W R, and dequant is the
+  // effective weight (W R)_q R^T in the original column space (what the layer computes with).
+  HadamardRotation had;
 };
 
 // A group's f16 scale and min (min 0 when symmetric) for values v[0..n): symmetric

@@ -178,7 +178,7 @@ void measure(const QuantContext& ctx, Measurement& m,
                  const int in = static_cast<int>(static_cast<int64_t>(x.size()) / tokens);
                  const std::vector<QuantSetting> cands = settings_for(all, in);
                  if (cands.empty()) return;
-                 uq.set_input(x, tokens);
+                 uq.set_input(x, tokens, layer_tensor(b, unit_linears(unit)[0].c_str()));
                  for (const std::string& s : unit_linears(unit)) {
                    const std::vector<float>& wt = bw.t[s];
                    LayerErrors le;

@@ -64,6 +64,7 @@ struct QuantContext {
   bool act_order = true;
   bool rtn = false;          // round to nearest instead of GPTQ (a baseline)
   bool clip_search = false;  // GPTQ group parameters by a clipping search (gptq.h)
+  bool hadamard = false;     // rotate every decoder unit's input (quant/hadamard.h)
   // The quantization pass's refinements (not the measurement's): GPTQ toward the corrected
   // target W C H^-1 (target_correction.h), and the group scales refit after GPTQ with the codes
   // fixed (scale_refit.h): 0 off, 1 diagonal Hessian, 2 full Hessian.

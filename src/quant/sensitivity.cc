@@ -164,7 +164,7 @@ std::map<std::string, UnitSensitivity> measure_sensitivity(const QuantContext& c
       std::vector<std::vector<float>> dequant;  // read in place by the CPU backend during run
       dequant.reserve(unit_linears(unit).size());
       UnitQuantizer uq(ctx);
-      uq.set_input(x, tokens);
+      uq.set_input(x, tokens, layer_tensor(b, unit_linears(unit)[0].c_str()));
       for (const std::string& name : unit_linears(unit)) {
         double err = 0;
         QuantizedWeight q = uq.quantize(w.t.at(name), st, &err);

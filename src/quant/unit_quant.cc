@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "quant/gptq_device.h"
+#include "quant/hadamard.h"
 #include "quant/scale_refit.h"
 #include "quant/target_correction.h"
 
@@ -27,12 +28,21 @@ class ScopedSeconds {
 
 }  // namespace
 
-void UnitQuantizer::set_input(const std::vector<float>& x, int64_t tokens,
-                              const std::vector<float>* x_fp) {
-  GYRE_CHECK(tokens > 0 && x.size() % static_cast<size_t>(tokens) == 0,
+void UnitQuantizer::set_input(const std::vector<float>& x_in, int64_t tokens,
+                              const std::string& unit, const std::vector<float>* x_fp_in) {
+  GYRE_CHECK(tokens > 0 && x_in.size() % static_cast<size_t>(tokens) == 0,
              "internal: unit input size mismatch");
   ScopedSeconds timer(ctx_.timings ? &ctx_.timings->hessian : nullptr);
-  n_ = static_cast<int>(static_cast<int64_t>(x.size()) / tokens);
+  n_ = static_cast<int>(static_cast<int64_t>(x_in.size()) / tokens);
+  rot_ = ctx_.hadamard && !unit.empty() ? unit_rotation(unit, n_) : HadamardRotation{};
+  // The Hessian of the rotated input is R^T H R: rotating the rows of x first gives it (in
+  // float64 by hessian_of, on either device) without another n^3 product.
+  std::vector<float> rotated;
+  if (rot_.active()) {
+    rotated = x_in;
+    hadamard_rotate_rows(rotated.data(), tokens, n_, rot_);
+  }
+  const std::vector<float>& x = rot_.active() ? rotated : x_in;
   cross_.clear();
   factor_ = DampedFactor{};
   if (on_gpu()) {
@@ -46,11 +56,18 @@ void UnitQuantizer::set_input(const std::vector<float>& x, int64_t tokens,
     prep_.clip_search = ctx_.clip_search;
     prep_ready_ = true;
   }
-  if (refine_ && ctx_.target_correction && x_fp != nullptr) {
+  if (refine_ && ctx_.target_correction && x_fp_in != nullptr) {
     // On the host in float64 on both paths (the GPU path fetches its Hessian): fine at small
-    // widths, the dominant cost at 8B widths (tokens * n^2 per unit).
+    // widths, the dominant cost at 8B widths (tokens * n^2 per unit). A rotated unit's original
+    // input is rotated alike, so C and H are both in the rotated space.
+    std::vector<float> fp_rotated;
+    if (rot_.active()) {
+      fp_rotated = *x_fp_in;
+      hadamard_rotate_rows(fp_rotated.data(), tokens, n_, rot_);
+    }
+    const std::vector<float>& x_fp = rot_.active() ? fp_rotated : *x_fp_in;
     ensure_host_hessian();
-    cross_ = cross_covariance(*x_fp, x, tokens, n_, ctx_.threads);
+    cross_ = cross_covariance(x_fp, x, tokens, n_, ctx_.threads);
     factor_ = damped_factor(h_, n_, ctx_.target_damp);
   }
 }
@@ -74,10 +91,21 @@ QuantizedWeight UnitQuantizer::quantize_cpu(const std::vector<float>& w,
                   : gptq_quantize(w.data(), rows, n_, prep_, st, ctx_.threads);
 }
 
-std::vector<double> UnitQuantizer::errors(const std::vector<float>& w,
+const std::vector<float>& UnitQuantizer::weight_in(const std::vector<float>& w,
+                                                   std::vector<float>& rotated) const {
+  if (!rot_.active()) return w;
+  rotated = w;
+  hadamard_rotate_rows(rotated.data(), static_cast<int64_t>(w.size()) / n_, n_, rot_);
+  return rotated;
+}
+
+std::vector<double> UnitQuantizer::errors(const std::vector<float>& w_in,
                                           const std::vector<QuantSetting>& settings) {
-  GYRE_CHECK(n_ > 0 && w.size() % static_cast<size_t>(n_) == 0, "internal: weight width mismatch");
+  GYRE_CHECK(n_ > 0 && w_in.size() % static_cast<size_t>(n_) == 0,
+             "internal: weight width mismatch");
   ScopedSeconds timer(ctx_.timings ? &ctx_.timings->gptq : nullptr);
+  std::vector<float> rotated;
+  const std::vector<float>& w = weight_in(w_in, rotated);
   const int rows = static_cast<int>(static_cast<int64_t>(w.size()) / n_);
   std::vector<QuantSetting> plain;
   for (const QuantSetting& st : settings)
@@ -108,25 +136,31 @@ QuantizedWeight UnitQuantizer::quantize(const std::vector<float>& w_in, const Qu
   GYRE_CHECK(n_ > 0 && w_in.size() % static_cast<size_t>(n_) == 0,
              "internal: weight width mismatch");
   ScopedSeconds timer(ctx_.timings ? &ctx_.timings->gptq : nullptr);
-  const int rows = static_cast<int>(static_cast<int64_t>(w_in.size()) / n_);
+  std::vector<float> rotated;
+  const std::vector<float>& w_rot = weight_in(w_in, rotated);
+  const int rows = static_cast<int>(static_cast<int64_t>(w_rot.size()) / n_);
   std::vector<float> corrected;
-  if (!cross_.empty()) corrected = corrected_target(w_in, n_, cross_, factor_, ctx_.threads);
-  const std::vector<float>& w = cross_.empty() ? w_in : corrected;
+  if (!cross_.empty()) corrected = corrected_target(w_rot, n_, cross_, factor_, ctx_.threads);
+  const std::vector<float>& w = cross_.empty() ? w_rot : corrected;
+  const bool refit = refine_ && ctx_.scale_refit != 0 && !ctx_.rtn;
   QuantizedWeight q;
   if (on_gpu() && !st.mixed()) {
     q = ctx_.gpu->quantize(w.data(), rows, st, rel_error);
   } else {
     if (on_gpu()) ensure_cpu_prep();
     q = quantize_cpu(w, st);
-    if (rel_error != nullptr && !(refine_ && ctx_.scale_refit != 0))
-      *rel_error = relative_error(w.data(), q, h_, ctx_.threads);
+    if (rel_error != nullptr && !refit) *rel_error = relative_error(w.data(), q, h_, ctx_.threads);
   }
-  if (refine_ && ctx_.scale_refit != 0 && !ctx_.rtn) {
+  if (refit) {  // codes fixed; in the space GPTQ worked in (rotated, when the unit is)
     ensure_host_hessian();
     const RefitResult r = refit_scales(w.data(), q, h_, ctx_.scale_refit == 1, ctx_.threads);
     refit_before_ += r.error_before;
     refit_after_ += r.error_after;
     if (rel_error != nullptr) *rel_error = relative_error(w.data(), q, h_, ctx_.threads);
+  }
+  if (rot_.active()) {  // the error is invariant under R; the layer's floats are unrotated
+    q.had = rot_;
+    hadamard_unrotate_rows(q.dequant.data(), rows, n_, rot_);
   }
   return q;
 }

@@ -2,8 +2,10 @@
 // on the GPU (gptq_device.h) as the context says: the one place measure, the sensitivity pass
 // and the quantization pass call for the heavy linear algebra.
 #pragma once
+#include <string>
 #include <vector>
 
+#include "backend/cpu/hadamard.h"
 #include "quant/gptq.h"
 #include "quant/measure.h"
 #include "quant/target_correction.h"
@@ -17,9 +19,13 @@ class UnitQuantizer {
   explicit UnitQuantizer(const QuantContext& ctx, bool refine = false)
       : ctx_(ctx), refine_(refine) {}
   // The unit's input x [tokens, n]: its Hessian (and GPTQ's factor unless ctx.rtn). With
-  // ctx.target_correction and x_fp (the same tokens' input in the unquantized model), quantize()
-  // aims at the corrected target W C H^-1 instead of W (target_correction.h).
-  void set_input(const std::vector<float>& x, int64_t tokens,
+  // ctx.hadamard and a unit name (its first layer's, quant/hadamard.h) the unit is rotated: the
+  // Hessian is that of R^T x and every weight is quantized as W R; the QuantizedWeight then
+  // carries the rotation and its dequant is the effective (W R)_q R^T in the original space.
+  // With ctx.target_correction (and refine) and x_fp, the same tokens' input in the unquantized
+  // model, quantize() aims at the corrected target W* = W (C + lambda I)(H + lambda I)^-1
+  // instead of W (target_correction.h; in the rotated space when the unit is rotated).
+  void set_input(const std::vector<float>& x, int64_t tokens, const std::string& unit = {},
                  const std::vector<float>* x_fp = nullptr);
   int width() const { return n_; }
   // Relative error tr(E H E^T) / tr(W H W^T) of w [rows, n] quantized at each setting.
@@ -38,9 +44,14 @@ class UnitQuantizer {
   void ensure_cpu_prep();
   void ensure_host_hessian();
 
+  // w, or w R when the unit is rotated (in `rotated`).
+  const std::vector<float>& weight_in(const std::vector<float>& w,
+                                      std::vector<float>& rotated) const;
+
   const QuantContext& ctx_;
   bool refine_;
   int n_ = 0;
+  HadamardRotation rot_;
   std::vector<double> h_;  // CPU, or fetched from the GPU when the host needs it
   GptqPrep prep_;
   bool prep_ready_ = false;

@@ -325,12 +325,13 @@ QWeightHost qweight_concat_rows(const std::vector<const QWeightHost*>& parts) {
   out.desc = parts[0]->desc;
   out.desc.rows = 0;
   out.perm = parts[0]->perm;
+  out.had = parts[0]->had;
   for (const QWeightHost* w : parts) {
     const QWeightDesc& d = w->desc;
     const QWeightDesc& o = out.desc;
     GYRE_CHECK(d.bits == o.bits && d.group_size == o.group_size && d.asymmetric == o.asymmetric &&
                    d.scale_f32 == o.scale_f32 && d.has_perm == o.has_perm && d.cols == o.cols &&
-                   w->perm == out.perm,
+                   w->perm == out.perm && w->had == out.had,
                "qweight_concat_rows: weights differ in layout or column count");
     GYRE_CHECK(int64_t{o.rows} + d.rows <= INT32_MAX, "qweight_concat_rows: too many rows");
     // Every array is row-major, so row concatenation is byte concatenation.
@@ -346,7 +347,7 @@ bool qweight_same_layout(const QWeightHost& a, const QWeightHost& b) {
   const QWeightDesc &x = a.desc, &y = b.desc;
   return x.bits == y.bits && x.group_size == y.group_size && x.asymmetric == y.asymmetric &&
          x.scale_f32 == y.scale_f32 && x.has_perm == y.has_perm && x.cols == y.cols &&
-         a.perm == b.perm;
+         a.perm == b.perm && a.had == b.had;
 }
 
 QWeightHost qweight_interleave_rows(const QWeightHost& a, const QWeightHost& b, int block) {
@@ -359,6 +360,7 @@ QWeightHost qweight_interleave_rows(const QWeightHost& a, const QWeightHost& b, 
   d.rows = static_cast<int>(2 * padded);
   QWeightHost out = allocate(d);  // zero rows are the padding
   out.perm = a.perm;
+  out.had = a.had;
   const size_t q_row = static_cast<size_t>(d.cols) * d.bits / 8;
   const size_t s_row = static_cast<size_t>(d.groups_per_row()) * d.scale_bytes();
   auto copy_rows = [&](const QWeightHost& src, int64_t r, int64_t dst, int64_t n) {
@@ -455,6 +457,7 @@ void qweight_dequantize_row(const QWeightHost& w, int64_t r, float* out) {
       out[d.has_perm ? w.perm[c] : c] = v;
     }
   }
+  if (w.had.active()) hadamard_unrotate_rows(out, 1, d.cols, w.had);
 }
 
 }  // namespace gyre

@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/hadamard.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
 
@@ -75,6 +76,10 @@ struct QWeightHost {
   std::vector<uint8_t> scales;   // scale_count() * scale_bytes(), little-endian
   std::vector<uint8_t> mins;     // same, or empty when symmetric
   std::vector<int32_t> perm;     // cols, or empty
+  // A rotated layer (backend/cpu/hadamard.h): the packed values are quant(W R) and the layer
+  // computes y = (W R)_q (R^T x); the backends rotate x (CUDA) or fold R^T into their dequantized
+  // floats (the CPU, through qweight_dequantize_row).
+  HadamardRotation had;
 
   int q(int64_t r, int64_t packed_col) const;  // the stored unsigned integer
   float scale(int64_t r, int64_t group) const;
@@ -119,7 +124,8 @@ bool qweight_same_layout(const QWeightHost& a, const QWeightHost& b);
 TensorView qweight_view(const std::string& name, const QWeightHost& w);
 const QWeightHost& qweight_of_view(const TensorView& v);
 
-// Row r of W in the original column order (perm undone), computed in float as documented above.
+// Row r of W in the original column order (perm undone), computed in float as documented above;
+// for a rotated weight, the effective row (W R)_q R^T in the original input space.
 void qweight_dequantize_row(const QWeightHost& w, int64_t r, float* out);
 
 }  // namespace gyre

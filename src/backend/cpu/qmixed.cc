@@ -19,8 +19,9 @@ void qmixed_validate(const QMixedHost& m) {
   GYRE_CHECK(m.rows > 0 && m.cols > 0, "mixed weight: empty shape");
   for (const QWeightHost* p : {&m.hi, &m.lo}) {
     qweight_validate(p->desc);
-    GYRE_CHECK(p->desc.rows == m.rows && !p->desc.has_perm, "mixed weight: a part of ",
-               p->desc.rows, " rows (expected ", m.rows, ") or with a permutation");
+    GYRE_CHECK(p->desc.rows == m.rows && !p->desc.has_perm && !p->had.active(),
+               "mixed weight: a part of ", p->desc.rows, " rows (expected ", m.rows,
+               "), with a permutation or with a rotation of its own");
   }
   GYRE_CHECK(static_cast<int64_t>(m.hi_cols.size()) == m.hi.desc.cols &&
                  static_cast<int64_t>(m.lo_cols.size()) == m.lo.desc.cols &&
@@ -43,6 +44,7 @@ void qmixed_dequantize_row(const QMixedHost& m, int64_t r, float* out) {
     qweight_dequantize_row(*w, r, part.data());
     for (size_t j = 0; j < part.size(); ++j) out[(*idx)[j]] = part[j];
   }
+  if (m.had.active()) hadamard_unrotate_rows(out, 1, m.cols, m.had);
 }
 
 TensorView qmixed_view(const std::string& name, const QMixedHost& m) {
@@ -72,7 +74,7 @@ const QMixedHost& qmixed_of_view(const TensorView& v) {
 
 bool qmixed_same_layout(const QMixedHost& a, const QMixedHost& b) {
   return a.cols == b.cols && a.hi_cols == b.hi_cols && a.lo_cols == b.lo_cols &&
-         qweight_same_layout(a.hi, b.hi) && qweight_same_layout(a.lo, b.lo);
+         qweight_same_layout(a.hi, b.hi) && qweight_same_layout(a.lo, b.lo) && a.had == b.had;
 }
 
 QMixedHost qmixed_concat_rows(const std::vector<const QMixedHost*>& parts) {
@@ -90,6 +92,7 @@ QMixedHost qmixed_concat_rows(const std::vector<const QMixedHost*>& parts) {
   out.lo = qweight_concat_rows(los);
   out.hi_cols = parts[0]->hi_cols;
   out.lo_cols = parts[0]->lo_cols;
+  out.had = parts[0]->had;
   return out;
 }
 
@@ -102,6 +105,7 @@ QMixedHost qmixed_interleave_rows(const QMixedHost& a, const QMixedHost& b, int 
   out.cols = a.cols;
   out.hi_cols = a.hi_cols;
   out.lo_cols = a.lo_cols;
+  out.had = a.had;
   return out;
 }
 

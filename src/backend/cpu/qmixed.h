@@ -18,6 +18,9 @@ struct QMixedHost {
   int rows = 0, cols = 0;
   QWeightHost hi, lo;                     // [rows, hi_cols.size()] and [rows, lo_cols.size()]
   std::vector<int32_t> hi_cols, lo_cols;  // input columns of each part's packed columns, in order
+  // A rotated layer (backend/cpu/hadamard.h): the parts hold quant(W R), whose columns are
+  // gathered from the rotated input R^T x; the parts themselves carry no rotation.
+  HadamardRotation had;
 
   // Stored bits per weight over all rows * cols: both parts' integers, scales and mins, plus the
   // I32 list of the hi part's groups (as QuantSetting::stored_bits counts them).
@@ -28,7 +31,7 @@ struct QMixedHost {
 // are disjoint, in range, and together cover every column.
 void qmixed_validate(const QMixedHost& m);
 
-// Row r of W in the original column order.
+// Row r of W in the original column order (for a rotated weight, (W R)_q R^T).
 void qmixed_dequantize_row(const QMixedHost& m, int64_t r, float* out);
 
 // A TensorView for m (m must outlive it) of dtype QPACKED whose nbytes is sizeof(QMixedHost):

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/hadamard.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_common.h"
 #include "core/kv_quant.h"
@@ -36,6 +37,8 @@ const QWeightDevice& qweight_of(const Tensor& t);
 // Mixed-width weights (cuda_qmixed.cc, qmixed_device.h).
 bool is_mixed_tensor(const Tensor& t);
 const QMixedDevice& qmixed_of(const Tensor& t);
+// Device copy of a rotation's signs (cuda_hadamard.cc; validated against cols first).
+std::shared_ptr<void> upload_hadamard_signs(const HadamardRotation& had, int64_t cols);
 
 class CudaKvCache final : public KvCache {
  public:
@@ -199,6 +202,9 @@ class CudaBackend final : public Backend {
   void mixed_matmul(const QMixedDevice& m, const half* x, half* y, int n, const half* bias);
   void packed_part_matmul(const QWeightDevice& w, const half* x, half* y, int n, const half* bias);
   half* mixed_scratch(size_t halves);
+  // Rotated weights (cuda_hadamard.cc): x itself, or x [n, w.cols] rotated by w's R^T into
+  // hadamard_scratch_ when w carries a rotation (backend/cpu/hadamard.h).
+  const half* rotated_input(const Tensor& w, const half* x, int n);
   // The FP16 weight behind w: itself, or a dequantized copy in dequant_ (quantized weights).
   const half* dense_weight(const Tensor& w);
   // out [n, o] (leading dimension ldo) = x [n, in] . w [o, in]^T through cuBLAS.
@@ -235,6 +241,8 @@ class CudaBackend final : public Backend {
   size_t fused_scratch_halves_ = 0;
   std::shared_ptr<void> mixed_scratch_;  // gathered inputs and partial products of mixed weights
   size_t mixed_scratch_halves_ = 0;
+  std::shared_ptr<void> hadamard_scratch_;  // rotated inputs of rotated weights
+  size_t hadamard_scratch_halves_ = 0;
   size_t to_host_floats_ = 0;
   std::shared_ptr<void> sample_pinned_, sample_device_;  // per-row parameters, then results
   int sample_rows_ = 0;

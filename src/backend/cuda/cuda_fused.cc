@@ -198,19 +198,19 @@ void CudaBackend::matmul_split(const std::vector<Tensor*>& outs, const Tensor& x
   const int n = static_cast<int>(x.rows), o = static_cast<int>(w.rows),
             in = static_cast<int>(w.cols);
   const half* b = split_bias(bias, w);
+  const half* xd = rotated_input(w, static_cast<const half*>(x.data), n);
   if (is_mixed_tensor(w)) {  // the fused product, then copied into the parts' outputs
     half* fused = fused_scratch(static_cast<size_t>(n) * o);
-    mixed_matmul(qmixed_of(w), static_cast<const half*>(x.data), fused, n, b);
+    mixed_matmul(qmixed_of(w), xd, fused, n, b);
     split_rows(split, fused, n, o, stream_);
     return;
   }
   if (is_quantized_tensor(w) && n < kDequantGemmMinRows &&
       n <= qlinear_direct_max_rows(qweight_of(w).desc)) {
-    qlinear_matmul_split(qweight_of(w), static_cast<const half*>(x.data), split, n, b, stream_);
+    qlinear_matmul_split(qweight_of(w), xd, split, n, b, stream_);
     return;
   }
   const half* wd = dense_weight(w);
-  const half* xd = static_cast<const half*>(x.data);
   if (n <= kGemvMaxRows) {
     gemv_split(split, xd, wd, b, n, o, in, stream_);
     return;
@@ -234,7 +234,7 @@ void CudaBackend::matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_ga
              "CUDA matmul_swiglu: x [", n, ", ", in, "] . w [", w_gate_up.rows, ", ",
              w_gate_up.cols, "] -> out [", out.rows, ", ", out.cols, "]");
   half* o = static_cast<half*>(out.data);
-  const half* xd = static_cast<const half*>(x.data);
+  const half* xd = rotated_input(w_gate_up, static_cast<const half*>(x.data), n);
   if (is_mixed_tensor(w_gate_up)) {  // the interleaved product, then one SwiGLU kernel
     half* fused = fused_scratch(static_cast<size_t>(n) * rows);
     mixed_matmul(qmixed_of(w_gate_up), xd, fused, n, nullptr);
@@ -267,7 +267,10 @@ void CudaBackend::matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_ga
 // shared memory (4-bit at n <= 2, tiled 2/3/5/6-bit at n <= 8) normalise it there, and every
 // quantized matmul can add into its output.
 bool CudaBackend::fuses_norms(int n, const Tensor& w) const {
-  return is_quantized_tensor(w) && qlinear_fuses_norm(qweight_of(w), n);
+  // A rotated weight needs the normalised x rotated before the GEMV (cuda_hadamard.cc): the
+  // separate ops run (the fused version is later work).
+  return is_quantized_tensor(w) && qweight_of(w).had_block == 0 &&
+         qlinear_fuses_norm(qweight_of(w), n);
 }
 
 void CudaBackend::norm_matmul_split(const std::vector<Tensor*>& outs, const NormedInput& in,
@@ -316,7 +319,7 @@ void CudaBackend::matmul_add(Tensor& residual, const Tensor& x, const Tensor& w,
                "] -> residual [", residual.rows, ", ", residual.cols, "]");
     QlinearFusion f;
     f.accumulate = true;
-    qlinear_matmul(qweight_of(w), static_cast<const half*>(x.data),
+    qlinear_matmul(qweight_of(w), rotated_input(w, static_cast<const half*>(x.data), n),
                    static_cast<half*>(residual.data), n, nullptr, stream_, f);
     return;
   }

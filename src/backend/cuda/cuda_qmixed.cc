@@ -36,6 +36,7 @@ Tensor CudaBackend::upload_mixed(const QMixedHost& host) {
   struct Owner {
     QMixedDevice d;
     std::shared_ptr<void> cols;
+    std::shared_ptr<void> signs;
     ~Owner() {
       qweight_free(d.hi);
       qweight_free(d.lo);
@@ -53,6 +54,11 @@ Tensor CudaBackend::upload_mixed(const QMixedHost& host) {
   GYRE_CUDA_CHECK(cudaMemcpy(cols + n_hi, host.lo_cols.data(), n_lo * 4, cudaMemcpyHostToDevice));
   o->d.hi_cols = cols;
   o->d.lo_cols = cols + n_hi;
+  if (host.had.active()) {
+    o->signs = upload_hadamard_signs(host.had, host.cols);
+    o->d.had_signs = static_cast<const int8_t*>(o->signs.get());
+    o->d.had_block = host.had.block;
+  }
   weight_bytes_ += qweight_device_bytes(host.hi.desc) + qweight_device_bytes(host.lo.desc) +
                    (n_hi + n_lo) * sizeof(int32_t);
   Tensor t;

@@ -5,6 +5,7 @@
 // dtype Q4_0 (4-bit) or Q8_0 (every other width) as a marker, data pointing at the QWeightDevice
 // that its owner keeps alive; matmul() dispatches on that marker and then on the descriptor's bits.
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -44,7 +45,13 @@ Tensor upload_packed(const QWeightHost& host) {
     qweight_free(*p);
     delete p;
   });
-  return qtensor(std::move(q), nullptr);
+  std::shared_ptr<void> signs;
+  if (host.had.active()) {
+    signs = upload_hadamard_signs(host.had, host.desc.cols);
+    q->had_signs = static_cast<const int8_t*>(signs.get());
+    q->had_block = host.had.block;
+  }
+  return qtensor(std::move(q), std::move(signs));
 }
 
 }  // namespace
@@ -93,6 +100,18 @@ bool CudaBackend::try_upload_quantized(const TensorView& w, Tensor& out) {
                 stream_);
     GYRE_CUDA_CHECK(cudaStreamSynchronize(stream_));
     weight_bytes_ += bytes;
+    // GYRE_SYNTHETIC_HADAMARD=1: every weight also carries a random rotation (hadamard.h), to
+    // measure what rotating the activations costs a decode step.
+    const char* had = std::getenv("GYRE_SYNTHETIC_HADAMARD");
+    if (had != nullptr && std::string(had) == "1" && hadamard_block_for(cols) != 0) {
+      const HadamardRotation r{hadamard_random_signs(cols, synthetic_seed_++),
+                               hadamard_block_for(cols)};
+      auto signs = upload_hadamard_signs(r, cols);
+      q->had_signs = static_cast<const int8_t*>(signs.get());
+      q->had_block = r.block;
+      memory = std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<void>>>(
+          std::move(memory), std::move(signs));
+    }
     out = qtensor(q, memory);
     return true;
   }

@@ -34,6 +34,11 @@ struct QWeightDevice {
   const void* mins = nullptr;        // same shape, asymmetric only
   const int32_t* perm = nullptr;     // [cols] or null
   void* allocation = nullptr;        // the one cudaMalloc holding all of the above
+  // A rotated layer (backend/cpu/hadamard.h): [cols] signs and block B, set by the backend's
+  // upload (memory owned there, not by allocation); the qlinear kernels ignore them: the backend
+  // rotates x first (hadamard_device.h).
+  const int8_t* had_signs = nullptr;
+  int had_block = 0;
 };
 
 // Device bytes qweight_upload allocates for this layout.

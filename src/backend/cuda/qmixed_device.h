@@ -15,8 +15,10 @@ namespace gyre {
 struct QMixedDevice {
   int rows = 0, cols = 0;
   QWeightDevice hi, lo;
-  const int32_t* hi_cols = nullptr;  // [hi.desc.cols] input column of each packed column
-  const int32_t* lo_cols = nullptr;  // [lo.desc.cols]
+  const int32_t* hi_cols = nullptr;   // [hi.desc.cols] input column of each packed column
+  const int32_t* lo_cols = nullptr;   // [lo.desc.cols]
+  const int8_t* had_signs = nullptr;  // a rotated layer: x is rotated before the gathers
+  int had_block = 0;
 };
 
 namespace cuda {
