@@ -34,7 +34,9 @@ void add_convert_command(CLI::App& app) {
   cmd->add_option("-o,--out", o->out, "output folder")->required();
   cmd->add_option("--bpw", o->bpw, "target bits per weight of the decoder's linear layers")
       ->capture_default_str();
-  cmd->add_option("--head-bits", o->head_bits, "LM head bits: 2-6 or 8, 0 keeps it unquantized")
+  cmd->add_option("--head-bits", o->head_bits,
+                  "LM head bits: 2-6 or 8, 0 keeps it unquantized, -1: 8 at targets of 6 bits or "
+                  "more, else 6")
       ->capture_default_str();
   cmd->add_option("--calibration", o->calibration, "calibration text file (default: built in)");
   cmd->add_option("--rows", o->rows, "calibration rows")->capture_default_str();
@@ -57,6 +59,17 @@ void add_convert_command(CLI::App& app) {
   cmd->add_flag("!--no-clip-search", o->clip_search,
                 "plain min/max group scales instead of the clipping search on the "
                 "Hessian-weighted error");
+  cmd->add_flag("--target-correction", o->target_correction,
+                "GPTQ toward W C H^-1: the layer's original output from its quantized-model "
+                "input (runs the unquantized blocks alongside)");
+  cmd->add_option("--target-correction-damp", o->target_damp,
+                  "its regularization toward the original weights, fraction of the mean Hessian "
+                  "diagonal")
+      ->capture_default_str();
+  cmd->add_option("--scale-refit", o->scale_refit,
+                  "after GPTQ, refit each row's group scales with the codes fixed: off, diag "
+                  "(diagonal Hessian) or full")
+      ->capture_default_str();
   cmd->add_option("--measurement", o->measurement, "reuse this measurement.json");
   cmd->add_option("--uniform", o->uniform,
                   "baseline: every layer at BITS:GROUP[:asym], no measurement; "

@@ -166,6 +166,13 @@ void open_runtime(const ConvertOptions& o, QuantContext& ctx, QuantRuntime& rt) 
   ctx.act_order = o.act_order;
   ctx.rtn = o.rtn;
   ctx.clip_search = o.clip_search;
+  ctx.target_correction = o.target_correction;
+  GYRE_CHECK(o.target_damp > 0.0 && o.target_damp <= 100.0,
+             "--target-correction-damp must be in (0, 100], got ", o.target_damp);
+  ctx.target_damp = o.target_damp;
+  GYRE_CHECK(o.scale_refit == "off" || o.scale_refit == "diag" || o.scale_refit == "full",
+             "--scale-refit must be off, diag or full, got '", o.scale_refit, "'");
+  ctx.scale_refit = o.scale_refit == "full" ? 2 : o.scale_refit == "diag" ? 1 : 0;
   ctx.hadamard = o.hadamard;
   ctx.threads = o.threads > 0 ? o.threads
                               : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -178,7 +185,15 @@ void open_runtime(const ConvertOptions& o, QuantContext& ctx, QuantRuntime& rt) 
   ctx.backend = rt.backend.get();
 }
 
-void convert_model(const ConvertOptions& o) {
+int resolved_head_bits(const ConvertOptions& o) {
+  if (o.head_bits >= 0) return o.head_bits;
+  const double bits = o.uniform.empty() ? o.bpw : parse_uniform(o.uniform).bits;
+  return bits >= 6.0 ? 8 : 6;
+}
+
+void convert_model(const ConvertOptions& o_in) {
+  ConvertOptions o = o_in;
+  o.head_bits = resolved_head_bits(o_in);
   GYRE_CHECK(o.bpw >= 2.0 && o.bpw <= 16.0, "--bpw must be between 2 and 16, got ", o.bpw);
   GYRE_CHECK(o.head_bits == 0 || o.head_bits == 2 || o.head_bits == 3 || o.head_bits == 4 ||
                  o.head_bits == 5 || o.head_bits == 6 || o.head_bits == 8,
@@ -251,6 +266,9 @@ void convert_model(const ConvertOptions& o) {
                         {"rotate", o.rotate},
                         {"hadamard", o.hadamard},
                         {"clip_search", o.clip_search},
+                        {"target_correction", o.target_correction},
+                        {"target_damp", o.target_damp},
+                        {"scale_refit", o.scale_refit},
                         {"calibration_hash", std::to_string(std::hash<std::string>{}(text))}};
   if (file_exists(job + "/job.json")) {
     GYRE_CHECK(read_json_file(job + "/job.json") == sig, "'", job,

@@ -15,7 +15,9 @@ struct ConvertOptions {
   std::string calibration;  // text file; empty: the built-in text
   std::string measurement;  // reuse this measurement JSON instead of measuring
   double bpw = 4.0;         // target average bits per weight of the decoder's linear layers
-  int head_bits = 6;        // LM head bits (group 128, symmetric); 0 keeps it unquantized
+  // LM head bits (group 128, symmetric); 0 keeps it unquantized; -1: by the target (8 when
+  // the target, or the --uniform width, is 6 bits or more, else 6).
+  int head_bits = -1;
   int rows = 32, length = 256;
   double damp = 0.01;
   bool act_order = true;
@@ -30,6 +32,12 @@ struct ConvertOptions {
   // Rotate each decoder layer's input by random-sign block Hadamard matrices (quant/hadamard.h):
   // the file stores quant(W R), the backends rotate x at run time (format version 3).
   bool hadamard = false;
+  // Quantization pass refinements: GPTQ toward the target corrected for the quantized inputs
+  // (target_correction.h); group scales refit after GPTQ, codes fixed (scale_refit.h): "off",
+  // "diag" or "full".
+  bool target_correction = false;
+  double target_damp = 0.1;  // its regularization toward W (target_correction.h)
+  std::string scale_refit = "off";
   // Baselines: every layer at one setting "BITS:GROUP[:asym]" (no measurement), and round to
   // nearest instead of GPTQ.
   std::string uniform;
@@ -40,6 +48,11 @@ struct ConvertOptions {
   std::string device;
   bool progress = true;
 };
+
+// The LM head's bits: o.head_bits, or with -1 the default by the target: 8 when the target
+// (--bpw, or the --uniform width) is 6 bits or more, else 6 (a 6-bit head alone capped top-1
+// agreement at high targets; docs/quantization.md).
+int resolved_head_bits(const ConvertOptions& o);
 
 // Runs the whole conversion; prints progress and per-layer errors on stderr. Throws gyre::Error.
 void convert_model(const ConvertOptions& o);

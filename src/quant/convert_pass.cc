@@ -153,7 +153,7 @@ void quantize_pass(const QuantContext& ctx, Plan& plan, const std::string& job, 
   Progress bar("quantizing", static_cast<int64_t>(plan.size()), ctx.progress);
   BlockRunner runner(*ctx.backend, c, rows, length);
   std::vector<float> hidden = embed_rows(ctx);
-  UnitQuantizer uq(ctx);
+  UnitQuantizer uq(ctx, /*refine=*/true);
   auto quantize = [&](const std::string& name, const std::vector<float>& w) {
     const QuantSetting& st = plan.at(name);
     double err = 0;
@@ -162,9 +162,22 @@ void quantize_pass(const QuantContext& ctx, Plan& plan, const std::string& job, 
     bar.step();
     return q;
   };
+  // Target correction needs each unit's input in the unquantized model too: the original
+  // blocks run alongside on their own hidden states, each unit's input kept for the hook.
+  const bool tc = ctx.target_correction && !ctx.rtn;
+  std::vector<float> hidden_fp;
+  if (tc) hidden_fp = hidden;
   for (int b = 0; b < c.n_layers; ++b) {
     BlockWeights w = block_of(ctx, b);
     const std::string path = job + "/block_" + std::to_string(b) + ".safetensors";
+    std::map<Unit, std::vector<float>> fp_inputs;
+    if (tc) {
+      BlockWeights original = w;
+      runner.run(hidden_fp, original,
+                 [&](Unit unit, const std::vector<float>& x, int64_t, BlockWeights&) {
+                   fp_inputs[unit] = x;
+                 });
+    }
     if (file_exists(path)) {  // done before an interruption: its quantized weights, then move on
       for (auto& [name, f] : load_job_file(path, plan, m, ctx.hadamard)) {
         w.t[name.substr(layer_tensor(b, "").size())] = std::move(f);
@@ -180,7 +193,8 @@ void quantize_pass(const QuantContext& ctx, Plan& plan, const std::string& job, 
           for (const std::string& s : unit_linears(unit))
             if (plan.count(layer_tensor(b, s.c_str()))) names.push_back(s);
           if (names.empty()) return;
-          uq.set_input(x, tokens, layer_tensor(b, unit_linears(unit)[0].c_str()));
+          uq.set_input(x, tokens, layer_tensor(b, unit_linears(unit)[0].c_str()),
+                       tc ? &fp_inputs.at(unit) : nullptr);
           for (const std::string& s : names) {
             const std::string name = layer_tensor(b, s.c_str());
             QuantizedWeight q = quantize(name, bw.t[s]);
@@ -192,15 +206,21 @@ void quantize_pass(const QuantContext& ctx, Plan& plan, const std::string& job, 
   }
   const std::string head_path = job + "/head.safetensors";
   if (plan.count(kHead) && !file_exists(head_path)) {
-    const std::vector<float> x =
-        runner.final_norm(hidden, tensor_to_f32(m.weights.get("model.norm.weight")));
-    uq.set_input(x, int64_t{rows} * length);
+    const std::vector<float> norm = tensor_to_f32(m.weights.get("model.norm.weight"));
+    const std::vector<float> x = runner.final_norm(hidden, norm);
+    std::vector<float> x_fp;
+    if (tc) x_fp = runner.final_norm(hidden_fp, norm);
+    uq.set_input(x, int64_t{rows} * length, {}, tc ? &x_fp : nullptr);
     const QuantizedWeight q = quantize(kHead, tensor_to_f32(head_weight(m)));
     write_safetensors(head_path, pack_tensors(q, kHead));
   } else if (plan.count(kHead)) {
     bar.step();
   }
   bar.finish();
+  if (ctx.scale_refit != 0 && uq.refit_error_before() > 0.0)
+    std::fprintf(stderr, "convert: scale refit: summed tr(E H E^T) %.6g -> %.6g (%.2f%% lower)\n",
+                 uq.refit_error_before(), uq.refit_error_after(),
+                 100.0 * (1.0 - uq.refit_error_after() / uq.refit_error_before()));
 }
 
 void write_output(const QuantContext& ctx, const ConvertOptions& o, const Plan& plan,
@@ -260,6 +280,9 @@ void write_output(const QuantContext& ctx, const ConvertOptions& o, const Plan& 
                        {"rotated", o.rotate},
                        {"hadamard", ctx.hadamard},
                        {"clip_search", ctx.clip_search},
+                       {"target_correction", ctx.target_correction},
+                       {"target_damp", ctx.target_damp},
+                       {"scale_refit", o.scale_refit},
                        {"calibration_rows", ctx.rows.size()},
                        {"calibration_length", ctx.rows[0].size()},
                        {"layers", plan_layers_json(plan, m.weights, ctx.hadamard)}};

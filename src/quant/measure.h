@@ -65,6 +65,12 @@ struct QuantContext {
   bool rtn = false;          // round to nearest instead of GPTQ (a baseline)
   bool clip_search = false;  // GPTQ group parameters by a clipping search (gptq.h)
   bool hadamard = false;     // rotate every decoder unit's input (quant/hadamard.h)
+  // The quantization pass's refinements (not the measurement's): GPTQ toward the corrected
+  // target W C H^-1 (target_correction.h), and the group scales refit after GPTQ with the codes
+  // fixed (scale_refit.h): 0 off, 1 diagonal Hessian, 2 full Hessian.
+  bool target_correction = false;
+  double target_damp = 0.1;  // the correction's lambda, fraction of the mean Hessian diagonal
+  int scale_refit = 0;
   int threads = 1;
   bool progress = true;
   GptqDevice* gpu = nullptr;        // not null: GPTQ and Hessians on this GPU (not for rtn)

@@ -124,7 +124,9 @@ BlockWeights synthetic_block(const ModelConfig& c, int layer, int threads) {
   return b;
 }
 
-void convert_synthetic(const ModelConfig& c, const std::string& name, const ConvertOptions& o) {
+void convert_synthetic(const ModelConfig& c, const std::string& name, const ConvertOptions& o_in) {
+  ConvertOptions o = o_in;
+  o.head_bits = resolved_head_bits(o_in);
   GYRE_CHECK(!o.out.empty(), "convert needs an output folder (-o)");
   GYRE_CHECK(o.bpw >= 2.0 && o.bpw <= 16.0, "--bpw must be between 2 and 16, got ", o.bpw);
   GYRE_CHECK(o.rows >= 1 && o.length >= 1 && o.length <= c.max_seq_len,

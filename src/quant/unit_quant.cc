@@ -5,6 +5,8 @@
 #include "core/error.h"
 #include "quant/gptq_device.h"
 #include "quant/hadamard.h"
+#include "quant/scale_refit.h"
+#include "quant/target_correction.h"
 
 namespace gyre::quant {
 
@@ -27,7 +29,7 @@ class ScopedSeconds {
 }  // namespace
 
 void UnitQuantizer::set_input(const std::vector<float>& x_in, int64_t tokens,
-                              const std::string& unit) {
+                              const std::string& unit, const std::vector<float>* x_fp_in) {
   GYRE_CHECK(tokens > 0 && x_in.size() % static_cast<size_t>(tokens) == 0,
              "internal: unit input size mismatch");
   ScopedSeconds timer(ctx_.timings ? &ctx_.timings->hessian : nullptr);
@@ -41,22 +43,45 @@ void UnitQuantizer::set_input(const std::vector<float>& x_in, int64_t tokens,
     hadamard_rotate_rows(rotated.data(), tokens, n_, rot_);
   }
   const std::vector<float>& x = rot_.active() ? rotated : x_in;
+  cross_.clear();
+  factor_ = DampedFactor{};
   if (on_gpu()) {
     ctx_.gpu->set_input(x.data(), tokens, n_, ctx_.damp, ctx_.act_order, ctx_.clip_search);
     h_.clear();
-    return;
+    prep_ready_ = false;
+  } else {
+    h_ = hessian_of(x, tokens, n_, ctx_.threads);
+    prep_ = GptqPrep{};
+    if (!ctx_.rtn) prep_ = gptq_prepare(h_, n_, ctx_.damp, ctx_.act_order);
+    prep_.clip_search = ctx_.clip_search;
+    prep_ready_ = true;
   }
-  h_ = hessian_of(x, tokens, n_, ctx_.threads);
-  prep_ = GptqPrep{};
-  if (!ctx_.rtn) prep_ = gptq_prepare(h_, n_, ctx_.damp, ctx_.act_order);
-  prep_.clip_search = ctx_.clip_search;
+  if (refine_ && ctx_.target_correction && x_fp_in != nullptr) {
+    // On the host in float64 on both paths (the GPU path fetches its Hessian): fine at small
+    // widths, the dominant cost at 8B widths (tokens * n^2 per unit). A rotated unit's original
+    // input is rotated alike, so C and H are both in the rotated space.
+    std::vector<float> fp_rotated;
+    if (rot_.active()) {
+      fp_rotated = *x_fp_in;
+      hadamard_rotate_rows(fp_rotated.data(), tokens, n_, rot_);
+    }
+    const std::vector<float>& x_fp = rot_.active() ? fp_rotated : *x_fp_in;
+    ensure_host_hessian();
+    cross_ = cross_covariance(x_fp, x, tokens, n_, ctx_.threads);
+    factor_ = damped_factor(h_, n_, ctx_.target_damp);
+  }
+}
+
+void UnitQuantizer::ensure_host_hessian() {
+  if (h_.empty()) h_ = ctx_.gpu->hessian();
 }
 
 void UnitQuantizer::ensure_cpu_prep() {
-  if (!h_.empty()) return;
-  h_ = ctx_.gpu->hessian();
+  if (prep_ready_) return;
+  ensure_host_hessian();
   prep_ = gptq_prepare(h_, n_, ctx_.damp, ctx_.act_order);
   prep_.clip_search = ctx_.clip_search;
+  prep_ready_ = true;
 }
 
 QuantizedWeight UnitQuantizer::quantize_cpu(const std::vector<float>& w,
@@ -112,14 +137,25 @@ QuantizedWeight UnitQuantizer::quantize(const std::vector<float>& w_in, const Qu
              "internal: weight width mismatch");
   ScopedSeconds timer(ctx_.timings ? &ctx_.timings->gptq : nullptr);
   std::vector<float> rotated;
-  const std::vector<float>& w = weight_in(w_in, rotated);
-  const int rows = static_cast<int>(static_cast<int64_t>(w.size()) / n_);
+  const std::vector<float>& w_rot = weight_in(w_in, rotated);
+  const int rows = static_cast<int>(static_cast<int64_t>(w_rot.size()) / n_);
+  std::vector<float> corrected;
+  if (!cross_.empty()) corrected = corrected_target(w_rot, n_, cross_, factor_, ctx_.threads);
+  const std::vector<float>& w = cross_.empty() ? w_rot : corrected;
+  const bool refit = refine_ && ctx_.scale_refit != 0 && !ctx_.rtn;
   QuantizedWeight q;
   if (on_gpu() && !st.mixed()) {
     q = ctx_.gpu->quantize(w.data(), rows, st, rel_error);
   } else {
     if (on_gpu()) ensure_cpu_prep();
     q = quantize_cpu(w, st);
+    if (rel_error != nullptr && !refit) *rel_error = relative_error(w.data(), q, h_, ctx_.threads);
+  }
+  if (refit) {  // codes fixed; in the space GPTQ worked in (rotated, when the unit is)
+    ensure_host_hessian();
+    const RefitResult r = refit_scales(w.data(), q, h_, ctx_.scale_refit == 1, ctx_.threads);
+    refit_before_ += r.error_before;
+    refit_after_ += r.error_after;
     if (rel_error != nullptr) *rel_error = relative_error(w.data(), q, h_, ctx_.threads);
   }
   if (rot_.active()) {  // the error is invariant under R; the layer's floats are unrotated
