@@ -28,6 +28,17 @@ class CudaGptq final : public GptqDevice {
   std::vector<double> hessian() const override { return engine_.hessian(); }
   double damp_used() const override { return engine_.damp_used(); }
 
+  double set_target(const float* x_fp, const float* x_q, int64_t tokens,
+                    double target_damp) override {
+    return engine_.set_target(x_fp, x_q, tokens, target_damp);
+  }
+  std::vector<double> cross_covariance() const override { return engine_.cross(); }
+  std::vector<float> corrected_target(const float* w, int rows) override {
+    std::vector<float> out(static_cast<size_t>(rows) * n_);
+    engine_.corrected_target(w, rows, out.data());
+    return out;
+  }
+
   std::vector<double> errors(const float* w, int rows,
                              const std::vector<QuantSetting>& settings) override {
     std::vector<cuda::Setting> ds;

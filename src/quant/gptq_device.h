@@ -23,6 +23,15 @@ class GptqDevice {
   // [n x n]: for tests, and the CPU GPTQ of mixed settings (unit_quant.h)
   virtual std::vector<double> hessian() const = 0;
   virtual double damp_used() const = 0;
+  // Target correction (target_correction.h) on the device: C = 2/N x_fp^T x_q from x_fp, the
+  // same tokens' input in the unquantized model, and x_q, the input given to set_input (host
+  // floats, [tokens, n]), and the Cholesky factor of H + lambda I, all kept on the device.
+  // Returns lambda (as damped_factor). Valid until the next set_input.
+  virtual double set_target(const float* x_fp, const float* x_q, int64_t tokens,
+                            double target_damp) = 0;
+  virtual std::vector<double> cross_covariance() const = 0;  // C [n x n], for tests
+  // W* [rows, n] = W (C + lambda I)(H + lambda I)^-1 of w [rows, n] (host floats).
+  virtual std::vector<float> corrected_target(const float* w, int rows) = 0;
   // tr(E H E^T) / tr(W H W^T) of GPTQ at each setting for w [rows, n] (host floats).
   virtual std::vector<double> errors(const float* w, int rows,
                                      const std::vector<QuantSetting>& settings) = 0;

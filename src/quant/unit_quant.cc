@@ -43,6 +43,7 @@ void UnitQuantizer::set_input(const std::vector<float>& x_in, int64_t tokens,
     hadamard_rotate_rows(rotated.data(), tokens, n_, rot_);
   }
   const std::vector<float>& x = rot_.active() ? rotated : x_in;
+  corrected_ = false;
   cross_.clear();
   factor_ = DampedFactor{};
   if (on_gpu()) {
@@ -57,18 +58,22 @@ void UnitQuantizer::set_input(const std::vector<float>& x_in, int64_t tokens,
     prep_ready_ = true;
   }
   if (refine_ && ctx_.target_correction && x_fp_in != nullptr) {
-    // On the host in float64 on both paths (the GPU path fetches its Hessian): fine at small
-    // widths, the dominant cost at 8B widths (tokens * n^2 per unit). A rotated unit's original
-    // input is rotated alike, so C and H are both in the rotated space.
+    // In float64 on either path: on the host it costs tokens * n^2 per unit, the dominant cost
+    // at 8B widths, so the GPU path keeps C and the factor on the device. A rotated unit's
+    // original input is rotated alike, so C and H are both in the rotated space.
     std::vector<float> fp_rotated;
     if (rot_.active()) {
       fp_rotated = *x_fp_in;
       hadamard_rotate_rows(fp_rotated.data(), tokens, n_, rot_);
     }
     const std::vector<float>& x_fp = rot_.active() ? fp_rotated : *x_fp_in;
-    ensure_host_hessian();
-    cross_ = cross_covariance(x_fp, x, tokens, n_, ctx_.threads);
-    factor_ = damped_factor(h_, n_, ctx_.target_damp);
+    if (on_gpu()) {
+      ctx_.gpu->set_target(x_fp.data(), x.data(), tokens, ctx_.target_damp);
+    } else {
+      cross_ = cross_covariance(x_fp, x, tokens, n_, ctx_.threads);
+      factor_ = damped_factor(h_, n_, ctx_.target_damp);
+    }
+    corrected_ = true;
   }
 }
 
@@ -140,8 +145,10 @@ QuantizedWeight UnitQuantizer::quantize(const std::vector<float>& w_in, const Qu
   const std::vector<float>& w_rot = weight_in(w_in, rotated);
   const int rows = static_cast<int>(static_cast<int64_t>(w_rot.size()) / n_);
   std::vector<float> corrected;
-  if (!cross_.empty()) corrected = corrected_target(w_rot, n_, cross_, factor_, ctx_.threads);
-  const std::vector<float>& w = cross_.empty() ? w_rot : corrected;
+  if (corrected_)
+    corrected = on_gpu() ? ctx_.gpu->corrected_target(w_rot.data(), rows)
+                         : corrected_target(w_rot, n_, cross_, factor_, ctx_.threads);
+  const std::vector<float>& w = corrected_ ? corrected : w_rot;
   const bool refit = refine_ && ctx_.scale_refit != 0 && !ctx_.rtn;
   QuantizedWeight q;
   if (on_gpu() && !st.mixed()) {

@@ -55,7 +55,10 @@ class UnitQuantizer {
   std::vector<double> h_;  // CPU, or fetched from the GPU when the host needs it
   GptqPrep prep_;
   bool prep_ready_ = false;
-  std::vector<double> cross_;  // target correction: C, and the factor of H + lambda I
+  // Target correction: on the CPU path C and the factor of H + lambda I; on the GPU path both
+  // stay on the device (GptqDevice::set_target).
+  bool corrected_ = false;
+  std::vector<double> cross_;
   DampedFactor factor_;
   double refit_before_ = 0.0, refit_after_ = 0.0;
 };

@@ -109,18 +109,9 @@ void hessian_device(cublasHandle_t blas, cudaStream_t s, const float* x, int64_t
   }
 }
 
-// inverse(Hp) = U^T U with U upper <=> Hp = V V^T with V = inverse(U) upper. With J the
-// reversal, J Hp J = (J V J)(J V J)^T and J V J is lower: so M = chol(J Hp J) (an ordinary lower
-// Cholesky factor of Hp in reversed order), V = J M J and U = J inverse(M) J.
-bool inverse_factor_device(cublasHandle_t blas, cudaStream_t s, const double* h, int n,
-                           const int* order_dev, const double* diag_dev, double damp_abs, double* u,
-                           DevBuf& work1, DevBuf& work2, DevBuf& flag) {
-  const int64_t nn = int64_t{n} * n;
-  double* a = work1.as<double>(static_cast<size_t>(nn));
+bool cholesky_lower_device(cublasHandle_t blas, cudaStream_t s, double* a, int n, DevBuf& flag) {
   int* bad = flag.as<int>(1);
   GYRE_CUDA_CHECK(cudaMemsetAsync(bad, 0, sizeof(int), s));
-  build_reversed<<<blocks_for(nn, 256), 256, 0, s>>>(a, h, n, order_dev, diag_dev, damp_abs);
-  GYRE_CUDA_LAUNCHED();
   const double one = 1.0, minus_one = -1.0;
   for (int k0 = 0; k0 < n; k0 += kDiagBlock) {
     const int b = std::min(kDiagBlock, n - k0), rest = n - k0 - b;
@@ -137,7 +128,21 @@ bool inverse_factor_device(cublasHandle_t blas, cudaStream_t s, const double* h,
   int host_bad = 0;
   GYRE_CUDA_CHECK(cudaMemcpyAsync(&host_bad, bad, sizeof(int), cudaMemcpyDeviceToHost, s));
   GYRE_CUDA_CHECK(cudaStreamSynchronize(s));
-  if (host_bad) return false;
+  return host_bad == 0;
+}
+
+// inverse(Hp) = U^T U with U upper <=> Hp = V V^T with V = inverse(U) upper. With J the
+// reversal, J Hp J = (J V J)(J V J)^T and J V J is lower: so M = chol(J Hp J) (an ordinary lower
+// Cholesky factor of Hp in reversed order), V = J M J and U = J inverse(M) J.
+bool inverse_factor_device(cublasHandle_t blas, cudaStream_t s, const double* h, int n,
+                           const int* order_dev, const double* diag_dev, double damp_abs, double* u,
+                           DevBuf& work1, DevBuf& work2, DevBuf& flag) {
+  const int64_t nn = int64_t{n} * n;
+  double* a = work1.as<double>(static_cast<size_t>(nn));
+  build_reversed<<<blocks_for(nn, 256), 256, 0, s>>>(a, h, n, order_dev, diag_dev, damp_abs);
+  GYRE_CUDA_LAUNCHED();
+  if (!cholesky_lower_device(blas, s, a, n, flag)) return false;
+  const double one = 1.0;
   double* minv = work2.as<double>(static_cast<size_t>(nn));
   set_identity<<<blocks_for(nn, 256), 256, 0, s>>>(minv, n);
   GYRE_CUDA_LAUNCHED();

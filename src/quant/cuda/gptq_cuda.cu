@@ -205,12 +205,15 @@ struct Engine::Impl {
   cublasHandle_t blas = nullptr;
   int n = 0;
   int64_t rows = 0;
+  int64_t tokens = 0;
   double damp_used = 0;
+  double diag_mean = 0;  // of H, a zero entry counted as 1
+  double lambda = -1;    // target correction's; < 0 when not set for this input
   bool clip = false;
   std::vector<int> order;
   int last_group = 0;
   DevBuf xf, xd, h, u, work1, work2, flag, order_d, pos_d, first_d[3], hdiag_d, dead_d, w_f, w_v, f,
-      err, scale, minv, dequant, q, sets, sums;
+      err, scale, minv, dequant, q, sets, sums, cross, chol;
 
   void sync() { GYRE_CUDA_CHECK(cudaStreamSynchronize(s)); }
   std::vector<double> run_batch(const std::vector<Setting>& settings, bool want_q);
@@ -254,7 +257,9 @@ void Engine::set_input(const float* x, int64_t tokens, int n, double damp, bool 
   GYRE_CHECK(tokens > 0 && n > 0, "gptq: empty input");
   GYRE_CHECK(damp >= 0.0 && damp <= 1.0, "gptq: damping must be in [0, 1], got ", damp);
   m.n = n;
+  m.tokens = tokens;
   m.rows = 0;
+  m.lambda = -1;
   m.clip = clip_search;
   double* h = m.h.as<double>(static_cast<size_t>(n) * n);
   hessian_device(m.blas, m.s, x, tokens, n, h, m.xf, m.xd);
@@ -270,6 +275,7 @@ void Engine::set_input(const float* x, int64_t tokens, int n, double damp, bool 
     mean += diag[i];
   }
   mean /= n;
+  m.diag_mean = mean;
   m.order.resize(static_cast<size_t>(n));
   std::iota(m.order.begin(), m.order.end(), 0);
   if (act_order)
@@ -301,6 +307,39 @@ void Engine::set_input(const float* x, int64_t tokens, int n, double damp, bool 
     }
     GYRE_CHECK(d * 10.0 <= 1.0, "gptq: the Hessian is not positive definite even with damping ", d);
   }
+}
+
+double Engine::set_target(const float* x_fp, const float* x_q, int64_t tokens, double target_damp) {
+  Impl& m = *impl_;
+  GYRE_CHECK(m.n > 0 && tokens == m.tokens, "internal: target correction input mismatch");
+  const size_t nn = static_cast<size_t>(m.n) * m.n;
+  cross_covariance_device(m.blas, m.s, x_fp, x_q, tokens, m.n, m.cross.as<double>(nn), m.xf, m.xd,
+                          m.f);
+  double* l = m.chol.as<double>(nn);
+  // The ladder of damped_factor (target_correction.cc).
+  for (double d = std::max(target_damp, 1e-6);; d *= 10.0) {
+    if (damped_factor_device(m.blas, m.s, m.h.get<double>(), m.n, d * m.diag_mean, l, m.flag)) {
+      m.lambda = d * m.diag_mean;
+      return m.lambda;
+    }
+    GYRE_CHECK(d * 10.0 <= 1.0, "target correction: the Hessian does not factor even with damping ",
+               d);
+  }
+}
+
+std::vector<double> Engine::cross() const {
+  Impl& m = *impl_;
+  GYRE_CHECK(m.lambda >= 0, "internal: no target correction on the device");
+  std::vector<double> out(static_cast<size_t>(m.n) * m.n);
+  copy_row_major(out.data(), m.cross.get<double>(), m.n, m.n, m.work2, m.s);
+  return out;
+}
+
+void Engine::corrected_target(const float* w, int rows, float* out) {
+  Impl& m = *impl_;
+  GYRE_CHECK(m.lambda >= 0 && rows > 0, "internal: no target correction on the device");
+  corrected_target_device(m.blas, m.s, w, rows, m.n, m.cross.get<double>(), m.chol.get<double>(),
+                          m.lambda, out, m.w_f, m.w_v, m.f);
 }
 
 double Engine::set_weight(const float* w, int rows) {

@@ -63,12 +63,31 @@ void upload(DevBuf& buf, const T* host, size_t count, cudaStream_t s) {
 void hessian_device(cublasHandle_t blas, cudaStream_t s, const float* x, int64_t tokens, int n,
                     double* h, DevBuf& xf, DevBuf& xd);
 
+// In-place lower Cholesky factor of a (column-major [n x n], lower triangle read; the upper is
+// zeroed only inside the diagonal blocks). False when a is not positive definite. Synchronizes.
+bool cholesky_lower_device(cublasHandle_t blas, cudaStream_t s, double* a, int n, DevBuf& flag);
+
 // The upper factor U (row-major [n x n]) with inverse(Hp) = U^T U, Hp = H in visiting order
 // `order` with its diagonal replaced by diag + damp_abs. False when Hp is not positive definite.
 // work1/work2 hold n x n doubles each.
 bool inverse_factor_device(cublasHandle_t blas, cudaStream_t s, const double* h, int n,
                            const int* order_dev, const double* diag_dev, double damp_abs, double* u,
                            DevBuf& work1, DevBuf& work2, DevBuf& flag);
+
+// Target correction (quant/target_correction.h), float64. c [n x n] = 2/N x_fp^T x_q for host
+// x_fp, x_q [tokens, n], in token chunks through the staging buffers.
+void cross_covariance_device(cublasHandle_t blas, cudaStream_t s, const float* x_fp,
+                             const float* x_q, int64_t tokens, int n, double* c, DevBuf& staging,
+                             DevBuf& fp, DevBuf& q);
+// l = lower Cholesky factor of H (a zero diagonal entry counted as 1) + lambda I. False when that
+// is not positive definite.
+bool damped_factor_device(cublasHandle_t blas, cudaStream_t s, const double* h, int n,
+                          double lambda, double* l, DevBuf& flag);
+// out [rows, n] (host) = W (C + lambda I)(H + lambda I)^-1 for host w [rows, n], l from
+// damped_factor_device. Synchronizes.
+void corrected_target_device(cublasHandle_t blas, cudaStream_t s, const float* w, int rows, int n,
+                             const double* c, const double* l, double lambda, float* out,
+                             DevBuf& staging, DevBuf& wd, DevBuf& y);
 
 // sums[c] += sum over rows [c*rows, (c+1)*rows) and all n columns of a .* b (column-major
 // [R x n], R = cands * rows).

@@ -22,6 +22,12 @@ class Engine {
                  bool clip_search);
   std::vector<double> hessian() const;
   double damp_used() const;
+  // Target correction (GptqDevice::set_target): C from x_fp and x_q (the input of the last
+  // set_input), the factor of H + lambda I; returns lambda.
+  double set_target(const float* x_fp, const float* x_q, int64_t tokens, double target_damp);
+  std::vector<double> cross() const;  // C, row-major [n x n] (for tests)
+  // out [rows, n] = the corrected target of w [rows, n] (host floats).
+  void corrected_target(const float* w, int rows, float* out);
   // Uploads w [rows, n]; returns tr(W H W^T).
   double set_weight(const float* w, int rows);
   // GPTQ of the weight at each setting (stacked, in batches bounded in memory); tr(E H E^T) of
