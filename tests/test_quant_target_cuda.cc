@@ -60,7 +60,7 @@ std::vector<float> weights(int rows, int n) {
 // floats next to each other (a float64 value near a rounding boundary).
 bool float_close(float gpu, float cpu) {
   const double d = std::fabs(static_cast<double>(gpu) - cpu);
-  return d <= 1e-9 * std::fabs(cpu) || std::nextafter(cpu, gpu) == gpu;
+  return d <= 1e-9 * std::fabs(cpu) + 1e-15 || std::nextafter(cpu, gpu) == gpu;
 }
 
 #define SKIP_WITHOUT_GPU() \
