@@ -6,10 +6,15 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "core/half.h"
+#include "error_test_util.h"
+#include "model/gyre_quant_loader.h"
+#include "model/safetensors.h"
 #include "model/weights.h"
 
 namespace gyre::qfile {
@@ -49,6 +54,18 @@ inline std::vector<double> decode_part(const WeightSet& raw, const std::string& 
           sym ? s * (q - (1 << (bits - 1))) : s * q + f16_at(*mn, r * groups + c / group);
     }
   return out;
+}
+
+// A converted file tampered with: `edit` changes a copy of its config and a fresh load of
+// FOLDER/model.safetensors; loading must then fail with one line mentioning `needle`.
+inline void expect_tampered_load_error(const nlohmann::json& config, const std::string& folder,
+                                       const std::function<void(nlohmann::json&, WeightSet&)>& edit,
+                                       const std::string& needle) {
+  nlohmann::json c = config;
+  WeightSet raw, out;
+  safetensors_load(folder + "/model.safetensors", raw);
+  edit(c, raw);
+  testutil::expect_one_line_error([&] { gyre_quant_load(c, raw, out, "t"); }, needle);
 }
 
 }  // namespace gyre::qfile

@@ -195,17 +195,7 @@ TEST(HadamardConvert, RotatedFileDecodesToItsFloatTwinAndStaysCloseToTheOriginal
   // Tampering: each a one-line error.
   auto expect_error = [&](const std::function<void(nlohmann::json&, WeightSet&)>& edit,
                           const std::string& needle) {
-    nlohmann::json c = cfg;
-    WeightSet r2, o2;
-    safetensors_load(out + "/model.safetensors", r2);
-    edit(c, r2);
-    try {
-      gyre_quant_load(c, r2, o2, "t");
-      ADD_FAILURE() << "no error, expected " << needle;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
-    }
+    qfile::expect_tampered_load_error(cfg, out, edit, needle);
   };
   const std::string l0 = "model.layers.0.self_attn.q_proj";
   expect_error([](nlohmann::json& c, WeightSet&) { c["quantization_config"]["version"] = 2; },
