@@ -25,7 +25,7 @@ inline std::vector<float> random_f16(size_t n, std::mt19937& rng, float scale = 
 // use them in place).
 struct Act {
   Tensor t;
-  std::shared_ptr<std::vector<float>> data;
+  std::shared_ptr<std::vector<float>> data = nullptr;
 };
 inline Act upload(Backend& b, const std::vector<float>& values, int64_t rows, int64_t cols) {
   auto v = std::make_shared<std::vector<float>>(values);
@@ -61,7 +61,7 @@ double rel_error(const std::vector<float>& got, const std::vector<T>& want) {
 // One activation on two backends (the CPU backend may keep the host data: the pair owns it).
 struct Pair {
   Tensor cpu, gpu;
-  std::shared_ptr<std::vector<float>> data;
+  std::shared_ptr<std::vector<float>> data = nullptr;
 };
 inline Pair upload_pair(Backend& cpu, Backend& gpu, std::vector<float> values, int64_t rows,
                         int64_t cols) {

@@ -34,22 +34,9 @@ using ctest::cuda_backend;
 
 using btest::random_f16;
 
-// The same host data as a tensor of each backend. The CPU backend may use the host data in
-// place, so the pair keeps it alive.
-struct Pair {
-  Tensor cpu, gpu;
-  std::shared_ptr<std::vector<float>> data = nullptr;
-};
-Pair upload(Backend& cpu, Backend& gpu, std::vector<float> values, int64_t rows, int64_t cols) {
-  auto v = std::make_shared<std::vector<float>>(std::move(values));
-  TensorView t;
-  t.name = "test";
-  t.dtype = DType::F32;
-  t.shape = {rows, cols};
-  t.data = v->data();
-  t.nbytes = v->size() * sizeof(float);
-  return {cpu.upload_weight(t), gpu.upload_weight(t), v};
-}
+using btest::Pair;
+
+using btest::upload_pair;
 
 using btest::rel_error;
 
@@ -71,7 +58,7 @@ class CudaOps : public ::testing::Test {
 
 TEST_F(CudaOps, EmbedGathersRows) {
   const int vocab = 37, dim = 29, n = 11;
-  Pair table = upload(*cpu, *gpu, random_f16(vocab * dim, rng), vocab, dim);
+  Pair table = upload_pair(*cpu, *gpu, random_f16(vocab * dim, rng), vocab, dim);
   std::vector<int32_t> tokens = {0, 36, 5, 5, 17, 1, 2, 30, 29, 11, 36};
   Pair out{cpu->alloc(n, dim), gpu->alloc(n, dim)};
   cpu->embed(out.cpu, table.cpu, tokens.data(), n);
@@ -82,9 +69,9 @@ TEST_F(CudaOps, EmbedGathersRows) {
 TEST_F(CudaOps, RmsNormAndResidualAdd) {
   for (int cols : {8, 173, 4096, 20000}) {
     const int rows = 5;
-    Pair x = upload(*cpu, *gpu, random_f16(rows * cols, rng, 3.0f), rows, cols);
-    Pair d = upload(*cpu, *gpu, random_f16(rows * cols, rng), rows, cols);
-    Pair w = upload(*cpu, *gpu, random_f16(cols, rng), 1, cols);
+    Pair x = upload_pair(*cpu, *gpu, random_f16(rows * cols, rng, 3.0f), rows, cols);
+    Pair d = upload_pair(*cpu, *gpu, random_f16(rows * cols, rng), rows, cols);
+    Pair w = upload_pair(*cpu, *gpu, random_f16(cols, rng), 1, cols);
     Pair out{cpu->alloc(rows, cols), gpu->alloc(rows, cols)};
     cpu->rmsnorm(out.cpu, x.cpu, w.cpu, 1e-5f);
     gpu->rmsnorm(out.gpu, x.gpu, w.gpu, 1e-5f);
@@ -101,9 +88,9 @@ TEST_F(CudaOps, MatmulGemvAndGemmWithBias) {
     for (int in : {64, 172, 200, 1024, 2056}) {
       // 2056 takes the GEMV paths with several warps per row (few rows: 4, 2100 rows: 2).
       const int out_dim = in == 2056 && n == 3 ? 2100 : (n % 2 ? 33 : 100);
-      Pair x = upload(*cpu, *gpu, random_f16(n * in, rng), n, in);
-      Pair w = upload(*cpu, *gpu, random_f16(out_dim * in, rng, 0.1f), out_dim, in);
-      Pair b = upload(*cpu, *gpu, random_f16(out_dim, rng), 1, out_dim);
+      Pair x = upload_pair(*cpu, *gpu, random_f16(n * in, rng), n, in);
+      Pair w = upload_pair(*cpu, *gpu, random_f16(out_dim * in, rng, 0.1f), out_dim, in);
+      Pair b = upload_pair(*cpu, *gpu, random_f16(out_dim, rng), 1, out_dim);
       Pair out{cpu->alloc(n, out_dim), gpu->alloc(n, out_dim)};
       const bool with_bias = in != 64;
       cpu->matmul(out.cpu, x.cpu, w.cpu, with_bias ? &b.cpu : nullptr);
@@ -130,15 +117,17 @@ TEST_F(CudaOps, RopeVariants) {
     for (int i = 0; i < c.rot_dim / 2; ++i)
       table.inv_freq.push_back(static_cast<float>(std::pow(10000.0, -2.0 * i / c.rot_dim)));
     std::vector<int32_t> pos = {0, 1, 2, 100, 4095, 31000, 7};
-    Pair x = upload(*cpu, *gpu, random_f16(n * heads * c.head_dim, rng), n, heads * c.head_dim);
+    Pair x =
+        upload_pair(*cpu, *gpu, random_f16(n * heads * c.head_dim, rng), n, heads * c.head_dim);
     cpu->rope(x.cpu, heads, c.head_dim, pos.data(), table);
     gpu->rope(x.gpu, heads, c.head_dim, pos.data(), table);
     expect_close(x, 2e-3, "rope");
     // q and k in one launch (GQA: k has fewer heads) vs the CPU's two rope calls.
     const int kv_heads = 2;
-    Pair q = upload(*cpu, *gpu, random_f16(n * heads * c.head_dim, rng), n, heads * c.head_dim);
-    Pair k =
-        upload(*cpu, *gpu, random_f16(n * kv_heads * c.head_dim, rng), n, kv_heads * c.head_dim);
+    Pair q =
+        upload_pair(*cpu, *gpu, random_f16(n * heads * c.head_dim, rng), n, heads * c.head_dim);
+    Pair k = upload_pair(*cpu, *gpu, random_f16(n * kv_heads * c.head_dim, rng), n,
+                         kv_heads * c.head_dim);
     cpu->rope(q.cpu, heads, c.head_dim, pos.data(), table);
     cpu->rope(k.cpu, kv_heads, c.head_dim, pos.data(), table);
     gpu->rope_qk(q.gpu, heads, k.gpu, kv_heads, c.head_dim, pos.data(), table);
@@ -149,8 +138,8 @@ TEST_F(CudaOps, RopeVariants) {
 
 TEST_F(CudaOps, SiluMulAndAdd) {
   const int rows = 3, cols = 1001;
-  Pair g = upload(*cpu, *gpu, random_f16(rows * cols, rng, 4.0f), rows, cols);
-  Pair u = upload(*cpu, *gpu, random_f16(rows * cols, rng), rows, cols);
+  Pair g = upload_pair(*cpu, *gpu, random_f16(rows * cols, rng, 4.0f), rows, cols);
+  Pair u = upload_pair(*cpu, *gpu, random_f16(rows * cols, rng), rows, cols);
   Pair out{cpu->alloc(rows, cols), gpu->alloc(rows, cols)};
   cpu->silu_mul(out.cpu, g.cpu, u.cpu);
   gpu->silu_mul(out.gpu, g.gpu, u.gpu);
@@ -179,9 +168,9 @@ TEST_F(CudaOps, AttentionPrefillAndDecode) {
     int pos = 0;
     for (int n : {c.prefill, 1, 1, 3, 20}) {  // 20: a second prefill chunk at pos0 > 0
       const int qd = c.heads * c.head_dim, kd = c.kv_heads * c.head_dim;
-      Pair q = upload(*cpu, *gpu, random_f16(n * qd, rng, 2.0f), n, qd);
-      Pair k = upload(*cpu, *gpu, random_f16(n * kd, rng, 2.0f), n, kd);
-      Pair v = upload(*cpu, *gpu, random_f16(n * kd, rng), n, kd);
+      Pair q = upload_pair(*cpu, *gpu, random_f16(n * qd, rng, 2.0f), n, qd);
+      Pair k = upload_pair(*cpu, *gpu, random_f16(n * kd, rng, 2.0f), n, kd);
+      Pair v = upload_pair(*cpu, *gpu, random_f16(n * kd, rng), n, kd);
       Pair out{cpu->alloc(n, qd), gpu->alloc(n, qd)};
       cpu->attention(out.cpu, q.cpu, k.cpu, v.cpu, *cache_cpu, layer, pos, p);
       gpu->attention(out.gpu, q.gpu, k.gpu, v.gpu, *cache_gpu, layer, pos, p);
@@ -223,7 +212,7 @@ TEST_F(CudaOps, QuantizedGgufMatmul) {
     w.nbytes = blocks.size();
     Pair wp{cpu->upload_weight(w), gpu->upload_weight(w)};
     for (int n : {1, 5, 37, 70}) {  // 70: dequantized weight + cuBLAS
-      Pair x = upload(*cpu, *gpu, random_f16(n * cols, rng), n, cols);
+      Pair x = upload_pair(*cpu, *gpu, random_f16(n * cols, rng), n, cols);
       Pair out{cpu->alloc(n, rows), gpu->alloc(n, rows)};
       cpu->matmul(out.cpu, x.cpu, wp.cpu, nullptr);
       gpu->matmul(out.gpu, x.gpu, wp.gpu, nullptr);

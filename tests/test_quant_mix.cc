@@ -28,6 +28,7 @@
 #include "quant/convert_pass.h"
 #include "quant/gptq.h"
 #include "quant/measure.h"
+#include "quant_file_test_util.h"
 
 namespace gyre::quant {
 namespace {
@@ -62,42 +63,7 @@ std::vector<double> uneven_hessian(int n, uint32_t seed) {
   return h;
 }
 
-// Element c of a row's little-endian bit stream of `bits`-bit values (the file format), read
-// bit by bit.
-int read_bits(const uint8_t* row, int64_t c, int bits) {
-  int v = 0;
-  for (int b = 0; b < bits; ++b) {
-    const int64_t bit = c * bits + b;
-    v |= ((row[bit / 8] >> (bit % 8)) & 1) << b;
-  }
-  return v;
-}
-
-double f16_at(const TensorView& t, int64_t i) {
-  uint16_t h;
-  std::memcpy(&h, static_cast<const uint8_t*>(t.data) + i * 2, 2);
-  return f16_to_f32(h);
-}
-
-// The float64 values of one width's part PREFIX over `cols` columns of a file (spec formula).
-std::vector<double> decode_part(const WeightSet& raw, const std::string& prefix, int bits,
-                                int group, bool sym, int64_t rows, int64_t cols) {
-  const TensorView& qw = raw.get(prefix + ".qweight");
-  const TensorView& sc = raw.get(prefix + ".scales");
-  const TensorView* mn = sym ? nullptr : &raw.get(prefix + ".mins");
-  EXPECT_EQ(qw.shape, (std::vector<int64_t>{rows, cols * bits / 32}));
-  std::vector<double> out(static_cast<size_t>(rows * cols));
-  const int64_t groups = cols / group;
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      const auto* row = static_cast<const uint8_t*>(qw.data) + r * (cols * bits / 8);
-      const int q = read_bits(row, c, bits);
-      const double s = f16_at(sc, r * groups + c / group);
-      out[r * cols + c] =
-          sym ? s * (q - (1 << (bits - 1))) : s * q + f16_at(*mn, r * groups + c / group);
-    }
-  return out;
-}
+using qfile::decode_part;
 
 // The float64 weight [rows, cols] of layer NAME described by its quantization_config entry.
 std::vector<double> decode_layer(const WeightSet& raw, const std::string& name,
@@ -318,17 +284,7 @@ TEST(QuantMix, ForcedMixConvertMatchesItsDecodedFloatTwin) {
   // Tampering: a mixed layer in a version-1 file, and a hi_groups list out of order.
   auto expect_error = [&](const std::function<void(nlohmann::json&, WeightSet&)>& edit,
                           const std::string& needle) {
-    nlohmann::json c = cfg;
-    WeightSet r2, o2;
-    safetensors_load(out + "/model.safetensors", r2);
-    edit(c, r2);
-    try {
-      gyre_quant_load(c, r2, o2, "t");
-      ADD_FAILURE() << "no error, expected " << needle;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
-    }
+    qfile::expect_tampered_load_error(cfg, out, edit, needle);
   };
   const std::string l0 = "model.layers.0.self_attn.q_proj";
   expect_error([](nlohmann::json& c, WeightSet&) { c["quantization_config"]["version"] = 1; },
