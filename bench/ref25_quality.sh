@@ -2,8 +2,10 @@
 # gyre-ref-25M converted on the GPU with combinations of the quality options, each scored by
 # `gyre kld --score-all` (fp32, CPU) against the original. Protocol of docs/quantization.md:
 # calibration = first 200,000 bytes of wikitext2-test.txt, evaluation = the 14,000 bytes from
-# byte 700,000 (3,347 tokens), --head-bits 0. Usage (device): bench/ref25_quality.sh GYRE_BIN
-# with .device/ref25/ref25.tar.xz and .device/shared/fixtures/text carried; writes $OUT/quality.log.
+# byte 700,000 (3,347 tokens), --head-bits 0. Target correction is on by default since session 7;
+# the session-7 log (bench/session7_ref25_quality.log) was taken before, when it was opt-in.
+# Usage (device): bench/ref25_quality.sh GYRE_BIN, with .device/ref25/ref25.tar.xz and
+# .device/shared/fixtures/text carried; writes $OUT/quality.log.
 G=$1
 LOG=${OUT:-/tmp}/quality.log
 tar -C /tmp -xJf .device/ref25/ref25.tar.xz
@@ -23,8 +25,8 @@ conv() {  # name, then convert options
     > /tmp/kld_$name.json 2>/dev/null
   python3 -c "import json,sys; d=json.load(open('/tmp/kld_$name.json')); print({k: v for k, v in d.items() if k not in ('kld_percentiles', 'model', 'ref')})" >> "$LOG" 2>&1 || tail -c 400 /tmp/kld_$name.json >> "$LOG"
 }
-conv gptq4_noclip --uniform 4:128 --no-clip-search
-conv g40 --bpw 4.0
+conv gptq4_noclip --uniform 4:128 --no-clip-search --no-target-correction
+conv g40_plain --bpw 4.0 --no-target-correction
 conv g40_tc --bpw 4.0 --target-correction
 conv g40_tc_h --bpw 4.0 --target-correction --hadamard
 conv g40_tc_h_r128 --bpw 4.0 --target-correction --hadamard --rows 128

@@ -59,9 +59,9 @@ void add_convert_command(CLI::App& app) {
   cmd->add_flag("!--no-clip-search", o->clip_search,
                 "plain min/max group scales instead of the clipping search on the "
                 "Hessian-weighted error");
-  cmd->add_flag("--target-correction", o->target_correction,
+  cmd->add_flag("--target-correction,!--no-target-correction", o->target_correction,
                 "GPTQ toward W C H^-1: the layer's original output from its quantized-model "
-                "input (runs the unquantized blocks alongside)");
+                "input (runs the unquantized blocks alongside; on by default)");
   cmd->add_option("--target-correction-damp", o->target_damp,
                   "its regularization toward the original weights, fraction of the mean Hessian "
                   "diagonal")

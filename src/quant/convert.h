@@ -35,8 +35,8 @@ struct ConvertOptions {
   // Quantization pass refinements: GPTQ toward the target corrected for the quantized inputs
   // (target_correction.h); group scales refit after GPTQ, codes fixed (scale_refit.h): "off",
   // "diag" or "full".
-  bool target_correction = false;
-  double target_damp = 0.1;  // its regularization toward W (target_correction.h)
+  bool target_correction = true;  // default since it won at every target (docs/quantization.md)
+  double target_damp = 0.1;       // its regularization toward W (target_correction.h)
   std::string scale_refit = "off";
   // Baselines: every layer at one setting "BITS:GROUP[:asym]" (no measurement), and round to
   // nearest instead of GPTQ.
