@@ -56,6 +56,34 @@ inline std::vector<double> decode_part(const WeightSet& raw, const std::string& 
   return out;
 }
 
+// The float64 weight [rows, cols] of layer NAME as stored (one width, or a mix of two: the hi
+// groups' columns from NAME.hi, the others from NAME, in column order), from its
+// quantization_config entry j. A rotated layer comes out as stored: (W R)_q.
+inline std::vector<double> decode_layer(const WeightSet& raw, const std::string& name,
+                                        const nlohmann::json& j) {
+  const int bits = j["bits"], group = j["group_size"];
+  const bool sym = j["sym"];
+  const int64_t rows = j["shape"][0], cols = j["shape"][1];
+  if (!j.contains("mix")) return decode_part(raw, name, bits, group, sym, rows, cols);
+  const TensorView& hg = raw.get(name + ".hi_groups");
+  std::vector<int32_t> hi(static_cast<size_t>(hg.numel()));
+  std::memcpy(hi.data(), hg.data, hi.size() * 4);
+  EXPECT_EQ(static_cast<int64_t>(hi.size()), j["mix"]["hi_groups"].get<int64_t>());
+  std::vector<bool> is_hi(static_cast<size_t>(cols / group), false);
+  for (int32_t g : hi) is_hi[g] = true;
+  const int64_t hi_cols = static_cast<int64_t>(hi.size()) * group;
+  const std::vector<double> h =
+      decode_part(raw, name + ".hi", j["mix"]["bits"], group, sym, rows, hi_cols);
+  const std::vector<double> l = decode_part(raw, name, bits, group, sym, rows, cols - hi_cols);
+  std::vector<double> out(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t jh = 0, jl = 0;
+    for (int64_t c = 0; c < cols; ++c)
+      out[r * cols + c] = is_hi[c / group] ? h[r * hi_cols + jh++] : l[r * (cols - hi_cols) + jl++];
+  }
+  return out;
+}
+
 // A converted file tampered with: `edit` changes a copy of its config and a fresh load of
 // FOLDER/model.safetensors; loading must then fail with one line mentioning `needle`.
 inline void expect_tampered_load_error(const nlohmann::json& config, const std::string& folder,

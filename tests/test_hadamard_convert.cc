@@ -49,35 +49,11 @@ std::string convert(const std::string& name, const std::string& uniform, bool ha
   return out;
 }
 
-using qfile::decode_part;
-
 // The float64 effective weight (W R)_q R^T of a layer of the file (one width or a mix).
 std::vector<double> decode_rotated(const WeightSet& raw, const std::string& name,
                                    const nlohmann::json& j) {
-  const int bits = j["bits"], group = j["group_size"];
-  const bool sym = j["sym"];
   const int64_t rows = j["shape"][0], cols = j["shape"][1];
-  std::vector<double> wr;
-  if (!j.contains("mix")) {
-    wr = decode_part(raw, name, bits, group, sym, rows, cols);
-  } else {  // the hi groups' columns from NAME.hi, the others from NAME, in column order
-    const TensorView& hg = raw.get(name + ".hi_groups");
-    std::vector<int32_t> hi(static_cast<size_t>(hg.numel()));
-    std::memcpy(hi.data(), hg.data, hi.size() * 4);
-    std::vector<bool> is_hi(static_cast<size_t>(cols / group), false);
-    for (int32_t g : hi) is_hi[g] = true;
-    const int64_t hi_cols = static_cast<int64_t>(hi.size()) * group;
-    const std::vector<double> h =
-        decode_part(raw, name + ".hi", j["mix"]["bits"], group, sym, rows, hi_cols);
-    const std::vector<double> l = decode_part(raw, name, bits, group, sym, rows, cols - hi_cols);
-    wr.resize(static_cast<size_t>(rows * cols));
-    for (int64_t r = 0; r < rows; ++r) {
-      int64_t jh = 0, jl = 0;
-      for (int64_t c = 0; c < cols; ++c)
-        wr[r * cols + c] =
-            is_hi[c / group] ? h[r * hi_cols + jh++] : l[r * (cols - hi_cols) + jl++];
-    }
-  }
+  const std::vector<double> wr = qfile::decode_layer(raw, name, j);
   if (!j.contains("hadamard")) return wr;
   const int block = j["hadamard"];
   const TensorView& st = raw.get(name + ".had_signs");

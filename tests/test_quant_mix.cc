@@ -63,33 +63,7 @@ std::vector<double> uneven_hessian(int n, uint32_t seed) {
   return h;
 }
 
-using qfile::decode_part;
-
-// The float64 weight [rows, cols] of layer NAME described by its quantization_config entry.
-std::vector<double> decode_layer(const WeightSet& raw, const std::string& name,
-                                 const nlohmann::json& j) {
-  const int bits = j["bits"], group = j["group_size"];
-  const bool sym = j["sym"];
-  const int64_t rows = j["shape"][0], cols = j["shape"][1];
-  if (!j.contains("mix")) return decode_part(raw, name, bits, group, sym, rows, cols);
-  const TensorView& hg = raw.get(name + ".hi_groups");
-  std::vector<int32_t> hi(static_cast<size_t>(hg.numel()));
-  std::memcpy(hi.data(), hg.data, hi.size() * 4);
-  EXPECT_EQ(static_cast<int64_t>(hi.size()), j["mix"]["hi_groups"].get<int64_t>());
-  std::vector<bool> is_hi(static_cast<size_t>(cols / group), false);
-  for (int32_t g : hi) is_hi[g] = true;
-  const int64_t hi_cols = static_cast<int64_t>(hi.size()) * group;
-  const std::vector<double> h =
-      decode_part(raw, name + ".hi", j["mix"]["bits"], group, sym, rows, hi_cols);
-  const std::vector<double> l = decode_part(raw, name, bits, group, sym, rows, cols - hi_cols);
-  std::vector<double> out(static_cast<size_t>(rows * cols));
-  for (int64_t r = 0; r < rows; ++r) {
-    int64_t jh = 0, jl = 0;
-    for (int64_t c = 0; c < cols; ++c)
-      out[r * cols + c] = is_hi[c / group] ? h[r * hi_cols + jh++] : l[r * (cols - hi_cols) + jl++];
-  }
-  return out;
-}
+using qfile::decode_layer;
 
 TEST(QuantMix, SettingAccountingAndValidation) {
   const QuantSetting mix{3, 128, true, 4, 2};
