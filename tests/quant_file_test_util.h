@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -16,6 +17,7 @@
 #include "model/gyre_quant_loader.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
+#include "quant/convert.h"
 
 namespace gyre::qfile {
 
@@ -94,6 +96,21 @@ inline void expect_tampered_load_error(const nlohmann::json& config, const std::
   safetensors_load(folder + "/model.safetensors", raw);
   edit(c, raw);
   testutil::expect_one_line_error([&] { gyre_quant_load(c, raw, out, "t"); }, needle);
+}
+
+// Options of a quick conversion of stories260K into a fresh TempDir()/NAME (4 calibration rows
+// of 64 tokens, 2 threads, the head left out, no progress bar), for the caller to adjust and run.
+inline quant::ConvertOptions stories_convert_options(const std::string& name) {
+  quant::ConvertOptions o;
+  o.model = std::string(GYRE_FIXTURES) + "/stories260K";
+  o.out = ::testing::TempDir() + "/" + name;
+  std::filesystem::remove_all(o.out);
+  o.rows = 4;
+  o.length = 64;
+  o.threads = 2;
+  o.head_bits = 0;
+  o.progress = false;
+  return o;
 }
 
 }  // namespace gyre::qfile

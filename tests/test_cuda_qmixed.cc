@@ -19,6 +19,7 @@
 #include "model/loader.h"
 #include "model_test_util.h"
 #include "quant/convert.h"
+#include "quant_file_test_util.h"
 
 namespace gyre {
 namespace {
@@ -138,18 +139,10 @@ TEST(QMixedCuda, Gptq3BitTinyLlamaMatchesTheCpuBackend) {
 TEST(QMixedCuda, ForcedMixStoriesMatchesTheCpuBackend) {
   auto gpu = mtest::cuda_backend_or_null();
   if (!gpu) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
-  const std::string out = ::testing::TempDir() + "/gyre_qmixed_cuda";
-  std::filesystem::remove_all(out);
-  quant::ConvertOptions o;
-  o.model = std::string(GYRE_FIXTURES) + "/stories260K";
-  o.out = out;
-  o.rows = 4;
-  o.length = 64;
-  o.threads = 2;
-  o.head_bits = 0;
-  o.progress = false;
+  quant::ConvertOptions o = qfile::stories_convert_options("gyre_qmixed_cuda");
   o.uniform = "3:32:asym:4x4";
   quant::convert_model(o);
+  const std::string out = o.out;
   const auto m = load_model(out);
   auto cpu = make_cpu_backend(2);
   Transformer a(m->config, m->weights, *cpu, 64);

@@ -32,21 +32,12 @@ namespace fs = std::filesystem;
 const std::string kStories = std::string(GYRE_FIXTURES) + "/stories260K";
 
 std::string convert(const std::string& name, const std::string& uniform, bool hadamard) {
-  const std::string out = ::testing::TempDir() + "/" + name;
-  fs::remove_all(out);
-  ConvertOptions o;
-  o.model = kStories;
-  o.out = out;
-  o.rows = 4;
-  o.length = 64;
-  o.threads = 2;
-  o.head_bits = 0;
-  o.progress = false;
+  ConvertOptions o = qfile::stories_convert_options(name);
   o.device = "cpu";
   o.uniform = uniform;
   o.hadamard = hadamard;
   convert_model(o);
-  return out;
+  return o.out;
 }
 
 // The float64 effective weight (W R)_q R^T of a layer of the file (one width or a mix).

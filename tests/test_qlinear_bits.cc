@@ -23,6 +23,7 @@
 #include "model/loader.h"
 #include "model/safetensors.h"
 #include "quant/convert.h"
+#include "quant_file_test_util.h"
 
 namespace gyre {
 namespace {
@@ -299,18 +300,13 @@ std::vector<int> greedy(const LoadedModel& m, const WeightSet& w, int steps) {
 
 TEST(QlinearBits, Stories260KAtThreeAndSixBitsLoadsPacked) {
   for (const char* uniform : {"3:32", "6:32:asym"}) {
-    const std::string dir = ::testing::TempDir() + "/gyre_qbits_" + uniform[0];
-    std::filesystem::remove_all(dir);
-    quant::ConvertOptions o;
-    o.model = std::string(GYRE_FIXTURES) + "/stories260K";
-    o.out = dir;
-    o.rows = 4;
+    quant::ConvertOptions o =
+        qfile::stories_convert_options(std::string("gyre_qbits_") + uniform[0]);
     o.length = 32;
-    o.threads = 2;
     o.head_bits = 8;
-    o.progress = false;
     o.uniform = uniform;
     quant::convert_model(o);
+    const std::string dir = o.out;
     auto m = load_model(dir);
     const nlohmann::json cfg = nlohmann::json::parse(read_text_file(dir + "/config.json"));
     int narrow = 0;

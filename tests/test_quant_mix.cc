@@ -209,18 +209,10 @@ const std::string kStories = std::string(GYRE_FIXTURES) + "/stories260K";
 // logits equal to those of its float twin, whose F32 weights come from this file's decoding of
 // the output's bytes.
 TEST(QuantMix, ForcedMixConvertMatchesItsDecodedFloatTwin) {
-  const std::string out = ::testing::TempDir() + "/gyre_quant_mix_convert";
-  fs::remove_all(out);
-  ConvertOptions o;
-  o.model = kStories;
-  o.out = out;
-  o.rows = 4;
-  o.length = 64;
-  o.threads = 2;
-  o.head_bits = 0;
-  o.progress = false;
+  ConvertOptions o = qfile::stories_convert_options("gyre_quant_mix_convert");
   o.uniform = "3:32:asym:4x4";
   convert_model(o);
+  const std::string out = o.out;
   const auto cfg = nlohmann::json::parse(read_text_file(out + "/config.json"));
   const auto& qc = cfg["quantization_config"];
   EXPECT_EQ(qc["version"], 2);
