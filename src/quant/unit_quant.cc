@@ -38,11 +38,7 @@ void UnitQuantizer::set_input(const std::vector<float>& x_in, int64_t tokens,
   // The Hessian of the rotated input is R^T H R: rotating the rows of x first gives it (in
   // float64 by hessian_of, on either device) without another n^3 product.
   std::vector<float> rotated;
-  if (rot_.active()) {
-    rotated = x_in;
-    hadamard_rotate_rows(rotated.data(), tokens, n_, rot_);
-  }
-  const std::vector<float>& x = rot_.active() ? rotated : x_in;
+  const std::vector<float>& x = in_rotated_space(x_in, rotated);
   corrected_ = false;
   cross_.clear();
   factor_ = DampedFactor{};
@@ -58,15 +54,12 @@ void UnitQuantizer::set_input(const std::vector<float>& x_in, int64_t tokens,
     prep_ready_ = true;
   }
   if (refine_ && ctx_.target_correction && x_fp_in != nullptr) {
+    GYRE_CHECK(x_fp_in->size() == x_in.size(), "internal: original unit input size mismatch");
     // In float64 on either path: on the host it costs tokens * n^2 per unit, the dominant cost
     // at 8B widths, so the GPU path keeps C and the factor on the device. A rotated unit's
     // original input is rotated alike, so C and H are both in the rotated space.
     std::vector<float> fp_rotated;
-    if (rot_.active()) {
-      fp_rotated = *x_fp_in;
-      hadamard_rotate_rows(fp_rotated.data(), tokens, n_, rot_);
-    }
-    const std::vector<float>& x_fp = rot_.active() ? fp_rotated : *x_fp_in;
+    const std::vector<float>& x_fp = in_rotated_space(*x_fp_in, fp_rotated);
     if (on_gpu()) {
       ctx_.gpu->set_target(x_fp.data(), x.data(), tokens, ctx_.target_damp);
     } else {
@@ -96,11 +89,11 @@ QuantizedWeight UnitQuantizer::quantize_cpu(const std::vector<float>& w,
                   : gptq_quantize(w.data(), rows, n_, prep_, st, ctx_.threads);
 }
 
-const std::vector<float>& UnitQuantizer::weight_in(const std::vector<float>& w,
-                                                   std::vector<float>& rotated) const {
-  if (!rot_.active()) return w;
-  rotated = w;
-  hadamard_rotate_rows(rotated.data(), static_cast<int64_t>(w.size()) / n_, n_, rot_);
+const std::vector<float>& UnitQuantizer::in_rotated_space(const std::vector<float>& m,
+                                                          std::vector<float>& rotated) const {
+  if (!rot_.active()) return m;
+  rotated = m;
+  hadamard_rotate_rows(rotated.data(), static_cast<int64_t>(m.size()) / n_, n_, rot_);
   return rotated;
 }
 
@@ -110,7 +103,7 @@ std::vector<double> UnitQuantizer::errors(const std::vector<float>& w_in,
              "internal: weight width mismatch");
   ScopedSeconds timer(ctx_.timings ? &ctx_.timings->gptq : nullptr);
   std::vector<float> rotated;
-  const std::vector<float>& w = weight_in(w_in, rotated);
+  const std::vector<float>& w = in_rotated_space(w_in, rotated);
   const int rows = static_cast<int>(static_cast<int64_t>(w.size()) / n_);
   std::vector<QuantSetting> plain;
   for (const QuantSetting& st : settings)
@@ -142,7 +135,7 @@ QuantizedWeight UnitQuantizer::quantize(const std::vector<float>& w_in, const Qu
              "internal: weight width mismatch");
   ScopedSeconds timer(ctx_.timings ? &ctx_.timings->gptq : nullptr);
   std::vector<float> rotated;
-  const std::vector<float>& w_rot = weight_in(w_in, rotated);
+  const std::vector<float>& w_rot = in_rotated_space(w_in, rotated);
   const int rows = static_cast<int>(static_cast<int64_t>(w_rot.size()) / n_);
   std::vector<float> corrected;
   if (corrected_)

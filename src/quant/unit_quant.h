@@ -44,9 +44,10 @@ class UnitQuantizer {
   void ensure_cpu_prep();
   void ensure_host_hessian();
 
-  // w, or w R when the unit is rotated (in `rotated`).
-  const std::vector<float>& weight_in(const std::vector<float>& w,
-                                      std::vector<float>& rotated) const;
+  // Rows of n_ values (a weight, or the unit's input tokens) as GPTQ sees them: m itself, or
+  // m R when the unit is rotated (then held in `rotated`).
+  const std::vector<float>& in_rotated_space(const std::vector<float>& m,
+                                             std::vector<float>& rotated) const;
 
   const QuantContext& ctx_;
   bool refine_;
