@@ -171,13 +171,10 @@ void quantize_pass(const QuantContext& ctx, Plan& plan, const std::string& job, 
     BlockWeights w = block_of(ctx, b);
     const std::string path = job + "/block_" + std::to_string(b) + ".safetensors";
     std::map<Unit, std::vector<float>> fp_inputs;
-    if (tc) {
-      BlockWeights original = w;
-      runner.run(hidden_fp, original,
-                 [&](Unit unit, const std::vector<float>& x, int64_t, BlockWeights&) {
-                   fp_inputs[unit] = x;
-                 });
-    }
+    if (tc)  // before the quantization below replaces w's floats; the hook leaves w as it is
+      runner.run(hidden_fp, w, [&](Unit unit, const std::vector<float>& x, int64_t, BlockWeights&) {
+        fp_inputs[unit] = x;
+      });
     if (file_exists(path)) {  // done before an interruption: its quantized weights, then move on
       for (auto& [name, f] : load_job_file(path, plan, m, ctx.hadamard)) {
         w.t[name.substr(layer_tensor(b, "").size())] = std::move(f);
