@@ -15,9 +15,6 @@ namespace gyre::cuda {
 
 namespace {
 
-// From this many rows a quantized weight is dequantized for a cuBLAS GEMM (as in cuda_ops.cc).
-constexpr int kDequantGemmMinRows = kQlinearBatchMaxRows + 1;
-
 void check_f16(const Tensor& t, const char* what) {
   GYRE_CHECK(t.dtype == DType::F16 && t.data != nullptr, "CUDA ", what,
              ": expected an FP16 device tensor");

@@ -20,8 +20,6 @@ namespace gyre::cuda {
 
 namespace {
 
-constexpr int kDequantGemmMinRows = kQlinearBatchMaxRows + 1;
-
 // The fused weight's groups; on the Tensor, dtype I16 (never a device weight otherwise) marks it
 // and data points here.
 struct FusedPartsDevice {

@@ -25,8 +25,6 @@ void check_act(const Tensor& t, const char* what) {
 
 // Below this many queries the split kernel (attention.cu) keeps more blocks busy.
 constexpr int kFlashMinQueries = 16;
-// From this many rows a quantized weight is dequantized for a cuBLAS GEMM.
-constexpr int kDequantGemmMinRows = kQlinearBatchMaxRows + 1;
 
 void check_same(const Tensor& a, const Tensor& b, const char* what) {
   check_act(a, what);

@@ -13,8 +13,6 @@ namespace gyre::cuda {
 
 namespace {
 
-constexpr int kDequantGemmMinRows = kQlinearBatchMaxRows + 1;
-
 // Offsets in halves rounded up to 128 (256 bytes): every part of the scratch stays 16-byte
 // aligned, as qlinear wants its x.
 size_t aligned_halves(size_t h) {

@@ -80,6 +80,9 @@ bool qlinear_fuses_norm(const QWeightDevice& w, int n);
 void qlinear_gemv(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
                   cudaStream_t stream, const QlinearFusion& f = {});
 constexpr int kQlinearBatchMaxRows = 128;
+// From this many rows the backend dequantizes a quantized weight for one cuBLAS GEMM instead
+// (cuda_ops.cc, cuda_fused.cc, cuda_fused_parts.cc, cuda_qmixed.cc).
+constexpr int kDequantGemmMinRows = kQlinearBatchMaxRows + 1;
 void qlinear_batch(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
                    cudaStream_t stream);
 void qlinear_gemm(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
