@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/cpu/trellis_layout.h"
 #include "core/error.h"
 #include "core/half.h"
 
@@ -203,6 +204,10 @@ void repack_block(DType t, const uint8_t* b, QWeightHost& w, int64_t r, int64_t 
 }  // namespace
 
 void qweight_validate(const QWeightDesc& d) {
+  if (d.trellis) {
+    trellis_validate(d);
+    return;
+  }
   GYRE_CHECK(d.bits == 2 || d.bits == 3 || d.bits == 4 || d.bits == 5 || d.bits == 6 || d.bits == 8,
              "quantized weight: bits must be 2, 3, 4, 5, 6 or 8, got ", d.bits);
   const int g = d.group_size;
@@ -217,6 +222,7 @@ void qweight_validate(const QWeightDesc& d) {
 }
 
 int QWeightHost::q(int64_t r, int64_t packed_col) const {
+  GYRE_CHECK(!desc.trellis, "quantized weight: a trellis-coded weight has no stored integers");
   if (desc.narrow()) {
     const int lo = low_plane_bits(desc.bits);
     int v = get_field(qweight, narrow_field(desc, r, packed_col, 0));
@@ -442,6 +448,11 @@ void narrow_row_q(const QWeightHost& w, int64_t r, std::vector<int>& q) {
 
 void qweight_dequantize_row(const QWeightHost& w, int64_t r, float* out) {
   const QWeightDesc& d = w.desc;
+  if (d.trellis) {
+    trellis_dequantize_row(w, r, out);
+    if (w.had.active()) hadamard_unrotate_rows(out, 1, d.cols, w.had);
+    return;
+  }
   const int offset = 1 << (d.bits - 1);
   thread_local std::vector<int> narrow_q;
   if (d.narrow()) narrow_row_q(w, r, narrow_q);

@@ -35,6 +35,11 @@
 // units): word j of unit u of a tile sits at word 32*bits*tile + j*m + u (m = 32 for full
 // tiles). A warp whose lane u reads word j of unit u thus reads contiguous bytes, and no padding
 // is needed for any cols that is a multiple of 32.
+//
+// Trellis-coded weights (desc.trellis; `gyre convert --trellis`): bits = K per weight, the
+// 16 x 16 tiles and bit streams of backend/cpu/trellis.h (qweight_bytes() = rows * cols * K / 8,
+// tile-row major), symmetric f16 scales per row and group (a multiple of 16), no perm; the value
+// is scale * code(state) (no offset, no min).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -52,11 +57,12 @@ struct QWeightDesc {
   bool asymmetric = false;
   bool scale_f32 = false;  // scales (and mins) are f32 instead of f16
   bool has_perm = false;
+  bool trellis = false;  // trellis-coded (see above): rows and cols multiples of 16
   int rows = 0, cols = 0;
 
   // Columns per 16-byte chunk (4/8-bit) or per unit of `bits` words (narrow widths).
   int chunk_cols() const { return bits == 8 ? 16 : 32; }
-  bool narrow() const { return bits != 4 && bits != 8; }  // the split-plane layout
+  bool narrow() const { return !trellis && bits != 4 && bits != 8; }  // the split-plane layout
   int64_t groups_per_row() const { return cols / group_size; }
   int64_t qweight_bytes() const { return int64_t{rows} * cols * bits / 8; }
   int64_t scale_count() const { return int64_t{rows} * groups_per_row(); }
@@ -81,7 +87,7 @@ struct QWeightHost {
   // floats (the CPU, through qweight_dequantize_row).
   HadamardRotation had;
 
-  int q(int64_t r, int64_t packed_col) const;  // the stored unsigned integer
+  int q(int64_t r, int64_t packed_col) const;  // the stored unsigned integer (not trellis)
   float scale(int64_t r, int64_t group) const;
   float min(int64_t r, int64_t group) const;
 };
