@@ -50,6 +50,10 @@ struct QuantSetting {
   // at most all but one) at mix_bits; mix_bits 0 means one width.
   int mix_bits = 0;
   int mix_eighths = 0;
+  // Trellis-coded (backend/cpu/trellis.h; `gyre convert --trellis`): bits = K per weight, f16
+  // scales per row and group, always symmetric, never mixed, only on rotated layers whose rows
+  // and cols are multiples of 16.
+  bool trellis = false;
 
   int qmax() const { return (1 << bits) - 1; }
   int offset() const { return 1 << (bits - 1); }

@@ -28,6 +28,9 @@ struct QuantizedWeight {
   std::vector<uint16_t> mins;    // same, asymmetric only
   std::vector<float> dequant;    // [rows, cols] the values the loader will produce
   std::vector<int> hi_groups;    // a mix: the groups at setting.mix_bits (mix_hi_groups)
+  // setting.trellis: the tiles' words ([rows / 16][cols / 16][8K], backend/cpu/trellis.h; q
+  // stays empty) in the rotated space like q.
+  std::vector<uint32_t> trellis;
   // A rotated layer (quant/unit_quant.h): q, scales and mins quantize W R, and dequant is the
   // effective weight (W R)_q R^T in the original column space (what the layer computes with).
   HadamardRotation had;
