@@ -175,9 +175,10 @@ void print_text(const nlohmann::json& j) {
                           megabytes(d["bytes"].get<size_t>()));
   // Packed weights by scheme, with their stored bits per weight (scales included).
   for (const auto& [name, q] : j["quantization"].items())
-    line("  " + name, str(q["tensors"]) + " tensors, " +
-                          format_bits(8.0 * q["bytes"].get<double>() / q["params"].get<double>()) +
-                          " bits/weight");
+    line("    " + name,
+         str(q["tensors"]) + " tensors, " +
+             format_bits(8.0 * q["bytes"].get<double>() / q["params"].get<double>()) +
+             " bits/weight");
   const auto& kv = j["kv_cache"];
   line("kv cache", str(kv["bytes_per_token_f16"]) + " bytes/token at f16 (" +
                        str(kv["bytes_per_token_f32"]) + " at f32); at " + str(j["max_seq_len"]) +
