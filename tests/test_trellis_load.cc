@@ -8,6 +8,8 @@
 
 #include <bit>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -473,6 +475,27 @@ TEST(TrellisLoad, WholeModelMatchesItsDecodedFloatTwin) {
   EXPECT_GT(d.max_abs, 0.1);
   EXPECT_LE(d.max_diff, 1e-4 * d.max_abs);
   EXPECT_EQ(d.same_argmax, d.positions);
+
+  // `gyre info --json` (when the binary is known, as under ctest) lists the layers by scheme,
+  // with the bytes the file's tensors hold (tile words and f16 scales).
+  const char* bin = std::getenv("GYRE_BIN");
+  if (bin == nullptr) return;
+  nlohmann::json want = nlohmann::json::object();
+  for (const Layer& l : layers) {
+    nlohmann::json& e = want[std::to_string(l.k) + "b trellis g64 rotated"];
+    if (e.is_null()) e = {{"tensors", 0}, {"params", 0}, {"bytes", 0}};
+    e["tensors"] = e["tensors"].get<int>() + 1;
+    e["params"] = e["params"].get<int>() + l.rows * l.cols;
+    e["bytes"] = e["bytes"].get<int>() + int(l.words.size() * 4 + l.scales.size() * 2);
+  }
+  const std::string cmd = std::string(bin) + " info -m " + dir + " --json";
+  FILE* f = popen(cmd.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string text;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+  ASSERT_EQ(pclose(f), 0) << text;
+  EXPECT_EQ(nlohmann::json::parse(text)["quantization"], want);
 }
 
 }  // namespace
