@@ -1,8 +1,8 @@
 // The trellis encoder and LDLQ on the GPU (quant/cuda/trellis_cuda.h, GptqDevice with a trellis
 // setting) against the CPU: the Viterbi of quant/trellis_encode.h tile by tile (errors equal up
-// to float rounding, exact recovery of representable streams), and the LDLQ against a float64
-// loop written here from the agreed algorithm (TRELLIS.md) on top of the CPU encoder, with no
-// lazy blocks. Skipped without a GPU.
+// to float rounding, exact recovery of representable streams), and the LDLQ against the
+// converter's gptq_quantize_trellis and a float64 loop written here from the agreed algorithm
+// (TRELLIS.md) on top of the CPU encoder, with no lazy blocks. Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -16,8 +16,10 @@
 #include "core/half.h"
 #include "quant/gptq.h"
 #include "quant/gptq_device.h"
+#include "quant/gptq_trellis.h"
 #include "quant/measure.h"
 #include "quant/trellis_encode.h"
+#include "quant/unit_quant.h"
 #ifdef GYRE_HAVE_CUDA
 #include "quant/cuda/trellis_cuda.h"
 #endif
@@ -109,7 +111,8 @@ TEST(QuantTrellisCuda, RepresentableStreamsAreRecovered) {
     for (int64_t i = 0; i < kTiles; ++i)
       for (int p = 0; p < kTrellisTileElems; ++p) {
         const size_t at = static_cast<size_t>(i) * kTrellisTileElems + p;
-        sc[at] = 0.01f * float(1 + (i + p / 64) % 3);  // exact products with integer codes
+        // Dyadic scales: scale * code is exact in float, so the error is exactly 0.
+        sc[at] = float(1 + (i + p / 64) % 3) / 128.0f;
         t[at] = sc[at] * float(trellis_code(trellis_state(truth.data() + i * nw, k, p)));
       }
     std::vector<uint32_t> words;
@@ -243,6 +246,11 @@ TEST(QuantTrellisCuda, LdlqMatchesAFloat64Reference) {
     st.trellis = true;
     const QuantizedWeight ref = reference_ldlq(w, kRows, kCols, prep, st);
     const double ref_err = relative_error(w.data(), ref, h, 2);
+    // The converter's CPU LDLQ (gptq_trellis.h, lazy 128-column updates) agrees with both.
+    const QuantizedWeight cpu = gptq_quantize_trellis(w.data(), kRows, kCols, prep, st, 2);
+    const double cpu_err = relative_error(w.data(), cpu, h, 2);
+    EXPECT_NEAR(cpu_err, ref_err, 0.02 * ref_err) << "K=" << k;
+    ASSERT_EQ(cpu.trellis.size(), ref.trellis.size());
     for (bool act_order : {false, true}) {  // the trellis path factors H in natural order anyway
       gpu->set_input(x.data(), kTokens, kCols, kDamp, act_order, false);
       double gpu_err = 0.0;
@@ -270,10 +278,77 @@ TEST(QuantTrellisCuda, LdlqMatchesAFloat64Reference) {
         }
       const std::vector<double> errs = gpu->errors(w.data(), kRows, {st});
       EXPECT_NEAR(errs[0], gpu_err, 1e-9 * gpu_err);
-      std::printf("LDLQ K=%d act_order=%d: GPU relative error %.6f, float64 reference %.6f\n", k,
-                  int(act_order), gpu_err, ref_err);
+      EXPECT_NEAR(gpu_err, cpu_err, 0.02 * cpu_err) << "K=" << k;
+      ASSERT_EQ(q.scales.size(), cpu.scales.size());
+      std::printf(
+          "LDLQ K=%d act_order=%d: relative error GPU %.6f, gptq_quantize_trellis %.6f, float64 "
+          "loop %.6f\n",
+          k, int(act_order), gpu_err, cpu_err, ref_err);
     }
   }
+}
+
+// The converter's path: a rotated unit's UnitQuantizer with a GPU runs the GPU LDLQ, whose
+// result agrees with the CPU UnitQuantizer's.
+TEST(QuantTrellisCuda, UnitQuantizerOnTheGpuMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  constexpr int kTokens = 300, kRows = 48, kCols = 256;
+  QuantContext cpu_ctx;
+  cpu_ctx.hadamard = true;
+  cpu_ctx.threads = 2;
+  QuantContext gpu_ctx = cpu_ctx;
+  auto gpu = make_gptq_device("cuda");
+  gpu_ctx.gpu = gpu.get();
+  const std::vector<float> x = correlated_input(kTokens, kCols, 8);
+  std::vector<float> w(size_t(kRows) * kCols);
+  std::mt19937 rng(6);
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  for (float& v : w) v = nd(rng);
+  UnitQuantizer on_cpu(cpu_ctx), on_gpu(gpu_ctx);
+  on_cpu.set_input(x, kTokens, "model.layers.0.mlp.gate_proj");
+  on_gpu.set_input(x, kTokens, "model.layers.0.mlp.gate_proj");
+  const QuantSetting st = trellis_setting(3, kCols);
+  ASSERT_TRUE(st.trellis);
+  double err_cpu = -1, err_gpu = -1;
+  const QuantizedWeight a = on_cpu.quantize(w, st, &err_cpu), b = on_gpu.quantize(w, st, &err_gpu);
+  EXPECT_TRUE(b.had.active());
+  ASSERT_EQ(a.trellis.size(), b.trellis.size());
+  ASSERT_EQ(a.scales.size(), b.scales.size());
+  ASSERT_EQ(a.dequant.size(), b.dequant.size());
+  EXPECT_NEAR(err_gpu, err_cpu, 0.02 * err_cpu);
+  EXPECT_NEAR(on_gpu.errors(w, {st})[0], err_gpu, 1e-9 * err_gpu);
+  std::printf("UnitQuantizer trellis 3b: relative error GPU %.6f, CPU %.6f\n", err_gpu, err_cpu);
+}
+
+// An 8B-shaped layer (4096 x 4096, 65536 tiles) at K = 4: the LDLQ's time, and its error against
+// scalar GPTQ at 4 bits on the same weight and Hessian (trellis must be well below it).
+TEST(QuantTrellisCuda, LdlqOnAnEightBShapedLayer) {
+  SKIP_WITHOUT_GPU();
+  constexpr int kTokens = 512, kN = 4096;
+  const std::vector<float> x = correlated_input(kTokens, kN, 12);
+  std::vector<float> w(size_t(kN) * kN);
+  std::mt19937 rng(13);
+  std::normal_distribution<float> nd(0.0f, 0.02f);
+  for (float& v : w) v = nd(rng);
+  auto gpu = make_gptq_device("cuda");
+  gpu->set_input(x.data(), kTokens, kN, 0.01, false, false);
+  QuantSetting st;
+  st.bits = 4;
+  st.group_size = 128;
+  st.trellis = true;
+  QuantSetting scalar = st;
+  scalar.trellis = false;
+  const double scalar_err = gpu->errors(w.data(), kN, {scalar})[0];
+  double err = 0.0;
+  const auto t0 = std::chrono::steady_clock::now();
+  const QuantizedWeight q = gpu->quantize(w.data(), kN, st, &err);
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(q.trellis.size(), size_t(kN / 16) * (kN / 16) * 32);
+  EXPECT_LT(err, 0.7 * scalar_err);
+  std::printf(
+      "LDLQ 4096x4096 K=4: %.3f s (%.0f tiles/s), relative error %.6f (scalar GPTQ 4b "
+      "g128: %.6f)\n",
+      sec, double(kN / 16) * (kN / 16) / sec, err, scalar_err);
 }
 
 }  // namespace

@@ -6,16 +6,13 @@
 #include "core/half.h"
 #ifdef GYRE_HAVE_CUDA
 #include "quant/cuda/gptq_engine.h"
+#include "quant/gptq_trellis.h"
 #endif
 
 namespace gyre::quant {
 
 #ifdef GYRE_HAVE_CUDA
 namespace {
-
-// kTrellisScaleFit of quant/gptq_trellis.h (the CPU LDLQ, helper tqconv's branch): the same
-// constant must serve both; replace this copy by that header once it is in main.
-constexpr double kGpuTrellisScaleFit = 1.0;
 
 cuda::Setting device_setting(const QuantSetting& st, int64_t cols) {
   quant_setting_validate(st, cols, "quantize");
@@ -93,7 +90,7 @@ class CudaGptq final : public GptqDevice {
   double trellis_run(int rows, const QuantSetting& st) {
     GYRE_CHECK(st.sym && !st.mixed() && rows % 16 == 0 && n_ % 16 == 0,
                "quantize: a trellis setting is symmetric, of one width, on 16 x 16 tiles");
-    return engine_.trellis(st.bits, st.group_size, kGpuTrellisScaleFit);
+    return engine_.trellis(st.bits, st.group_size, kTrellisScaleFit);
   }
 
   QuantizedWeight quantize_trellis(const float* w, int rows, const QuantSetting& st,

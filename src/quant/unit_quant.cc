@@ -92,8 +92,8 @@ QuantizedWeight UnitQuantizer::quantize_cpu(const std::vector<float>& w,
                   : gptq_quantize(w.data(), rows, n_, prep_, st, ctx_.threads);
 }
 
-QuantizedWeight UnitQuantizer::quantize_trellis(const std::vector<float>& w,
-                                                const QuantSetting& st) {
+QuantizedWeight UnitQuantizer::quantize_trellis(const std::vector<float>& w, const QuantSetting& st,
+                                                double* rel_error) {
   const int64_t rows = static_cast<int64_t>(w.size()) / n_;
   GYRE_CHECK(rot_.active(), "trellis ", st.str(), ": the layer's unit is not rotated (trellis ",
              "layers need --hadamard and a width with a Hadamard block)");
@@ -101,6 +101,8 @@ QuantizedWeight UnitQuantizer::quantize_trellis(const std::vector<float>& w,
              "] weight is not made of 16 x 16 tiles");
   GYRE_CHECK(st.group_size == rot_.block, "trellis ", st.str(), ": the group must be the ",
              "rotation's block ", rot_.block);
+  // The same LDLQ on the device (quant/cuda/trellis_ldlq.h), error measured there too.
+  if (on_gpu()) return ctx_.gpu->quantize(w.data(), static_cast<int>(rows), st, rel_error);
   ensure_host_hessian();  // the CPU path has it already
   if (!trellis_prep_ready_) {
     if (prep_ready_ && !ctx_.act_order && !ctx_.rtn) {
@@ -110,23 +112,28 @@ QuantizedWeight UnitQuantizer::quantize_trellis(const std::vector<float>& w,
     }
     trellis_prep_ready_ = true;
   }
-  // (helper tqgpu: the GPU LDLQ slots in here when on_gpu().)
-  return gptq_quantize_trellis(w.data(), static_cast<int>(rows), n_, trellis_prep_, st,
-                               ctx_.threads);
+  QuantizedWeight q =
+      gptq_quantize_trellis(w.data(), static_cast<int>(rows), n_, trellis_prep_, st, ctx_.threads);
+  if (rel_error != nullptr) *rel_error = relative_error(w.data(), q, h_, ctx_.threads);
+  return q;
 }
 
 double UnitQuantizer::trellis_error(const std::vector<float>& w, const QuantSetting& st) {
   const int64_t rows = static_cast<int64_t>(w.size()) / n_;
   const int64_t tiles = rows / kTrellisTileDim, keep = kTrellisMeasureRows / kTrellisTileDim;
-  if (rows <= kTrellisMeasureRows || rows % kTrellisTileDim != 0)
-    return relative_error(w.data(), quantize_trellis(w, st), h_, ctx_.threads);
+  double err = 0.0;
+  if (rows <= kTrellisMeasureRows || rows % kTrellisTileDim != 0) {
+    quantize_trellis(w, st, &err);
+    return err;
+  }
   std::vector<float> sub;
   sub.reserve(static_cast<size_t>(kTrellisMeasureRows) * n_);
   for (int64_t i = 0; i < keep; ++i) {  // tile rows i * tiles / keep: spread over the weight
     const auto first = w.begin() + (i * tiles / keep) * kTrellisTileDim * n_;
     sub.insert(sub.end(), first, first + kTrellisTileDim * n_);
   }
-  return relative_error(sub.data(), quantize_trellis(sub, st), h_, ctx_.threads);
+  quantize_trellis(sub, st, &err);
+  return err;
 }
 
 const std::vector<float>& UnitQuantizer::in_rotated_space(const std::vector<float>& m,
@@ -186,8 +193,7 @@ QuantizedWeight UnitQuantizer::quantize(const std::vector<float>& w_in, const Qu
   const bool refit = refine_ && ctx_.scale_refit != 0 && !ctx_.rtn && !st.trellis;
   QuantizedWeight q;
   if (st.trellis) {
-    q = quantize_trellis(w, st);
-    if (rel_error != nullptr) *rel_error = relative_error(w.data(), q, h_, ctx_.threads);
+    q = quantize_trellis(w, st, rel_error);
   } else if (on_gpu() && !st.mixed()) {
     q = ctx_.gpu->quantize(w.data(), rows, st, rel_error);
   } else {

@@ -46,9 +46,11 @@ class UnitQuantizer {
  private:
   bool on_gpu() const { return ctx_.gpu != nullptr && !ctx_.rtn; }
   QuantizedWeight quantize_cpu(const std::vector<float>& w, const QuantSetting& st) const;
-  // The one place trellis settings are quantized (w in the rotated space): LDLQ on the CPU
-  // (gptq_trellis.h) with its own natural-order factor of H.
-  QuantizedWeight quantize_trellis(const std::vector<float>& w, const QuantSetting& st);
+  // The one place trellis settings are quantized (w in the rotated space): LDLQ on the GPU when
+  // there is one (GptqDevice::quantize), else on the CPU (gptq_trellis.h) with its own
+  // natural-order factor of H; rel_error (if not null) = relative_error against w.
+  QuantizedWeight quantize_trellis(const std::vector<float>& w, const QuantSetting& st,
+                                   double* rel_error);
   double trellis_error(const std::vector<float>& w, const QuantSetting& st);
   // Mixed settings (per-group widths) have no GPU GPTQ: on the GPU path the CPU quantizes them
   // from the device's Hessian, fetched once per input.
