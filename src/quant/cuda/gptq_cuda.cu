@@ -3,6 +3,8 @@
 // the columns (rows are independent), outside it one float64 GEMM per block applies the lazy
 // update. Every candidate setting of a measurement runs at once: the candidates' copies of the
 // weight are stacked as extra rows (R = candidates x rows), so U is read once per block for all.
+// Engine::trellis runs the trellis LDLQ (trellis_ldlq.cu) on the same Hessian, factor and error
+// measurement, one setting at a time.
 #include <cuda_fp16.h>
 
 #include <algorithm>
