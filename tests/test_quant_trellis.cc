@@ -188,13 +188,13 @@ TEST(QuantTrellis, DequantIsScaleTimesTheWordsOwnCodes) {
 // encoder must have seen) and every group's scale (from T at its first block) are recomputed
 // here; re-encoding each tile of T must give back the result's tile (its error equal to the
 // encoder's optimum for that T), which fails if the library propagated anything else.
-TEST(QuantTrellis, ErrorFeedbackMatchesAFloat64BlockLdlq) {
-  const int rows = 32, cols = 64, k = 3, group = 32;
-  const std::vector<double> h = random_hessian(cols, 256, 3);
+void expect_block_ldlq_feedback(int rows, int cols, int k, int group, uint32_t seed) {
+  SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols) + ", K " + std::to_string(k));
+  const std::vector<double> h = random_hessian(cols, 256, seed);
   const GptqPrep prep = gptq_prepare(h, cols, 0.01, false);
   const std::vector<double> u = own_upper_factor(h, cols, 0.01);
   for (size_t i = 0; i < u.size(); ++i) ASSERT_NEAR(prep.u[i], u[i], 1e-9 * (1 + std::fabs(u[i])));
-  const std::vector<float> w = gaussian(size_t(rows) * cols, 4, 0.05);
+  const std::vector<float> w = gaussian(size_t(rows) * cols, seed + 1, 0.05);
   const QuantSetting st = trellis_st(k, group);
   const QuantizedWeight q = gptq_quantize_trellis(w.data(), rows, cols, prep, st, 2);
   std::vector<double> cur(w.begin(), w.end());
@@ -205,7 +205,7 @@ TEST(QuantTrellis, ErrorFeedbackMatchesAFloat64BlockLdlq) {
         double ss = 0;
         for (int c = j; c < j + group; ++c)
           ss += cur[size_t(r) * cols + c] * cur[size_t(r) * cols + c];
-        const double want = std::sqrt(ss / group) / 148.0336;
+        const double want = std::sqrt(ss / group) / 148.0336 * kTrellisScaleFit;
         const double got = f16_to_f32(q.scales[size_t(r) * (cols / group) + j / group]);
         EXPECT_NEAR(got, want, 1.5e-3 * want) << "scale of row " << r << " group " << j / group;
       }
@@ -242,6 +242,12 @@ TEST(QuantTrellis, ErrorFeedbackMatchesAFloat64BlockLdlq) {
   }
   // Float noise between the lazy and the eager updates may break an exact tie; never many.
   EXPECT_GE(same_tiles, tiles - 1);
+}
+
+TEST(QuantTrellis, ErrorFeedbackMatchesAFloat64BlockLdlq) {
+  expect_block_ldlq_feedback(32, 64, 3, 32, 3);
+  // Past 128 columns: the lazy updates between 128-column blocks too.
+  expect_block_ldlq_feedback(16, 256, 2, 128, 11);
 }
 
 // On rotated Gaussian weights with a correlated input, trellis LDLQ beats scalar GPTQ (act-order,

@@ -51,9 +51,21 @@ double shortest(float f) {
   return std::strtod(buf, nullptr);
 }
 
+// How one packed weight is stored, e.g. "4b g128 sym", "3b g64 asym rotated", "4b trellis g128
+// rotated" (trellis codes are always symmetric), so `gyre info` tells the schemes of a file apart.
+std::string packed_scheme(const QWeightHost& q) {
+  const QWeightDesc& d = q.desc;
+  std::string s = std::to_string(d.bits) + "b" + (d.trellis ? " trellis" : "") + " g" +
+                  std::to_string(d.group_size);
+  if (!d.trellis) s += d.asymmetric ? " asym" : " sym";
+  if (d.has_perm) s += " act-order";
+  if (q.had.active()) s += " rotated";
+  return s;
+}
+
 nlohmann::json describe(const LoadedModel& m) {
   const ModelConfig& c = m.config;
-  std::map<std::string, nlohmann::json> dtypes;
+  std::map<std::string, nlohmann::json> dtypes, schemes;
   size_t weight_bytes = 0;
   for (const auto& [name, t] : m.weights.all()) {
     if (name == "lm_head.weight" && c.tie_embeddings) continue;  // a copy of the embedding
@@ -66,13 +78,23 @@ nlohmann::json describe(const LoadedModel& m) {
     const auto packed = [](const QWeightHost& q) {
       return q.qweight.size() + q.scales.size() + q.mins.size() + q.perm.size() * 4;
     };
+    std::string scheme;
     if (is_qmixed_view(t)) {  // two packed parts and their column lists
       const QMixedHost& m = qmixed_of_view(t);
       bytes = packed(m.hi) + packed(m.lo) + (m.hi_cols.size() + m.lo_cols.size()) * 4;
+      scheme = packed_scheme(m.lo) + " + " + packed_scheme(m.hi);
     } else if (t.dtype == DType::QPACKED) {
       bytes = packed(qweight_of_view(t));
+      scheme = packed_scheme(qweight_of_view(t));
     }
     d["bytes"] = d["bytes"].get<uint64_t>() + bytes;
+    if (!scheme.empty()) {
+      nlohmann::json& q = schemes[scheme];
+      if (q.is_null()) q = {{"tensors", 0}, {"params", 0}, {"bytes", 0}};
+      q["tensors"] = q["tensors"].get<int64_t>() + 1;
+      q["params"] = q["params"].get<int64_t>() + t.numel();
+      q["bytes"] = q["bytes"].get<uint64_t>() + bytes;
+    }
     weight_bytes += bytes;
   }
   const int64_t kv_elems_per_token = 2LL * c.n_layers * c.kv_dim();
@@ -106,6 +128,7 @@ nlohmann::json describe(const LoadedModel& m) {
           {"parameters", parameter_count(m)},
           {"weight_bytes", weight_bytes},
           {"dtypes", dtypes},
+          {"quantization", schemes},
           {"kv_cache",
            {{"bytes_per_token_f16", kv_elems_per_token * 2},
             {"bytes_per_token_f32", kv_elems_per_token * 4},
@@ -121,6 +144,12 @@ nlohmann::json describe(const LoadedModel& m) {
             {"bos_id", tok.bos_id()},
             {"eos_ids", tok.eos_ids()}}},
           {"chat_template", !m.chat_template.empty()}};
+}
+
+std::string format_bits(double bits) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", bits);
+  return buf;
 }
 
 void print_text(const nlohmann::json& j) {
@@ -144,6 +173,12 @@ void print_text(const nlohmann::json& j) {
   for (const auto& [name, d] : j["dtypes"].items())
     line("  " + name, str(d["tensors"]) + " tensors, " + str(d["params"]) + " params, " +
                           megabytes(d["bytes"].get<size_t>()));
+  // Packed weights by scheme, with their stored bits per weight (scales included).
+  for (const auto& [name, q] : j["quantization"].items())
+    line("    " + name,
+         str(q["tensors"]) + " tensors, " +
+             format_bits(8.0 * q["bytes"].get<double>() / q["params"].get<double>()) +
+             " bits/weight");
   const auto& kv = j["kv_cache"];
   line("kv cache", str(kv["bytes_per_token_f16"]) + " bytes/token at f16 (" +
                        str(kv["bytes_per_token_f32"]) + " at f32); at " + str(j["max_seq_len"]) +

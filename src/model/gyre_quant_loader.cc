@@ -8,6 +8,7 @@
 
 #include "backend/cpu/qlinear_ref.h"
 #include "backend/cpu/qmixed.h"
+#include "backend/cpu/trellis.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "model/gyre_qformat.h"
@@ -49,6 +50,25 @@ struct Layer {
   int64_t hi_groups = 0;  // a mix: groups at st.mix_bits
   int hadamard = 0;       // a rotated layer: its block B (NAME.had_signs holds the signs)
 };
+
+// A trellis-coded entry (version 4; backend/cpu/trellis.h): what the tiles and the kernels need,
+// each refusal naming the one thing wrong. The scalar rules (quant_setting_validate) do not apply.
+void check_trellis_layer(const Layer& l, int version, const std::string& where) {
+  const std::string& name = l.name;
+  GYRE_CHECK(version >= 4, where, ": layer '", name, "' is trellis-coded, which needs version 4");
+  GYRE_CHECK(!l.st.mixed(), where, ": trellis-coded layer '", name, "' cannot be mixed");
+  GYRE_CHECK(l.st.sym, where, ": trellis-coded layer '", name, "' must be symmetric");
+  GYRE_CHECK(trellis_bits_supported(l.st.bits), where, ": trellis-coded layer '", name,
+             "' has unsupported bits ", l.st.bits, " (2, 3, 4, 5, 6 or 8)");
+  GYRE_CHECK(l.rows % kTrellisTileDim == 0 && l.cols > 0 && l.cols % kTrellisTileDim == 0, where,
+             ": trellis-coded layer '", name, "' has shape [", l.rows, ", ", l.cols,
+             "], not made of 16 x 16 tiles");
+  GYRE_CHECK(l.st.group_size % kTrellisTileDim == 0 && l.cols % l.st.group_size == 0, where,
+             ": trellis-coded layer '", name, "' has group size ", l.st.group_size,
+             ", not a multiple of 16 dividing its ", l.cols, " columns");
+  GYRE_CHECK(l.hadamard != 0, where, ": trellis-coded layer '", name,
+             "' has no hadamard block (trellis layers are always rotated)");
+}
 
 Layer parse_layer(const std::string& name, const nlohmann::json& j, int version,
                   const std::string& where) {
@@ -96,7 +116,15 @@ Layer parse_layer(const std::string& name, const nlohmann::json& j, int version,
                " columns");
     l.hadamard = static_cast<int>(b);
   }
-  quant_setting_validate(l.st, l.cols, where + ": layer '" + name + "'");
+  if (j.contains("trellis")) {
+    GYRE_CHECK(j["trellis"].is_boolean(), where, ": layer '", name,
+               "' has a non-boolean trellis flag");
+    l.st.trellis = j["trellis"].get<bool>();
+  }
+  if (l.st.trellis)
+    check_trellis_layer(l, version, where);
+  else
+    quant_setting_validate(l.st, l.cols, where + ": layer '" + name + "'");
   return l;
 }
 
@@ -173,10 +201,39 @@ HadamardRotation read_rotation(const Layer& l, const WeightSet& raw, const std::
   return r;
 }
 
+// A trellis layer's tiles and scales are copied as they are: the file's I32 [rows/16,
+// (cols/16)*8K] is exactly QWeightHost's tile-row-major words (qlinear_ref.h), so nothing is
+// repacked. The shapes are checked against the file before anything is allocated.
+std::shared_ptr<QWeightHost> read_trellis(const Layer& l, const WeightSet& raw,
+                                          const std::string& where) {
+  const int64_t tile_rows = l.rows / kTrellisTileDim;
+  const int64_t row_words = l.cols / kTrellisTileDim * trellis_tile_words(l.st.bits);
+  const TensorView& qw = part(raw, l.name + ".qweight", DType::I32, {tile_rows, row_words}, where);
+  const TensorView& sc =
+      part(raw, l.name + ".scales", DType::F16, {l.rows, l.cols / l.st.group_size}, where);
+  GYRE_CHECK(!raw.has(l.name + ".mins"), where, ": trellis-coded layer '", l.name, "' has mins");
+  QWeightDesc d;
+  d.bits = l.st.bits;
+  d.group_size = l.st.group_size;
+  d.trellis = true;
+  d.rows = static_cast<int>(l.rows);
+  d.cols = static_cast<int>(l.cols);
+  auto w = std::make_shared<QWeightHost>(qweight_allocate(d));
+  std::memcpy(w->qweight.data(), qw.data, w->qweight.size());  // sizes equal: part() checked
+  std::memcpy(w->scales.data(), sc.data, w->scales.size());
+  w->had = read_rotation(l, raw, where);
+  return w;
+}
+
 void materialize(const Layer& l, const WeightSet& raw, WeightSet& out, const std::string& where) {
   if (!l.st.mixed()) {
-    auto w = read_part(raw, l.name, l.st, l.rows, l.cols, where);
-    w->had = read_rotation(l, raw, where);
+    std::shared_ptr<QWeightHost> w;
+    if (l.st.trellis) {
+      w = read_trellis(l, raw, where);
+    } else {
+      w = read_part(raw, l.name, l.st, l.rows, l.cols, where);
+      w->had = read_rotation(l, raw, where);
+    }
     out.add(qweight_view(l.name + ".weight", *w));
     out.keep_owner(std::move(w));
     return;
@@ -218,8 +275,8 @@ void gyre_quant_load(const nlohmann::json& config, const WeightSet& raw, WeightS
                      const std::string& where) {
   const auto& qc = config["quantization_config"];
   GYRE_CHECK(qc.contains("version") && qc["version"].is_number_integer() &&
-                 qc["version"].get<int64_t>() >= 1 && qc["version"].get<int64_t>() <= 3,
-             where, ": unsupported gyre quantization version (this build reads versions 1 to 3)");
+                 qc["version"].get<int64_t>() >= 1 && qc["version"].get<int64_t>() <= 4,
+             where, ": unsupported gyre quantization version (this build reads versions 1 to 4)");
   const int version = qc["version"].get<int>();
   GYRE_CHECK(qc.contains("layers") && qc["layers"].is_object() && !qc["layers"].empty(), where,
              ": quantization_config has no layers object");

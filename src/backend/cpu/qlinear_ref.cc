@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/cpu/trellis.h"
 #include "backend/cpu/trellis_layout.h"
 #include "core/error.h"
 #include "core/half.h"
@@ -335,12 +336,11 @@ QWeightHost qweight_concat_rows(const std::vector<const QWeightHost*>& parts) {
   for (const QWeightHost* w : parts) {
     const QWeightDesc& d = w->desc;
     const QWeightDesc& o = out.desc;
-    GYRE_CHECK(d.bits == o.bits && d.group_size == o.group_size && d.asymmetric == o.asymmetric &&
-                   d.scale_f32 == o.scale_f32 && d.has_perm == o.has_perm && d.cols == o.cols &&
-                   w->perm == out.perm && w->had == out.had,
+    GYRE_CHECK(qweight_same_layout(*w, *parts[0]),
                "qweight_concat_rows: weights differ in layout or column count");
     GYRE_CHECK(int64_t{o.rows} + d.rows <= INT32_MAX, "qweight_concat_rows: too many rows");
-    // Every array is row-major, so row concatenation is byte concatenation.
+    // Every array is row-major, so row concatenation is byte concatenation; trellis words are
+    // tile-row major and every part has whole 16-row tile rows, so the same holds for them.
     out.qweight.insert(out.qweight.end(), w->qweight.begin(), w->qweight.end());
     out.scales.insert(out.scales.end(), w->scales.begin(), w->scales.end());
     out.mins.insert(out.mins.end(), w->mins.begin(), w->mins.end());
@@ -352,13 +352,19 @@ QWeightHost qweight_concat_rows(const std::vector<const QWeightHost*>& parts) {
 bool qweight_same_layout(const QWeightHost& a, const QWeightHost& b) {
   const QWeightDesc &x = a.desc, &y = b.desc;
   return x.bits == y.bits && x.group_size == y.group_size && x.asymmetric == y.asymmetric &&
-         x.scale_f32 == y.scale_f32 && x.has_perm == y.has_perm && x.cols == y.cols &&
-         a.perm == b.perm && a.had == b.had;
+         x.scale_f32 == y.scale_f32 && x.has_perm == y.has_perm && x.trellis == y.trellis &&
+         x.cols == y.cols && a.perm == b.perm && a.had == b.had;
 }
 
 QWeightHost qweight_interleave_rows(const QWeightHost& a, const QWeightHost& b, int block) {
   GYRE_CHECK(block > 0 && qweight_same_layout(a, b) && a.desc.rows == b.desc.rows,
              "qweight_interleave_rows: weights differ in layout or shape");
+  // Trellis words come in 16-row tile rows: blocks of whole tile rows copy as bytes below (a
+  // tile row's words are the bytes of its 16 rows at cols * bits / 8 bytes per row).
+  GYRE_CHECK(!a.desc.trellis || block % kTrellisTileDim == 0,
+             "qweight_interleave_rows: trellis weights interleave in blocks of a multiple of 16 "
+             "rows, got ",
+             block);
   const int64_t h = a.desc.rows;
   const int64_t padded = (h + block - 1) / block * block;
   GYRE_CHECK(2 * padded <= INT32_MAX, "qweight_interleave_rows: too many rows");

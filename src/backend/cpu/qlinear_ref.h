@@ -109,6 +109,7 @@ QWeightHost qweight_pack_from_gguf(DType t, const void* blocks, int rows, int co
 // Row concatenation [a; b; ...] of weights with one layout (bits, group, symmetry, scale type,
 // cols; perms equal when present), e.g. to fuse Q/K/V or gate/up into one GEMV launch: the
 // output of the fused matmul is the parts' outputs side by side. Throws on mismatched layouts.
+// Trellis weights concatenate too (each part is whole 16-row tile rows).
 QWeightHost qweight_concat_rows(const std::vector<const QWeightHost*>& parts);
 
 // Building blocks for loaders of other quantized formats (e.g. GPTQ, model/gptq.cc): a zeroed
@@ -120,9 +121,11 @@ void qweight_set_scale(QWeightHost& w, int64_t r, int64_t group, float scale, fl
 
 // Rows interleaved in blocks: a's rows [kb, kb + block), then b's, ... with each part's rows
 // padded to a multiple of block by zero rows (zero scales and mins: value 0), as fuse_views does
-// for fused gate/up weights. a and b must have one layout and shape.
+// for fused gate/up weights. a and b must have one layout and shape; trellis weights need a
+// block that is a multiple of 16 (whole tile rows).
 QWeightHost qweight_interleave_rows(const QWeightHost& a, const QWeightHost& b, int block);
-// Whether qweight_concat_rows accepts the two (same bits, group, symmetry, scales, cols, perm).
+// Whether qweight_concat_rows accepts the two (same bits, group, symmetry, scales, trellis, cols,
+// perm, rotation).
 bool qweight_same_layout(const QWeightHost& a, const QWeightHost& b);
 
 // A TensorView of dtype QPACKED for w (shape [rows, cols]; w must outlive the view), and the

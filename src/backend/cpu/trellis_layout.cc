@@ -1,6 +1,5 @@
 #include "backend/cpu/trellis_layout.h"
 
-
 #include "backend/cpu/trellis.h"
 #include "core/error.h"
 
@@ -34,12 +33,18 @@ void trellis_dequantize_row(const QWeightHost& w, int64_t r, float* out) {
   const QWeightDesc& d = w.desc;
   const int64_t tr = r / kTrellisTileDim;
   const int in_row = int(r % kTrellisTileDim);
+  // The 16 sequence positions of tile row in_row (trellis.h's fragment table: lanes 4g..4g+3 with
+  // g = in_row % 8, registers j with bit 1 set for the lower 8 rows), so a row costs 16 decodes
+  // per tile rather than a scan of all 256 positions.
+  int positions[kTrellisTileDim];
+  int n = 0;
+  for (int t = 0; t < 4; ++t)
+    for (int j : {0, 1, 4, 5}) positions[n++] = 8 * (4 * (in_row & 7) + t) + j + (in_row & 8) / 4;
   for (int64_t tc = 0; tc < d.cols / kTrellisTileDim; ++tc) {
     const uint32_t* words = trellis_tile(w, tr, tc);
-    for (int p = 0; p < kTrellisTileElems; ++p) {
+    for (int p : positions) {
       int row = 0, col = 0;
       trellis_position(p, row, col);
-      if (row != in_row) continue;
       const int64_t c = tc * kTrellisTileDim + col;
       out[c] = w.scale(r, c / d.group_size) * float(trellis_code(trellis_state(words, d.bits, p)));
     }
