@@ -192,7 +192,7 @@ QuantizedWeight reference_ldlq(const std::vector<float>& w, int rows, int cols,
         for (int c = j; c < j + gs; ++c)
           ss += cur[size_t(r) * cols + c] * cur[size_t(r) * cols + c];
         q.scales[size_t(r) * groups + g] =
-            f32_to_f16(float(std::sqrt(ss / gs) / kTrellisCodeRms * 1.0));
+            f32_to_f16(float(std::sqrt(ss / gs) / kTrellisCodeRms * kTrellisScaleFit));
       }
     for (int tr = 0; tr < rows / 16; ++tr) {
       float t[kTrellisTileElems], sc[kTrellisTileElems];
