@@ -298,5 +298,24 @@ TEST(QuantTrellis, UnitQuantizerRefusesUnrotatedOrUntileableUnits) {
   EXPECT_NEAR(rotated.errors(w, {trellis_setting(4, n)})[0], err, 1e-12);
 }
 
+// Past kTrellisMeasureRows rows the measurement quantizes 16 evenly spaced tile rows only: its
+// error is that of quantizing exactly those rows (tile rows i * tiles / 16), picked here.
+TEST(QuantTrellis, TallWeightsAreMeasuredOnEvenlySpacedTileRows) {
+  QuantContext ctx;
+  ctx.hadamard = true;
+  ctx.threads = 2;
+  const int n = 32, tokens = 96, rows = 3 * kTrellisMeasureRows;  // 48 tile rows: every third
+  UnitQuantizer uq(ctx);
+  uq.set_input(gaussian(size_t(tokens) * n, 12), tokens, "model.layers.1.self_attn.o_proj");
+  const std::vector<float> w = gaussian(size_t(rows) * n, 13, 0.05);
+  std::vector<float> sub;
+  for (int i = 0; i < 16; ++i)
+    sub.insert(sub.end(), w.begin() + 3 * i * 16 * n, w.begin() + (3 * i + 1) * 16 * n);
+  double want = -1;
+  uq.quantize(sub, trellis_setting(3, n), &want);
+  EXPECT_GT(want, 0.0);
+  EXPECT_NEAR(uq.errors(w, {trellis_setting(3, n)})[0], want, 1e-12);
+}
+
 }  // namespace
 }  // namespace gyre::quant
