@@ -1,82 +1,30 @@
-// The trellis converter (quant/gptq_trellis.h, `gyre convert --trellis`): the LDLQ's result
-// decoded from its words with this file's own bit reader and codebook (the format's definition,
-// backend/cpu/trellis.h), its error feedback replayed by a float64 block-LDLQ written here (own
-// inverse and Cholesky of H) with the result's codes fixed, its error against scalar GPTQ at the
-// same bits, the settings' bookkeeping, and a whole conversion of stories260K.
+// The trellis converter's LDLQ (quant/gptq_trellis.h): its result decoded from its words with the
+// tests' own bit reader and codebook (trellis_own_decode.h), its error feedback replayed by a
+// float64 block-LDLQ written here (own inverse and Cholesky of H) with the result's codes fixed,
+// its error against scalar GPTQ at the same bits, the settings' bookkeeping and UnitQuantizer's
+// refusals. The conversion itself: test_quant_trellis_convert.cc.
 #include <gtest/gtest.h>
 
-#include <bit>
 #include <cmath>
-#include <cstring>
-#include <filesystem>
-#include <nlohmann/json.hpp>
 #include <random>
 #include <vector>
 
 #include "backend/cpu/trellis.h"
 #include "core/error.h"
 #include "core/half.h"
-#include "core/mapped_file.h"
 #include "error_test_util.h"
-#include "model/safetensors.h"
-#include "model/weights.h"
-#include "quant/block_forward.h"
-#include "quant/convert.h"
 #include "quant/gptq.h"
 #include "quant/gptq_trellis.h"
 #include "quant/hadamard.h"
 #include "quant/measure.h"
 #include "quant/trellis_encode.h"
 #include "quant/unit_quant.h"
-#include "quant_file_test_util.h"
+#include "trellis_own_decode.h"
 
 namespace gyre::quant {
 namespace {
 
-// --- The format, from its definition (not the library's decoder) ---
-
-int own_code(uint32_t s) {
-  const uint32_t u = s * 0x2C9277B5u + 0x7F4A7C15u;
-  int sum = 0;
-  for (int i = 0; i < 4; ++i) sum += static_cast<int8_t>(static_cast<uint8_t>(u >> (8 * i)));
-  return sum;
-}
-
-// Position p's (row, col) in its tile: lane l = p / 8 holds register j = p % 8 of the m16n8k16
-// A fragment: rows g, g + 8 (g = l / 4), columns 2t, 2t + 1 and their + 8 (t = l % 4).
-void own_position(int p, int& row, int& col) {
-  const int l = p / 8, j = p % 8;
-  const int rows[8] = {0, 0, 8, 8, 0, 0, 8, 8}, cols[8] = {0, 1, 0, 1, 8, 9, 8, 9};
-  row = l / 4 + rows[j];
-  col = 2 * (l % 4) + cols[j];
-}
-
-// The 16-bit state at position p of a tile's 8K words, bit by bit, circularly.
-uint32_t own_state(const uint32_t* words, int k, int p) {
-  const int nbits = 256 * k;
-  uint32_t s = 0;
-  for (int i = 0; i < 16; ++i) {
-    const int b = (k * p + i) % nbits;
-    s |= ((words[b / 32] >> (b % 32)) & 1u) << i;
-  }
-  return s;
-}
-
-// Codes [rows][cols] of a weight's tiles (tile-row major, 8K words each).
-std::vector<int> own_codes(const std::vector<uint32_t>& words, int rows, int cols, int k) {
-  std::vector<int> out(static_cast<size_t>(rows) * cols);
-  const int tc_n = cols / 16;
-  for (int tr = 0; tr < rows / 16; ++tr)
-    for (int tc = 0; tc < tc_n; ++tc) {
-      const uint32_t* w = words.data() + (size_t(tr) * tc_n + tc) * 8 * k;
-      for (int p = 0; p < 256; ++p) {
-        int r = 0, c = 0;
-        own_position(p, r, c);
-        out[size_t(tr * 16 + r) * cols + tc * 16 + c] = own_code(own_state(w, k, p));
-      }
-    }
-  return out;
-}
+using namespace trellis_test;
 
 // --- float64 linear algebra of the oracle ---
 
@@ -350,136 +298,23 @@ TEST(QuantTrellis, UnitQuantizerRefusesUnrotatedOrUntileableUnits) {
   EXPECT_NEAR(rotated.errors(w, {trellis_setting(4, n)})[0], err, 1e-12);
 }
 
-// --- `gyre convert --trellis` on stories260K ---
-
-const char* const kAttention[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                  "self_attn.o_proj"};
-
-// The stored trellis layer (W R)_q from its tensors, decoded here, against W R of the original
-// weight (R from the file's signs and the explicit Hadamard matrix): its relative squared error.
-double stored_layer_error(const WeightSet& raw, const WeightSet& orig, const std::string& name,
-                          const nlohmann::json& j) {
-  const int k = j["bits"], group = j["group_size"];
-  const int rows = j["shape"][0], cols = j["shape"][1];
-  const TensorView& qw = raw.get(name + ".qweight");
-  EXPECT_EQ(qw.dtype, DType::I32);
-  EXPECT_EQ(qw.shape, (std::vector<int64_t>{rows / 16, cols / 16 * 8 * k}));
-  const TensorView& sc = raw.get(name + ".scales");
-  EXPECT_EQ(sc.dtype, DType::F16);
-  EXPECT_EQ(sc.shape, (std::vector<int64_t>{rows, cols / group}));
-  const TensorView& sg = raw.get(name + ".had_signs");
-  EXPECT_EQ(sg.dtype, DType::I16);
-  EXPECT_EQ(sg.shape, (std::vector<int64_t>{cols}));
-  EXPECT_FALSE(raw.has(name + ".mins"));
-  std::vector<uint32_t> words(static_cast<size_t>(qw.numel()));
-  std::memcpy(words.data(), qw.data, words.size() * 4);
-  std::vector<int16_t> signs(static_cast<size_t>(cols));
-  std::memcpy(signs.data(), sg.data, signs.size() * 2);
-  const std::vector<int> codes = own_codes(words, rows, cols, k);
-  const std::vector<float> w = tensor_to_f32(orig.get(name + ".weight"));
-  const int block = j["hadamard"];
-  double num = 0, den = 0;
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < cols; ++c) {
-      // (W R)[r][c] = sum_i W[r][i] s_i H_B[i % B][c % B] / sqrt(B), i in c's block.
-      double wr = 0;
-      for (int i = c / block * block; i < (c / block + 1) * block; ++i)
-        wr += w[size_t(r) * cols + i] * signs[i] *
-              (std::popcount(unsigned(i % block) & unsigned(c % block)) % 2 ? -1.0 : 1.0);
-      wr /= std::sqrt(double(block));
-      const double q =
-          qfile::f16_at(sc, int64_t{r} * (cols / group) + c / group) * codes[size_t(r) * cols + c];
-      num += (wr - q) * (wr - q);
-      den += wr * wr;
-    }
-  return num / den;
-}
-
-// Shapes, entries and decoded values of a --trellis conversion's attention layers; returns the
-// quantization_config.
-nlohmann::json check_trellis_file(const std::string& out) {
-  const auto cfg = nlohmann::json::parse(read_text_file(out + "/config.json"));
-  const nlohmann::json& qc = cfg["quantization_config"];
-  EXPECT_EQ(qc["version"], 4);
-  EXPECT_EQ(qc["trellis"], true);
-  EXPECT_EQ(qc["hadamard"], true);
-  WeightSet raw, orig;
-  safetensors_load(out + "/model.safetensors", raw);
-  safetensors_load(std::string(GYRE_FIXTURES) + "/stories260K/model.safetensors", orig);
-  for (int b = 0; b < 5; ++b) {
-    for (const char* s : kAttention) {
-      const std::string name = "model.layers." + std::to_string(b) + "." + s;
-      const nlohmann::json& j = qc["layers"][name];
-      EXPECT_EQ(j["trellis"], true) << name;
-      EXPECT_EQ(j["hadamard"], 64);
-      EXPECT_EQ(j["group_size"], 64);
-      EXPECT_EQ(j["sym"], true);
-      EXPECT_FALSE(j.contains("mix"));
-      // About the LDLQ's plain squared error on Gaussians at K bits (0.07 at 2, 0.0045 at 4),
-      // with room for the Hessian's weighting; a misplaced tile or bit gives ~2.
-      const double e = stored_layer_error(raw, orig, name, j);
-      EXPECT_LT(e, 0.3 * std::pow(0.25, j["bits"].get<int>() - 2) + 0.001) << name << " " << j;
-    }
-    for (const char* s : {"mlp.gate_proj", "mlp.up_proj"}) {  // 172 rows: scalar, rotated
-      const nlohmann::json& j = qc["layers"]["model.layers." + std::to_string(b) + "." + s];
-      EXPECT_FALSE(j.contains("trellis"));
-      EXPECT_EQ(j["hadamard"], 64);
-    }
-    EXPECT_FALSE(qc["layers"].contains("model.layers." + std::to_string(b) + ".mlp.down_proj"));
-  }
-  return qc;
-}
-
-TEST(QuantTrellisConvert, MeasuredTrellisFileAtFourBits) {
-  ConvertOptions o = qfile::stories_convert_options("gyre_trellis_convert");
-  o.device = "cpu";
-  o.trellis = true;
-  o.bpw = 4.0;
-  o.chooser = "plain";
-  convert_model(o);
-  const nlohmann::json qc = check_trellis_file(o.out);
-  EXPECT_LE(qc["bits_per_weight"].get<double>(), 4.0);
-  EXPECT_GT(qc["bits_per_weight"].get<double>(), 3.5);
-  // The measurement: trellis candidates only (K = 2..6, 8 at group 64) on the attention units,
-  // scalar ones only on gate|up.
-  const auto meas = Measurement::from_json(
-      nlohmann::json::parse(read_text_file(o.out + "/measurement.json")), "measurement");
-  EXPECT_EQ(meas.meta["trellis"], true);
-  for (const LayerErrors& le : meas.layers) {
-    const bool attention = le.name.find("self_attn") != std::string::npos;
-    std::vector<int> ks;
-    for (const auto& [st, err] : le.errors) {
-      EXPECT_EQ(st.trellis, attention) << le.name << " " << st.str();
-      EXPECT_GT(err, 0.0);
-      if (st.trellis) ks.push_back(st.bits);
-    }
-    if (attention) {
-      EXPECT_EQ(ks, (std::vector<int>{2, 3, 4, 5, 6, 8})) << le.name;
-    }
-  }
-}
-
-TEST(QuantTrellisConvert, UniformTrellisCodesEveryTileableRotatedUnit) {
-  ConvertOptions o = qfile::stories_convert_options("gyre_trellis_uniform");
-  o.device = "cpu";
-  o.trellis = true;
-  o.uniform = "3:32";
-  convert_model(o);
-  const nlohmann::json qc = check_trellis_file(o.out);
-  for (const auto& [name, j] : qc["layers"].items())
-    if (j.contains("trellis")) {
-      EXPECT_EQ(j["bits"], 3) << name;
-    }
-  testutil::expect_one_line_error(
-      [&] {
-        ConvertOptions bad = qfile::stories_convert_options("gyre_trellis_rtn");
-        bad.trellis = true;
-        bad.rtn = true;
-        bad.uniform = "4:64";
-        bad.device = "cpu";
-        convert_model(bad);
-      },
-      "--trellis has no round-to-nearest baseline (drop --rtn)");
+// Past kTrellisMeasureRows rows the measurement quantizes 16 evenly spaced tile rows only: its
+// error is that of quantizing exactly those rows (tile rows i * tiles / 16), picked here.
+TEST(QuantTrellis, TallWeightsAreMeasuredOnEvenlySpacedTileRows) {
+  QuantContext ctx;
+  ctx.hadamard = true;
+  ctx.threads = 2;
+  const int n = 32, tokens = 96, rows = 3 * kTrellisMeasureRows;  // 48 tile rows: every third
+  UnitQuantizer uq(ctx);
+  uq.set_input(gaussian(size_t(tokens) * n, 12), tokens, "model.layers.1.self_attn.o_proj");
+  const std::vector<float> w = gaussian(size_t(rows) * n, 13, 0.05);
+  std::vector<float> sub;
+  for (int i = 0; i < 16; ++i)
+    sub.insert(sub.end(), w.begin() + 3 * i * 16 * n, w.begin() + (3 * i + 1) * 16 * n);
+  double want = -1;
+  uq.quantize(sub, trellis_setting(3, n), &want);
+  EXPECT_GT(want, 0.0);
+  EXPECT_NEAR(uq.errors(w, {trellis_setting(3, n)})[0], want, 1e-12);
 }
 
 }  // namespace
