@@ -53,6 +53,9 @@ void add_convert_command(CLI::App& app) {
   cmd->add_flag("--hadamard", o->hadamard,
                 "rotate each decoder layer's input by random-sign block Hadamard matrices "
                 "(incoherence processing; the backends rotate activations at run time)");
+  cmd->add_flag("--trellis", o->trellis,
+                "trellis-coded layers (K = 2..6, 8 bits, chosen per unit) for the rotated units "
+                "whose layers tile into 16 x 16; implies --hadamard (format version 4)");
   cmd->add_option("--sensitivity-rows", o->sensitivity_rows,
                   "calibration rows the sensitivity pass runs on")
       ->capture_default_str();

@@ -19,6 +19,10 @@ namespace gyre {
 
 std::string QuantSetting::str() const {
   std::ostringstream os;
+  if (trellis) {
+    os << bits << "b trellis g" << group_size;
+    return os.str();
+  }
   os << bits << "b g" << group_size << (sym ? " sym" : " asym");
   if (mixed()) os << " +" << mix_eighths << "/8 " << mix_bits << "b";
   return os.str();
@@ -68,6 +72,11 @@ void quant_setting_validate(const QuantSetting& s, int64_t cols, const std::stri
                " columns have ", cols / s.group_size);
   } else {
     GYRE_CHECK(s.mix_eighths == 0, what, ": a mix share without a mix width");
+  }
+  if (s.trellis) {
+    // The group sizes above are all multiples of the 16-column tile, so cols is one too.
+    GYRE_CHECK(s.sym && !s.mixed(), what,
+               ": a trellis setting is symmetric and has no mix of two widths");
   }
 }
 

@@ -28,6 +28,15 @@
 // B is a power of two dividing cols (the converter uses the largest of 128, 64, 32). Layers
 // sharing an input (q|k|v, gate|up) carry the same signs and B, so they still fuse. Everything
 // else (bits, groups, mixes) is as above, in the rotated column space.
+//
+// Trellis layers (quantization_config version 4; a layer entry with "trellis": true, always with
+// "hadamard": B, "sym": true, group_size = B and no mix): the weight W R [rows, cols] (rows and
+// cols multiples of 16) is cut into 16 x 16 tiles coded as in backend/cpu/trellis.h at K = bits:
+//   NAME.qweight   I32 [rows / 16, (cols / 16) * 8K]  row tr holds the tiles (tr, 0..cols/16-1),
+//                  each its 8K little-endian words (tile number tr * (cols / 16) + tc)
+//   NAME.scales    F16 [rows, cols / group]
+//   NAME.had_signs I16 [cols]
+// and w[r][c] = scale[r][c / group] * code(state) of the tile's position holding (r, c).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -37,9 +46,9 @@ namespace gyre {
 
 // quantization_config.version: 1 for files of one-width layers (readable by older builds), 2 when
 // any layer is mixed, 3 when any layer is rotated (older builds must refuse such a file rather
-// than run it unrotated).
-inline int quant_format_version(bool any_mix, bool any_rotated = false) {
-  return any_rotated ? 3 : any_mix ? 2 : 1;
+// than run it unrotated), 4 when any layer is trellis-coded (older builds cannot decode it).
+inline int quant_format_version(bool any_mix, bool any_rotated = false, bool any_trellis = false) {
+  return any_trellis ? 4 : any_rotated ? 3 : any_mix ? 2 : 1;
 }
 
 struct QuantSetting {
@@ -62,12 +71,13 @@ struct QuantSetting {
   int64_t mix_groups(int64_t cols) const;
   // The one-width setting of a group: mix_bits for the chosen groups (hi), else bits.
   QuantSetting part(bool hi) const { return {hi ? mix_bits : bits, group_size, sym}; }
-  // Stored bits per weight of a one-width setting: the integers plus f16 scales (and mins).
+  // Stored bits per weight of a one-width setting: the integers (or a trellis's K bits per
+  // weight) plus f16 scales (and mins).
   double bits_per_weight() const { return bits + (sym ? 16.0 : 32.0) / group_size; }
   // Stored bits of a whole [rows, cols] layer: both widths' integers, the scales and mins, and
   // for a mix its I32 list of groups.
   double stored_bits(int64_t rows, int64_t cols) const;
-  std::string str() const;  // "4b g128 sym", "3b g128 sym +2/8 4b"
+  std::string str() const;  // "4b g128 sym", "3b g128 sym +2/8 4b", "4b trellis g128"
   bool operator==(const QuantSetting&) const = default;
 };
 
@@ -76,8 +86,15 @@ struct QuantSetting {
 std::vector<int> mix_hi_groups(const QuantSetting& s, const double* energy, int64_t cols);
 
 // Throws unless bits and group size (and a mix's width and share) are supported and cols fits
-// the group size (a mix needs at least two groups).
+// the group size (a mix needs at least two groups). A trellis setting must be symmetric and
+// unmixed; its group a multiple of 16 (so also cols); rows % 16 is the caller's check
+// (trellis_tileable).
 void quant_setting_validate(const QuantSetting& s, int64_t cols, const std::string& what);
+
+// Whether a [rows, cols] layer can be trellis-coded: both multiples of the 16 x 16 tile.
+inline bool trellis_tileable(int64_t rows, int64_t cols) {
+  return rows > 0 && cols > 0 && rows % 16 == 0 && cols % 16 == 0;
+}
 
 // The float value of stored integer q with scale s and min m (m unused when symmetric).
 float quant_dequant_value(const QuantSetting& st, int q, float s, float m);

@@ -18,6 +18,7 @@
 #include "quant/gguf_source.h"
 #include "quant/gptq.h"
 #include "quant/gptq_device.h"
+#include "quant/gptq_trellis.h"
 #include "quant/measure.h"
 #include "quant/optimizer.h"
 #include "quant/progress.h"
@@ -72,18 +73,31 @@ bool fit_setting(QuantSetting& s, int64_t cols) {
   return false;
 }
 
-Plan uniform_plan(const LoadedModel& m, const QuantSetting& st) {
+// With `trellis`, the units that take it (trellis_unit) get K = st.bits trellis-coded.
+Plan uniform_plan(const LoadedModel& m, const QuantSetting& st, bool trellis) {
   Plan plan;
   for (int b = 0; b < m.config.n_layers; ++b)
-    for (int u = 0; u < kUnits; ++u)
+    for (int u = 0; u < kUnits; ++u) {
+      std::vector<int64_t> rows;
+      for (const std::string& s : unit_linears(static_cast<Unit>(u)))
+        rows.push_back(m.weights.get(layer_tensor(b, s.c_str()) + ".weight").rows());
+      const int64_t unit_cols =
+          m.weights.get(layer_tensor(b, unit_linears(static_cast<Unit>(u))[0].c_str()) + ".weight")
+              .cols();
+      const bool coded = trellis_unit(trellis, rows, unit_cols);
       for (const std::string& s : unit_linears(static_cast<Unit>(u))) {
         const std::string name = layer_tensor(b, s.c_str());
+        if (coded) {
+          plan[name] = trellis_setting(st.bits, unit_cols);
+          continue;
+        }
         QuantSetting fit = st;
         const int64_t cols = m.weights.get(name + ".weight").cols();
         if (!fit_setting(fit, cols)) continue;
         if (fit.mixed() && cols / fit.group_size < 2) fit.mix_bits = fit.mix_eighths = 0;
         plan[name] = fit;
       }
+    }
   return plan;
 }
 
@@ -173,7 +187,9 @@ void open_runtime(const ConvertOptions& o, QuantContext& ctx, QuantRuntime& rt) 
   GYRE_CHECK(o.scale_refit == "off" || o.scale_refit == "diag" || o.scale_refit == "full",
              "--scale-refit must be off, diag or full, got '", o.scale_refit, "'");
   ctx.scale_refit = o.scale_refit == "full" ? 2 : o.scale_refit == "diag" ? 1 : 0;
-  ctx.hadamard = o.hadamard;
+  GYRE_CHECK(!o.trellis || !o.rtn, "--trellis has no round-to-nearest baseline (drop --rtn)");
+  ctx.hadamard = o.hadamard || o.trellis;  // trellis layers are always rotated
+  ctx.trellis = o.trellis;
   ctx.threads = o.threads > 0 ? o.threads
                               : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   ctx.progress = o.progress;
@@ -194,6 +210,7 @@ int resolved_head_bits(const ConvertOptions& o) {
 void convert_model(const ConvertOptions& o_in) {
   ConvertOptions o = o_in;
   o.head_bits = resolved_head_bits(o_in);
+  if (o.trellis) o.hadamard = true;
   GYRE_CHECK(o.bpw >= 2.0 && o.bpw <= 16.0, "--bpw must be between 2 and 16, got ", o.bpw);
   GYRE_CHECK(o.head_bits == 0 || o.head_bits == 2 || o.head_bits == 3 || o.head_bits == 4 ||
                  o.head_bits == 5 || o.head_bits == 6 || o.head_bits == 8,
@@ -239,6 +256,9 @@ void convert_model(const ConvertOptions& o_in) {
     GYRE_CHECK(meas.meta.value("hadamard", false) == o.hadamard, "'", o.measurement,
                "' was measured with another --hadamard option; measure again");
   if (o.uniform.empty() && !o.measurement.empty())
+    GYRE_CHECK(meas.meta.value("trellis", false) == o.trellis, "'", o.measurement,
+               "' was measured with another --trellis option; measure again");
+  if (o.uniform.empty() && !o.measurement.empty())
     GYRE_CHECK(meas.blocks_done == model->config.n_layers, "'", o.measurement,
                "' is an unfinished measurement (", meas.blocks_done, " of ", model->config.n_layers,
                " blocks)");
@@ -265,6 +285,7 @@ void convert_model(const ConvertOptions& o_in) {
                         {"sensitivity_rows", o.sensitivity_rows},
                         {"rotate", o.rotate},
                         {"hadamard", o.hadamard},
+                        {"trellis", o.trellis},
                         {"clip_search", o.clip_search},
                         {"target_correction", o.target_correction},
                         {"target_damp", o.target_damp},
@@ -296,7 +317,7 @@ void convert_model(const ConvertOptions& o_in) {
   Plan plan;
   const bool measured = o.uniform.empty();
   if (!measured) {
-    plan = uniform_plan(*model, uniform);
+    plan = uniform_plan(*model, uniform, o.trellis);
   } else {
     if (!o.measurement.empty()) {
       // Checked before the job folder was made (above).
@@ -307,7 +328,7 @@ void convert_model(const ConvertOptions& o_in) {
                    {"length", o.length},       {"damp", o.damp},
                    {"act_order", o.act_order}, {"method", o.rtn ? "rtn" : "gptq"},
                    {"rotate", o.rotate},       {"clip_search", o.clip_search},
-                   {"hadamard", o.hadamard}};
+                   {"hadamard", o.hadamard},   {"trellis", o.trellis}};
       measure(ctx, meas,
               [&](const Measurement& m) { write_file_atomic(mpath, m.to_json().dump(1)); });
       phase_done("measurement");

@@ -32,6 +32,9 @@ struct ConvertOptions {
   // Rotate each decoder layer's input by random-sign block Hadamard matrices (quant/hadamard.h):
   // the file stores quant(W R), the backends rotate x at run time (format version 3).
   bool hadamard = false;
+  // Trellis-coded layers (gptq_trellis.h, format version 4) for the rotated units whose layers
+  // tile into 16 x 16; implies hadamard. The other layers keep the scalar settings.
+  bool trellis = false;
   // Quantization pass refinements: GPTQ toward the target corrected for the quantized inputs
   // (target_correction.h); group scales refit after GPTQ, codes fixed (scale_refit.h): "off",
   // "diag" or "full".

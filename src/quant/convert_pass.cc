@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "backend/cpu/trellis.h"
 #include "core/error.h"
 #include "core/mapped_file.h"
 #include "model/gyre_quant_loader.h"
@@ -45,10 +46,8 @@ std::map<std::string, std::vector<float>> load_job_file(const std::string& path,
   for (const auto& [name, st] : plan)
     if (raw.has(name + ".qweight")) part[name] = st;
   nlohmann::json cfg;
-  bool any_mix = false;
-  for (const auto& [name, st] : part) any_mix = any_mix || st.mixed();
   cfg["quantization_config"] = {{"quant_method", "gyre"},
-                                {"version", quant_format_version(any_mix, hadamard)},
+                                {"version", plan_format_version(part, hadamard)},
                                 {"layers", plan_layers_json(part, m.weights, hadamard)}};
   gyre_quant_load(cfg, raw, out, path);
   std::map<std::string, std::vector<float>> floats;
@@ -94,8 +93,29 @@ void pack_part(const QuantizedWeight& q, const std::vector<int>& cols, const Qua
 
 }  // namespace
 
+int plan_format_version(const Plan& plan, bool hadamard) {
+  bool any_mix = false, any_trellis = false;
+  for (const auto& [name, st] : plan) {
+    any_mix = any_mix || st.mixed();
+    any_trellis = any_trellis || st.trellis;
+  }
+  return quant_format_version(any_mix, hadamard, any_trellis);
+}
+
 std::vector<StTensor> pack_tensors(const QuantizedWeight& q, const std::string& name) {
   const QuantSetting& st = q.setting;
+  if (st.trellis) {  // the tiles' words as they are: row tr of qweight is tile row tr
+    const int64_t words = int64_t{q.cols} / kTrellisTileDim * trellis_tile_words(st.bits);
+    GYRE_CHECK(q.had.active() && static_cast<int64_t>(q.trellis.size()) ==
+                                     int64_t{q.rows} / kTrellisTileDim * words,
+               "internal: trellis layer ", name, " has no rotation or the wrong number of words");
+    std::vector<StTensor> out;
+    out.push_back(st_from(name + ".qweight", "I32", {q.rows / kTrellisTileDim, words}, q.trellis));
+    out.push_back(st_from(name + ".scales", "F16", {q.rows, q.cols / st.group_size}, q.scales));
+    const std::vector<int16_t> signs(q.had.signs.begin(), q.had.signs.end());
+    out.push_back(st_from(name + ".had_signs", "I16", {q.cols}, signs));
+    return out;
+  }
   std::vector<int> lo, hi;
   std::vector<bool> is_hi(static_cast<size_t>(q.cols / st.group_size), false);
   for (int g : q.hi_groups) is_hi[g] = true;
@@ -130,6 +150,7 @@ nlohmann::json plan_layers_json(const Plan& plan, const WeightSet& w, bool hadam
                {"shape", {t.rows(), t.cols()}}};
     if (st.mixed())
       j[name]["mix"] = {{"bits", st.mix_bits}, {"hi_groups", st.mix_groups(t.cols())}};
+    if (st.trellis) j[name]["trellis"] = true;
     // The decoder's layers are rotated (quant/hadamard.h), the LM head is not.
     if (hadamard && name != kHead && hadamard_block_for(t.cols()) != 0)
       j[name]["hadamard"] = hadamard_block_for(t.cols());
@@ -263,10 +284,8 @@ void write_output(const QuantContext& ctx, const ConvertOptions& o, const Plan& 
   write_safetensors(o.out + "/model.safetensors", tensors);
   nlohmann::json cfg = in_config;
   if (head_q || !m.config.tie_embeddings) cfg["tie_word_embeddings"] = false;  // --rotate unties
-  bool any_mix = false;
-  for (const auto& [name, st] : plan) any_mix = any_mix || st.mixed();
   nlohmann::json qc = {{"quant_method", "gyre"},
-                       {"version", quant_format_version(any_mix, ctx.hadamard)},
+                       {"version", plan_format_version(plan, ctx.hadamard)},
                        {"bits_per_weight", qnumel > 0 ? qbits / qnumel : 16.0},
                        {"target_bits_per_weight", o.uniform.empty() ? o.bpw : 0.0},
                        {"uniform", o.uniform},
@@ -276,6 +295,7 @@ void write_output(const QuantContext& ctx, const ConvertOptions& o, const Plan& 
                        {"damp", ctx.damp},
                        {"rotated", o.rotate},
                        {"hadamard", ctx.hadamard},
+                       {"trellis", ctx.trellis},
                        {"clip_search", ctx.clip_search},
                        {"target_correction", ctx.target_correction},
                        {"target_damp", ctx.target_damp},

@@ -20,11 +20,15 @@ using Plan = std::map<std::string, QuantSetting>;
 // weighted by its measured sensitivity when `weighted` and the measurement has them.
 Plan optimized_plan(const LoadedModel& m, const Measurement& meas, double bpw, bool weighted);
 
-// NAME.qweight / NAME.scales (/ NAME.mins) in the model/gyre_qformat.h layout.
+// quantization_config.version of a file holding the plan's layers (quant_format_version).
+int plan_format_version(const Plan& plan, bool hadamard);
+
+// NAME.qweight / NAME.scales (/ NAME.mins, NAME.had_signs; a trellis layer's tiles) in the
+// model/gyre_qformat.h layout.
 std::vector<StTensor> pack_tensors(const QuantizedWeight& q, const std::string& name);
 
 // quantization_config.layers: {name: {bits, group_size, sym, shape}} (+ "hadamard": B for the
-// decoder's layers when `hadamard`).
+// decoder's layers when `hadamard`, "trellis": true for trellis-coded ones).
 nlohmann::json plan_layers_json(const Plan& plan, const WeightSet& w, bool hadamard = false);
 
 // Quantizes block by block into OUT/.gyre-job/block_N.safetensors (existing files are reused:

@@ -1,10 +1,12 @@
 #include "quant/gptq_device.h"
 
 #include "backend/backend.h"
+#include "backend/cpu/trellis.h"
 #include "core/error.h"
 #include "core/half.h"
 #ifdef GYRE_HAVE_CUDA
 #include "quant/cuda/gptq_engine.h"
+#include "quant/gptq_trellis.h"
 #endif
 
 namespace gyre::quant {
@@ -41,16 +43,25 @@ class CudaGptq final : public GptqDevice {
 
   std::vector<double> errors(const float* w, int rows,
                              const std::vector<QuantSetting>& settings) override {
+    // Scalar settings run stacked at once; trellis ones (a vector quantizer per 16 columns)
+    // one by one.
     std::vector<cuda::Setting> ds;
-    for (const QuantSetting& st : settings) ds.push_back(device_setting(st, n_));
+    for (const QuantSetting& st : settings)
+      if (!st.trellis) ds.push_back(device_setting(st, n_));
     const double den = engine_.set_weight(w, rows);
-    std::vector<double> out = engine_.run(ds, false);
-    for (double& e : out) e = den > 0.0 ? e / den : 0.0;
+    const std::vector<double> scalar = ds.empty() ? std::vector<double>{} : engine_.run(ds, false);
+    std::vector<double> out;
+    size_t next_scalar = 0;
+    for (const QuantSetting& st : settings) {
+      const double e = st.trellis ? trellis_run(rows, st) : scalar[next_scalar++];
+      out.push_back(den > 0.0 ? e / den : 0.0);
+    }
     return out;
   }
 
   QuantizedWeight quantize(const float* w, int rows, const QuantSetting& st,
                            double* rel_error) override {
+    if (st.trellis) return quantize_trellis(w, rows, st, rel_error);
     const double den = engine_.set_weight(w, rows);
     const double num = engine_.run({device_setting(st, n_)}, true)[0];
     if (rel_error != nullptr) *rel_error = den > 0.0 ? num / den : 0.0;
@@ -75,6 +86,33 @@ class CudaGptq final : public GptqDevice {
   }
 
  private:
+  // tr(E H E^T) of the trellis LDLQ of the weight set last.
+  double trellis_run(int rows, const QuantSetting& st) {
+    GYRE_CHECK(st.sym && !st.mixed() && rows % 16 == 0 && n_ % 16 == 0,
+               "quantize: a trellis setting is symmetric, of one width, on 16 x 16 tiles");
+    return engine_.trellis(st.bits, st.group_size, kTrellisScaleFit);
+  }
+
+  QuantizedWeight quantize_trellis(const float* w, int rows, const QuantSetting& st,
+                                   double* rel_error) {
+    const double den = engine_.set_weight(w, rows);
+    const double num = trellis_run(rows, st);
+    if (rel_error != nullptr) *rel_error = den > 0.0 ? num / den : 0.0;
+    const size_t count = static_cast<size_t>(rows) * n_;
+    const size_t groups = static_cast<size_t>(rows) * (n_ / st.group_size);
+    QuantizedWeight out;
+    out.setting = st;
+    out.rows = rows;
+    out.cols = n_;
+    out.dequant.resize(count);
+    std::vector<float> scales(groups);
+    out.trellis.resize(count / 256 * static_cast<size_t>(trellis_tile_words(st.bits)));
+    engine_.fetch_trellis(out.dequant.data(), scales.data(), out.trellis.data());
+    out.scales.resize(groups);
+    for (size_t i = 0; i < groups; ++i) out.scales[i] = f32_to_f16(scales[i]);
+    return out;
+  }
+
   cuda::Engine engine_;
   int n_ = 0;
 };

@@ -32,10 +32,13 @@ class GptqDevice {
   virtual std::vector<double> cross_covariance() const = 0;  // C [n x n], for tests
   // W* [rows, n] = W (C + lambda I)(H + lambda I)^-1 of w [rows, n] (host floats).
   virtual std::vector<float> corrected_target(const float* w, int rows) = 0;
-  // tr(E H E^T) / tr(W H W^T) of GPTQ at each setting for w [rows, n] (host floats).
+  // tr(E H E^T) / tr(W H W^T) of GPTQ at each setting for w [rows, n] (host floats). A trellis
+  // setting (st.trellis) runs the trellis LDLQ of quant/gptq_trellis.h instead, in the natural
+  // column order whatever set_input's act_order (quant/cuda/trellis_ldlq.h).
   virtual std::vector<double> errors(const float* w, int rows,
                                      const std::vector<QuantSetting>& settings) = 0;
-  // GPTQ at one setting with its stored integers, scales and dequantized values.
+  // GPTQ at one setting with its stored integers, scales and dequantized values (a trellis
+  // setting: the tiles' words in QuantizedWeight::trellis, q empty, as gptq_quantize_trellis).
   virtual QuantizedWeight quantize(const float* w, int rows, const QuantSetting& st,
                                    double* rel_error) = 0;
 };

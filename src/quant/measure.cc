@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "quant/gptq.h"
+#include "quant/gptq_trellis.h"
 #include "quant/linalg.h"
 #include "quant/progress.h"
 #include "quant/unit_quant.h"
@@ -40,6 +41,19 @@ std::vector<QuantSetting> settings_for(const std::vector<QuantSetting>& all, int
   return out;
 }
 
+bool trellis_unit(bool trellis, const std::vector<int64_t>& rows, int64_t cols) {
+  if (!trellis || hadamard_block_for(cols) == 0) return false;
+  for (int64_t r : rows)
+    if (!trellis_tileable(r, cols)) return false;
+  return !rows.empty();
+}
+
+std::vector<QuantSetting> trellis_candidates(int64_t cols) {
+  std::vector<QuantSetting> out;
+  for (int k : {2, 3, 4, 5, 6, 8}) out.push_back(trellis_setting(k, cols));
+  return out;
+}
+
 const LayerErrors* Measurement::find(const std::string& name) const {
   for (const LayerErrors& l : layers)
     if (l.name == name) return &l;
@@ -61,6 +75,7 @@ nlohmann::json Measurement::to_json() const {
         e.back()["mix_bits"] = s.mix_bits;
         e.back()["mix_eighths"] = s.mix_eighths;
       }
+      if (s.trellis) e.back()["trellis"] = true;
     }
     j["layers"].push_back({{"name", l.name}, {"shape", {l.rows, l.cols}}, {"errors", e}});
   }
@@ -89,6 +104,7 @@ Measurement Measurement::from_json(const nlohmann::json& j, const std::string& w
       for (const auto& e : l.at("errors")) {
         QuantSetting s{e.at("bits").get<int>(), e.at("group_size").get<int>(),
                        e.at("sym").get<bool>(), e.value("mix_bits", 0), e.value("mix_eighths", 0)};
+        s.trellis = e.value("trellis", false);
         quant_setting_validate(s, le.cols, where + ": layer " + le.name);
         const double err = e.at("error").get<double>();
         GYRE_CHECK(err >= 0.0, where, ": negative error for ", le.name);
@@ -118,6 +134,13 @@ BlockWeights block_of(const QuantContext& ctx, int layer) {
 int64_t linear_cols(const ModelConfig& c, const std::string& suffix) {
   if (suffix == "self_attn.o_proj") return c.q_dim();
   if (suffix == "mlp.down_proj") return c.hidden_dim;
+  return c.dim;
+}
+
+int64_t linear_rows(const ModelConfig& c, const std::string& suffix) {
+  if (suffix == "self_attn.q_proj") return c.q_dim();
+  if (suffix == "self_attn.k_proj" || suffix == "self_attn.v_proj") return c.kv_dim();
+  if (suffix == "mlp.gate_proj" || suffix == "mlp.up_proj") return c.hidden_dim;
   return c.dim;
 }
 
@@ -158,10 +181,20 @@ void measure(const QuantContext& ctx, Measurement& m,
   // yet (the CPU would quantize every mix from the device's Hessian, hours at 8B): CPU path only.
   if (ctx.rtn || ctx.gpu != nullptr)
     std::erase_if(all, [](const QuantSetting& s) { return s.mixed(); });
+  // A unit's candidates: with --trellis the trellis ones alone where the unit takes them (the
+  // CPU encoder's cost is per candidate), else the scalar ones that fit its width.
+  auto unit_cands = [&](Unit unit, int64_t cols) {
+    std::vector<int64_t> rows_of;
+    for (const std::string& s : unit_linears(unit)) rows_of.push_back(linear_rows(c, s));
+    return trellis_unit(ctx.trellis, rows_of, cols) ? trellis_candidates(cols)
+                                                    : settings_for(all, cols);
+  };
   int64_t steps = 0;
-  for (int u = 0; u < kUnits; ++u)
-    for (const std::string& s : unit_linears(static_cast<Unit>(u)))
-      steps += static_cast<int64_t>(settings_for(all, linear_cols(c, s)).size());
+  for (int u = 0; u < kUnits; ++u) {
+    const Unit unit = static_cast<Unit>(u);
+    const int64_t cols = linear_cols(c, unit_linears(unit)[0]);
+    steps += static_cast<int64_t>(unit_cands(unit, cols).size() * unit_linears(unit).size());
+  }
   Progress bar("measuring", steps * (c.n_layers - m.blocks_done), ctx.progress);
   BlockRunner runner(*ctx.backend, c, rows, length);
   std::vector<float> hidden = embed_rows(ctx);
@@ -176,7 +209,7 @@ void measure(const QuantContext& ctx, Measurement& m,
     runner.run(hidden, w,
                [&](Unit unit, const std::vector<float>& x, int64_t tokens, BlockWeights& bw) {
                  const int in = static_cast<int>(static_cast<int64_t>(x.size()) / tokens);
-                 const std::vector<QuantSetting> cands = settings_for(all, in);
+                 const std::vector<QuantSetting> cands = unit_cands(unit, in);
                  if (cands.empty()) return;
                  uq.set_input(x, tokens, layer_tensor(b, unit_linears(unit)[0].c_str()));
                  for (const std::string& s : unit_linears(unit)) {

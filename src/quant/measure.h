@@ -65,6 +65,9 @@ struct QuantContext {
   bool rtn = false;          // round to nearest instead of GPTQ (a baseline)
   bool clip_search = false;  // GPTQ group parameters by a clipping search (gptq.h)
   bool hadamard = false;     // rotate every decoder unit's input (quant/hadamard.h)
+  // Trellis-coded candidates (gptq_trellis.h) instead of the scalar ones for every rotated unit
+  // whose layers tile (implies hadamard; measure.cc says which candidates).
+  bool trellis = false;
   // The quantization pass's refinements (not the measurement's): GPTQ toward the corrected
   // target W C H^-1 (target_correction.h), and the group scales refit after GPTQ with the codes
   // fixed (scale_refit.h): 0 off, 1 diagonal Hessian, 2 full Hessian.
@@ -85,6 +88,15 @@ struct QuantContext {
 BlockWeights block_of(const QuantContext& ctx, int layer);
 // The input width of linear layer `suffix` ("self_attn.o_proj", ...) from the config alone.
 int64_t linear_cols(const ModelConfig& c, const std::string& suffix);
+// Its output width (rows), likewise.
+int64_t linear_rows(const ModelConfig& c, const std::string& suffix);
+
+// Whether a unit whose layers have these rows and `cols` input columns is trellis-coded in a
+// conversion with --trellis (`trellis`): it is rotated (a Hadamard block divides cols) and every
+// layer tiles into 16 x 16. The whole unit or none of it, so its layers still share a setting.
+bool trellis_unit(bool trellis, const std::vector<int64_t>& rows, int64_t cols);
+// The trellis candidates of such a unit: K = 2, 3, 4, 5, 6, 8 at the rotation's block.
+std::vector<QuantSetting> trellis_candidates(int64_t cols);
 
 // The embedding rows of the calibration tokens: the first block's input [rows * length, dim].
 std::vector<float> embed_rows(const QuantContext& ctx);

@@ -2,8 +2,10 @@
 
 #include <chrono>
 
+#include "backend/cpu/trellis.h"
 #include "core/error.h"
 #include "quant/gptq_device.h"
+#include "quant/gptq_trellis.h"
 #include "quant/hadamard.h"
 #include "quant/scale_refit.h"
 #include "quant/target_correction.h"
@@ -39,6 +41,7 @@ void UnitQuantizer::set_input(const std::vector<float>& x_in, int64_t tokens,
   // float64 by hessian_of, on either device) without another n^3 product.
   std::vector<float> rotated;
   const std::vector<float>& x = in_rotated_space(x_in, rotated);
+  trellis_prep_ready_ = false;
   corrected_ = false;
   cross_.clear();
   factor_ = DampedFactor{};
@@ -89,6 +92,50 @@ QuantizedWeight UnitQuantizer::quantize_cpu(const std::vector<float>& w,
                   : gptq_quantize(w.data(), rows, n_, prep_, st, ctx_.threads);
 }
 
+QuantizedWeight UnitQuantizer::quantize_trellis(const std::vector<float>& w, const QuantSetting& st,
+                                                double* rel_error) {
+  const int64_t rows = static_cast<int64_t>(w.size()) / n_;
+  GYRE_CHECK(rot_.active(), "trellis ", st.str(), ": the layer's unit is not rotated (trellis ",
+             "layers need --hadamard and a width with a Hadamard block)");
+  GYRE_CHECK(trellis_tileable(rows, n_), "trellis ", st.str(), ": a [", rows, ", ", n_,
+             "] weight is not made of 16 x 16 tiles");
+  GYRE_CHECK(st.group_size == rot_.block, "trellis ", st.str(), ": the group must be the ",
+             "rotation's block ", rot_.block);
+  // The same LDLQ on the device (quant/cuda/trellis_ldlq.h), error measured there too.
+  if (on_gpu()) return ctx_.gpu->quantize(w.data(), static_cast<int>(rows), st, rel_error);
+  ensure_host_hessian();  // the CPU path has it already
+  if (!trellis_prep_ready_) {
+    if (prep_ready_ && !ctx_.act_order && !ctx_.rtn) {
+      trellis_prep_ = prep_;
+    } else {
+      trellis_prep_ = gptq_prepare(h_, n_, ctx_.damp, /*act_order=*/false);
+    }
+    trellis_prep_ready_ = true;
+  }
+  QuantizedWeight q =
+      gptq_quantize_trellis(w.data(), static_cast<int>(rows), n_, trellis_prep_, st, ctx_.threads);
+  if (rel_error != nullptr) *rel_error = relative_error(w.data(), q, h_, ctx_.threads);
+  return q;
+}
+
+double UnitQuantizer::trellis_error(const std::vector<float>& w, const QuantSetting& st) {
+  const int64_t rows = static_cast<int64_t>(w.size()) / n_;
+  const int64_t tiles = rows / kTrellisTileDim, keep = kTrellisMeasureRows / kTrellisTileDim;
+  double err = 0.0;
+  if (rows <= kTrellisMeasureRows || rows % kTrellisTileDim != 0) {
+    quantize_trellis(w, st, &err);
+    return err;
+  }
+  std::vector<float> sub;
+  sub.reserve(static_cast<size_t>(kTrellisMeasureRows) * n_);
+  for (int64_t i = 0; i < keep; ++i) {  // tile rows i * tiles / keep: spread over the weight
+    const auto first = w.begin() + (i * tiles / keep) * kTrellisTileDim * n_;
+    sub.insert(sub.end(), first, first + kTrellisTileDim * n_);
+  }
+  quantize_trellis(sub, st, &err);
+  return err;
+}
+
 const std::vector<float>& UnitQuantizer::in_rotated_space(const std::vector<float>& m,
                                                           std::vector<float>& rotated) const {
   if (!rot_.active()) return m;
@@ -105,26 +152,26 @@ std::vector<double> UnitQuantizer::errors(const std::vector<float>& w_in,
   std::vector<float> rotated;
   const std::vector<float>& w = in_rotated_space(w_in, rotated);
   const int rows = static_cast<int>(static_cast<int64_t>(w.size()) / n_);
-  std::vector<QuantSetting> plain;
-  for (const QuantSetting& st : settings)
-    if (!on_gpu() || !st.mixed()) plain.push_back(st);
-  std::vector<double> plain_errors;
-  if (on_gpu()) {
-    plain_errors = ctx_.gpu->errors(w.data(), rows, plain);
-  } else {
-    for (const QuantSetting& st : plain)
-      plain_errors.push_back(relative_error(w.data(), quantize_cpu(w, st), h_, ctx_.threads));
-  }
-  if (plain.size() == settings.size()) return plain_errors;
-  ensure_cpu_prep();  // mixed settings on the GPU path
-  std::vector<double> out;
-  size_t next_plain = 0;
-  for (const QuantSetting& st : settings) {
-    if (!st.mixed()) {
-      out.push_back(plain_errors[next_plain++]);
+  // Scalar settings go to the GPU in one call when there is one; mixed settings (no GPU GPTQ)
+  // and trellis settings are quantized here.
+  std::vector<double> out(settings.size(), 0.0);
+  std::vector<QuantSetting> gpu_settings;
+  std::vector<size_t> gpu_at;
+  for (size_t i = 0; i < settings.size(); ++i) {
+    const QuantSetting& st = settings[i];
+    if (st.trellis) {
+      out[i] = trellis_error(w, st);
+    } else if (on_gpu() && !st.mixed()) {
+      gpu_settings.push_back(st);
+      gpu_at.push_back(i);
     } else {
-      out.push_back(relative_error(w.data(), quantize_cpu(w, st), h_, ctx_.threads));
+      if (on_gpu()) ensure_cpu_prep();
+      out[i] = relative_error(w.data(), quantize_cpu(w, st), h_, ctx_.threads);
     }
+  }
+  if (!gpu_settings.empty()) {
+    const std::vector<double> e = ctx_.gpu->errors(w.data(), rows, gpu_settings);
+    for (size_t i = 0; i < gpu_at.size(); ++i) out[gpu_at[i]] = e[i];
   }
   return out;
 }
@@ -142,9 +189,12 @@ QuantizedWeight UnitQuantizer::quantize(const std::vector<float>& w_in, const Qu
     corrected = on_gpu() ? ctx_.gpu->corrected_target(w_rot.data(), rows)
                          : corrected_target(w_rot, n_, cross_, factor_, ctx_.threads);
   const std::vector<float>& w = corrected_ ? corrected : w_rot;
-  const bool refit = refine_ && ctx_.scale_refit != 0 && !ctx_.rtn;
+  // The refit re-solves scalar codes' group scales (scale_refit.h); trellis layers keep theirs.
+  const bool refit = refine_ && ctx_.scale_refit != 0 && !ctx_.rtn && !st.trellis;
   QuantizedWeight q;
-  if (on_gpu() && !st.mixed()) {
+  if (st.trellis) {
+    q = quantize_trellis(w, st, rel_error);
+  } else if (on_gpu() && !st.mixed()) {
     q = ctx_.gpu->quantize(w.data(), rows, st, rel_error);
   } else {
     if (on_gpu()) ensure_cpu_prep();

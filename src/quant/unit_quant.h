@@ -12,6 +12,9 @@
 
 namespace gyre::quant {
 
+// Trellis candidates of a weight with more rows are measured on this many (UnitQuantizer::errors).
+inline constexpr int kTrellisMeasureRows = 256;
+
 class UnitQuantizer {
  public:
   // refine: apply ctx's quantization-pass refinements (target correction, scale refit); the
@@ -28,9 +31,13 @@ class UnitQuantizer {
   void set_input(const std::vector<float>& x, int64_t tokens, const std::string& unit = {},
                  const std::vector<float>* x_fp = nullptr);
   int width() const { return n_; }
-  // Relative error tr(E H E^T) / tr(W H W^T) of w [rows, n] quantized at each setting.
+  // Relative error tr(E H E^T) / tr(W H W^T) of w [rows, n] quantized at each setting. Trellis
+  // settings of a weight with more than kTrellisMeasureRows rows are measured on that many rows
+  // (evenly spaced 16-row tiles): an estimate of the same ratio at a fraction of the Viterbi cost.
   std::vector<double> errors(const std::vector<float>& w, const std::vector<QuantSetting>& st);
-  // rel_error: against the target quantized toward (W, or W* with target correction).
+  // rel_error: against the target quantized toward (W, or W* with target correction). Trellis
+  // settings need a rotated unit whose weights tile into 16 x 16 (else gyre::Error); they get no
+  // scale refit.
   QuantizedWeight quantize(const std::vector<float>& w, const QuantSetting& st, double* rel_error);
   // Summed tr(E H E^T) of the layers quantized so far, before and after the scale refit.
   double refit_error_before() const { return refit_before_; }
@@ -39,6 +46,12 @@ class UnitQuantizer {
  private:
   bool on_gpu() const { return ctx_.gpu != nullptr && !ctx_.rtn; }
   QuantizedWeight quantize_cpu(const std::vector<float>& w, const QuantSetting& st) const;
+  // The one place trellis settings are quantized (w in the rotated space): LDLQ on the GPU when
+  // there is one (GptqDevice::quantize), else on the CPU (gptq_trellis.h) with its own
+  // natural-order factor of H; rel_error (if not null) = relative_error against w.
+  QuantizedWeight quantize_trellis(const std::vector<float>& w, const QuantSetting& st,
+                                   double* rel_error);
+  double trellis_error(const std::vector<float>& w, const QuantSetting& st);
   // Mixed settings (per-group widths) have no GPU GPTQ: on the GPU path the CPU quantizes them
   // from the device's Hessian, fetched once per input.
   void ensure_cpu_prep();
@@ -56,6 +69,8 @@ class UnitQuantizer {
   std::vector<double> h_;  // CPU, or fetched from the GPU when the host needs it
   GptqPrep prep_;
   bool prep_ready_ = false;
+  GptqPrep trellis_prep_;  // LDLQ's factor: natural column order whatever ctx.act_order says
+  bool trellis_prep_ready_ = false;
   // Target correction: on the CPU path C and the factor of H + lambda I; on the GPU path both
   // stay on the device (GptqDevice::set_target).
   bool corrected_ = false;

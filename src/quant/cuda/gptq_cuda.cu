@@ -3,6 +3,8 @@
 // the columns (rows are independent), outside it one float64 GEMM per block applies the lazy
 // update. Every candidate setting of a measurement runs at once: the candidates' copies of the
 // weight are stacked as extra rows (R = candidates x rows), so U is read once per block for all.
+// Engine::trellis runs the trellis LDLQ (trellis_ldlq.cu) on the same Hessian, factor and error
+// measurement, one setting at a time.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 
 #include "quant/cuda/gptq_cuda_common.h"
 #include "quant/cuda/gptq_engine.h"
+#include "quant/cuda/trellis_ldlq.h"
 
 namespace gyre::quant::cuda {
 
@@ -214,9 +217,17 @@ struct Engine::Impl {
   int last_group = 0;
   DevBuf xf, xd, h, u, work1, work2, flag, order_d, pos_d, first_d[3], hdiag_d, dead_d, w_f, w_v, f,
       err, scale, minv, dequant, q, sets, sums, cross, chol;
+  // The trellis LDLQ's: its words, the natural-order factor when set_input's order is not.
+  DevBuf words, order_nat, u_nat;
+  bool u_nat_ready = false;
+  int trellis_k = 0;
+  TrellisLdlqBuffers tbufs;
 
   void sync() { GYRE_CUDA_CHECK(cudaStreamSynchronize(s)); }
   std::vector<double> run_batch(const std::vector<Setting>& settings, bool want_q);
+  // out[c] = tr(E H E^T) of each candidate's E = W - dequant (column-major [cands * rows x n]);
+  // w_scratch takes E. Asynchronous (out is host memory valid after sync()).
+  void output_errors(const float* dq, int cands, double* w_scratch, double* out);
 };
 
 Engine::Engine(int ordinal) : impl_(std::make_unique<Impl>()) {
@@ -261,6 +272,8 @@ void Engine::set_input(const float* x, int64_t tokens, int n, double damp, bool 
   m.rows = 0;
   m.lambda = -1;
   m.clip = clip_search;
+  m.u_nat_ready = false;
+  m.trellis_k = 0;
   double* h = m.h.as<double>(static_cast<size_t>(n) * n);
   hessian_device(m.blas, m.s, x, tokens, n, h, m.xf, m.xd);
   std::vector<double> diag(static_cast<size_t>(n));
@@ -382,7 +395,7 @@ std::vector<double> Engine::run(const std::vector<Setting>& settings, bool want_
         first, first + static_cast<int64_t>(std::min(batch, settings.size() - c0)));
     for (double v : m.run_batch(part, want_outputs)) out.push_back(v);
   }
-  if (want_outputs) m.last_group = settings[0].group;
+  if (want_outputs) m.last_group = settings[0].group, m.trellis_k = 0;
   return out;
 }
 
@@ -413,7 +426,7 @@ std::vector<double> Engine::Impl::run_batch(const std::vector<Setting>& settings
   a.clip = clip ? 1 : 0;
   a.bad = flag.as<int>(1);
   GYRE_CUDA_CHECK(cudaMemsetAsync(a.bad, 0, sizeof(int), s));
-  const double minus_one = -1.0, one = 1.0, zero = 0.0;
+  const double minus_one = -1.0, one = 1.0;
   const int ldr = static_cast<int>(big_r);
   for (int i1 = 0; i1 < n; i1 += kBlock) {
     a.i1 = i1;
@@ -427,7 +440,20 @@ std::vector<double> Engine::Impl::run_batch(const std::vector<Setting>& settings
                                     w + int64_t{a.i2} * big_r, ldr));
   }
   // tr(E H E^T) per candidate; the work weights are done with, so E takes their place.
-  error_matrix<<<blocks_for(big, 256), 256, 0, s>>>(w, w_f.get<float>(), a.dequant, rows, cands, n);
+  std::vector<double> out(static_cast<size_t>(cands));
+  output_errors(a.dequant, cands, w, out.data());
+  int bad = 0;
+  GYRE_CUDA_CHECK(cudaMemcpyAsync(&bad, a.bad, sizeof(int), cudaMemcpyDeviceToHost, s));
+  sync();
+  GYRE_CHECK(!bad, "quantize: a group's scale overflows f16");
+  return out;
+}
+
+void Engine::Impl::output_errors(const float* dq, int cands, double* w, double* out) {
+  const int64_t big_r = rows * cands, big = big_r * n;
+  const int ldr = static_cast<int>(big_r);
+  const double one = 1.0, zero = 0.0;
+  error_matrix<<<blocks_for(big, 256), 256, 0, s>>>(w, w_f.get<float>(), dq, rows, cands, n);
   GYRE_CUDA_LAUNCHED();
   double* fm = f.as<double>(static_cast<size_t>(big));
   GYRE_CUBLAS_CHECK(cublasDgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, ldr, n, n, &one, w, ldr,
@@ -435,14 +461,63 @@ std::vector<double> Engine::Impl::run_batch(const std::vector<Setting>& settings
   double* sm = sums.as<double>(static_cast<size_t>(cands));
   GYRE_CUDA_CHECK(cudaMemsetAsync(sm, 0, sizeof(double) * cands, s));
   candidate_dot(w, fm, rows, cands, n, sm, s);
-  std::vector<double> out(static_cast<size_t>(cands));
-  int bad = 0;
-  GYRE_CUDA_CHECK(
-      cudaMemcpyAsync(out.data(), sm, sizeof(double) * cands, cudaMemcpyDeviceToHost, s));
-  GYRE_CUDA_CHECK(cudaMemcpyAsync(&bad, a.bad, sizeof(int), cudaMemcpyDeviceToHost, s));
-  sync();
-  GYRE_CHECK(!bad, "quantize: a group's scale overflows f16");
+  GYRE_CUDA_CHECK(cudaMemcpyAsync(out, sm, sizeof(double) * cands, cudaMemcpyDeviceToHost, s));
+}
+
+double Engine::trellis(int k, int group, double scale_fit) {
+  Impl& m = *impl_;
+  GYRE_CHECK(m.rows > 0, "internal: gptq device without weight");
+  const int n = m.n;
+  const double* u = m.u.get<double>();
+  const int* order = m.order_d.get<int>();
+  if (!std::is_sorted(m.order.begin(), m.order.end())) {  // act_order: factor H as it is
+    std::vector<int> iota(static_cast<size_t>(n));
+    std::iota(iota.begin(), iota.end(), 0);
+    upload(m.order_nat, iota.data(), iota.size(), m.s);
+    if (!m.u_nat_ready) {
+      GYRE_CHECK(inverse_factor_device(m.blas, m.s, m.h.get<double>(), n, m.order_nat.get<int>(),
+                                       m.hdiag_d.get<double>(), m.damp_used * m.diag_mean,
+                                       m.u_nat.as<double>(static_cast<size_t>(n) * n), m.work1,
+                                       m.work2, m.flag),
+                 "gptq: the Hessian does not factor in the natural order");
+      m.u_nat_ready = true;
+    }
+    m.sync();  // iota must outlive its copy
+    u = m.u_nat.get<double>();
+    order = m.order_nat.get<int>();
+  }
+  const int64_t big = m.rows * n;
+  double* w = m.w_v.as<double>(static_cast<size_t>(big));
+  stack_visiting<<<blocks_for(big, 256), 256, 0, m.s>>>(w, m.w_f.get<float>(), m.rows, 1, n, order,
+                                                        m.dead_d.get<uint8_t>());
+  GYRE_CUDA_LAUNCHED();
+  int* bad = m.flag.as<int>(1);
+  GYRE_CUDA_CHECK(cudaMemsetAsync(bad, 0, sizeof(int), m.s));
+  float* dq = m.dequant.as<float>(static_cast<size_t>(big));
+  trellis_ldlq_device(m.blas, m.s, w, m.rows, n, u, k, group, scale_fit, dq,
+                      m.scale.as<float>(static_cast<size_t>(n / group) * m.rows),
+                      m.words.as<uint32_t>(static_cast<size_t>(big / 256) * 8 * k), bad, m.tbufs);
+  double out = 0.0;
+  m.output_errors(dq, 1, w, &out);
+  int bad_host = 0;
+  GYRE_CUDA_CHECK(cudaMemcpyAsync(&bad_host, bad, sizeof(int), cudaMemcpyDeviceToHost, m.s));
+  m.sync();
+  GYRE_CHECK(!bad_host, "trellis: a group's scale overflows f16");
+  m.last_group = group;
+  m.trellis_k = k;
   return out;
+}
+
+void Engine::fetch_trellis(float* dequant_out, float* scales, uint32_t* words) {
+  Impl& m = *impl_;
+  GYRE_CHECK(m.trellis_k > 0, "internal: gptq device has no trellis outputs");
+  copy_row_major(dequant_out, m.dequant.get<float>(), m.rows, m.n, m.f, m.s);
+  copy_row_major(scales, m.scale.get<float>(), m.rows, m.n / m.last_group, m.f, m.s);
+  GYRE_CUDA_CHECK(
+      cudaMemcpyAsync(words, m.words.get<uint32_t>(),
+                      static_cast<size_t>(m.rows * m.n / 256) * 8 * m.trellis_k * sizeof(uint32_t),
+                      cudaMemcpyDeviceToHost, m.s));
+  m.sync();
 }
 
 void Engine::fetch(float* dequant_out, uint8_t* q_out, float* scales, float* mins) {

@@ -36,6 +36,12 @@ class Engine {
   // Row-major [rows, n] dequantized values and stored integers, [rows, n / group] scales and
   // mins of the last run.
   void fetch(float* dequant, uint8_t* q, float* scales, float* mins);
+  // Trellis LDLQ (quant/gptq_trellis.h, natural column order whatever set_input's act_order) of
+  // the weight of the last set_weight at K = k bits, scale groups of `group` columns; returns
+  // tr(E H E^T). fetch_trellis then gives row-major [rows, n] dequantized values, [rows, n /
+  // group] scales and the tiles' words ([rows / 16][n / 16][8K]).
+  double trellis(int k, int group, double scale_fit);
+  void fetch_trellis(float* dequant, float* scales, uint32_t* words);
 
  private:
   struct Impl;
