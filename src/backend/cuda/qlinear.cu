@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 
+#include "backend/cuda/hadamard_warp.cuh"
 #include "backend/cuda/qlinear.h"
 #include "backend/cuda/qlinear_kernels.cuh"
 #include "core/error.h"
@@ -363,6 +364,11 @@ Params fused_params(const QWeightDevice& w, const __half* x, __half* y, int n, c
     p.norm_w = f.norm_w;
     p.norm_eps = f.norm_eps;
   }
+  if (qlinear_fuses_rotation(w, n)) {
+    p.had_signs = w.had_signs;
+    p.had_block = w.had_block;
+    p.had_scale = 1.0f / sqrtf(static_cast<float>(w.had_block));  // as hadamard_rotate's
+  }
   return p;
 }
 }  // namespace
@@ -372,6 +378,25 @@ bool qlinear_fuses_norm(const QWeightDevice& w, int n) {
   if (w.desc.bits != 4 || n < 1 || n > 2) return false;  // where the stream GEMV is the default
   Params p = layout_params(w);
   p.n = n;
+  return qlinear_detail::gemv4_stream_supported(p);
+}
+
+bool qlinear_fuses_rotation(const QWeightDevice& w, int n) {
+  // GYRE_CUDA_FUSED_ROTATION=0: the separate rotation kernel everywhere (an A/B knob).
+  static const bool enabled = [] {
+    const char* e = std::getenv("GYRE_CUDA_FUSED_ROTATION");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  const int b = w.had_block;
+  if (!enabled || b < 32 || b > cuda::kHadamardWarpMaxBlock || (b & (b - 1)) != 0 ||
+      w.desc.cols % b != 0 || w.perm != nullptr ||
+      reinterpret_cast<uintptr_t>(w.had_signs) % 16 != 0 || w.had_signs == nullptr)
+    return false;
+  if (w.narrow_tiled > 0) return n >= 1 && n <= 8;  // bits_tiled_layout leaves room for the signs
+  if (w.desc.bits != 4 || n < 1 || n > 2) return false;
+  Params p = layout_params(w);
+  p.n = n;
+  p.had_block = b;  // the signs' shared memory
   return qlinear_detail::gemv4_stream_supported(p);
 }
 

@@ -35,8 +35,9 @@ struct QWeightDevice {
   const int32_t* perm = nullptr;     // [cols] or null
   void* allocation = nullptr;        // the one cudaMalloc holding all of the above
   // A rotated layer (backend/cpu/hadamard.h): [cols] signs and block B, set by the backend's
-  // upload (memory owned there, not by allocation); the qlinear kernels ignore them: the backend
-  // rotates x first (hadamard_device.h).
+  // upload (memory owned there, not by allocation). qlinear_gemv / _matmul / _matmul_split /
+  // _gemv_swiglu rotate x themselves where qlinear_fuses_rotation(w, n); everywhere else the
+  // caller passes R^T x (hadamard_device.h) and the kernels ignore the signs.
   const int8_t* had_signs = nullptr;
   int had_block = 0;
 };
@@ -61,6 +62,10 @@ struct QlinearFusion {
   float norm_eps = 0.f;
 };
 bool qlinear_fuses_norm(const QWeightDevice& w, int n);
+// w carries a rotation that the entry points taking a QlinearFusion apply to x in their staging
+// (the stream GEMV: where qlinear_fuses_norm holds, no act-order, B = 32..256, 16-byte aligned
+// signs), so that x must NOT be rotated by the caller. Fused norms are applied before it.
+bool qlinear_fuses_rotation(const QWeightDevice& w, int n);
 
 // y[t, r] = sum_c x[t, c] * W[r, c] (+ bias[r]) for t < n.
 // qlinear_gemv: decode, n = 1..8, bandwidth-bound (one pass over the weight; 4-bit on tensor

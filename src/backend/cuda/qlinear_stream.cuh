@@ -3,7 +3,8 @@
 // split-plane layout of qlinear_bits_stream.cu). Every warp keeps D column blocks (with their
 // scales) in flight in a register ring and refills a slot as soon as it has consumed it, while x
 // sits in shared memory, staged once per thread block (gathered through the act-order
-// permutation there, RMS-normalised when the norm is fused).
+// permutation there, RMS-normalised when the norm is fused, rotated by R^T for a rotated layer:
+// every block stages all columns, so whole Hadamard blocks are always at hand).
 //
 // Why: round 4 (bench/qlinear_notes.md) found each warp of the earlier kernels advancing one
 // block per ~0.6 us whatever the weight prefetch depth: the batch-then-wait loop of the
@@ -31,6 +32,7 @@
 // partial sums meet in shared memory; the epilogue stores bias, split outputs, SwiGLU or adds into
 // y (reduce_store_gemv_tile). f16 scales only.
 #pragma once
+#include "backend/cuda/hadamard_warp.cuh"
 #include "backend/cuda/qlinear_kernels.cuh"
 
 namespace gyre::qlinear_detail {
@@ -44,9 +46,52 @@ struct StreamPlanes {
   static constexpr int kHi = BITS - kLo;                      // high-plane bits (0, 1 or 2)
 };
 
-// Dynamic shared memory of the staged x for n tokens.
+// Dynamic shared memory of the staged x for n tokens (and a rotated layer's signs after it: cols
+// bytes, a multiple of 32).
 inline int stream_smem(const Params& p) {
-  return p.n * (p.kblocks * 64 + kStreamXPad) * 2;
+  return p.n * (p.kblocks * 64 + kStreamXPad) * 2 + (p.had_block > 0 ? p.cols : 0);
+}
+
+// A rotated layer's signs [cols] into shared memory by cp.async, issued before the PDL wait
+// (they are weights, not the previous kernel's output) and awaited with the x staging, so that
+// the rotation reads them at shared-memory latency. Global and shared addresses are 16-byte
+// aligned (qlinear_fuses_rotation checks the signs).
+__device__ __forceinline__ void stage_signs_async(const Params& p, int8_t* dst) {
+  for (int i = threadIdx.x * 16; i < p.cols; i += blockDim.x * 16) {
+    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst + i));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(addr), "l"(p.had_signs + i)
+                 : "memory");
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// R^T x on the staged rows, in place: warps take (token, B-block) items; with the norm fused, each
+// value is first normalised exactly as stage_stream_x's norm pass rounds it (that pass does not
+// run then). B = 32 E.
+template <int E>
+__device__ __forceinline__ void rotate_stream_x(const Params& p, __half* xs, int stride,
+                                                const int8_t* signs, const float* norm_sum) {
+  using Vec = typename cuda::HalfVec<E>::T;
+  const int per_row = p.cols / (32 * E), lane = threadIdx.x & 31;
+  for (int item = threadIdx.x >> 5; item < p.n * per_row; item += blockDim.x >> 5) {
+    const int tok = item / per_row;
+    const int c = (item - tok * per_row) * 32 * E + lane * E;
+    __half* dst = xs + tok * stride + c;
+    const Vec raw = *reinterpret_cast<const Vec*>(dst);
+    __half h[E];
+    memcpy(h, &raw, sizeof(h));
+    if (p.norm_w != nullptr) {
+      const float inv_rms = rsqrtf(norm_sum[tok] / static_cast<float>(p.cols) + p.norm_eps);
+#pragma unroll
+      for (int k = 0; k < E; ++k)
+        h[k] = __float2half(__half2float(h[k]) * inv_rms * __half2float(p.norm_w[c + k]));
+    }
+    float v[E];
+#pragma unroll
+    for (int k = 0; k < E; ++k) v[k] = __half2float(h[k]) * static_cast<float>(signs[c + k]);
+    cuda::warp_fwht<E>(v);
+    cuda::store_scaled<E>(dst, v, p.had_scale);
+  }
 }
 
 // W (1, 2 or a multiple of 4) consecutive u32 words, read once (kept out of L1 so that x stays
@@ -107,8 +152,10 @@ struct StreamSlot {
 };
 
 // x rows 0..n-1 into xs (columns padded to whole blocks with zeros, gathered through perm), then
-// (norm_w set) each row scaled by its RMS norm exactly as the rmsnorm kernel rounds it.
-__device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int stride) {
+// (norm_w set) each row scaled by its RMS norm exactly as the rmsnorm kernel rounds it, then
+// (had_block set; signs staged by stage_signs_async) rotated by R^T.
+__device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int stride,
+                                               const int8_t* signs) {
   const int lane = threadIdx.x & 31;
   const int chunks = p.kblocks * 64 / 8;
   __shared__ float norm_sum[8];
@@ -144,6 +191,25 @@ __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int 
       for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
       if (lane == 0) atomicAdd(&norm_sum[tok], ss);
     }
+  }
+  if (p.had_block > 0) {
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+    switch (p.had_block) {
+      case 32:
+        rotate_stream_x<1>(p, xs, stride, signs, norm_sum);
+        break;
+      case 64:
+        rotate_stream_x<2>(p, xs, stride, signs, norm_sum);
+        break;
+      case 128:
+        rotate_stream_x<4>(p, xs, stride, signs, norm_sum);
+        break;
+      default:
+        rotate_stream_x<8>(p, xs, stride, signs, norm_sum);
+    }
+    __syncthreads();
+    return;
   }
   __syncthreads();
   if (p.norm_w != nullptr) {
@@ -220,13 +286,15 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
 #pragma unroll
   for (int u = 0; u < D; ++u)
     if (u < np) fetch(i_begin + u, ring[u]);
+  const int stride = p.kblocks * 64 + kStreamXPad;
+  int8_t* signs = reinterpret_cast<int8_t*>(xs + p.n * stride);
+  if (p.had_block > 0) stage_signs_async(p, signs);
 
   // PDL (launch.h): the weight loads above overlap the previous kernel's tail; x (its output) and
   // everything written below wait for its completion.
   cuda::pdl_begin();
 
-  const int stride = p.kblocks * 64 + kStreamXPad;
-  stage_stream_x(p, xs, stride);
+  stage_stream_x(p, xs, stride, signs);
 
   const __half* xrow = xs + min(g, p.n - 1) * stride + 8 * t;  // B column g: token g
   constexpr uint32_t kOffset = ASYM ? 0u : 1u << (BITS - 1);

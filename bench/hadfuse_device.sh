@@ -1,0 +1,32 @@
+#!/bin/bash
+# Device call of the fused-rotation work (helper hadfuse, session 8): the rotation and qlinear
+# GPU tests, then `gyre bench --synthetic llama3-8b` at 4/3/6 bits in three modes, interleaved,
+# in one binary: plain weights (GYRE_SYNTHETIC_HADAMARD=0); rotated the old way (separate
+# shared-memory rotate kernel before every matmul, no norm fusion: GYRE_CUDA_FUSED_ROTATION=0
+# GYRE_HADAMARD_WARP=0, the dispatch of main before this branch); rotated the new way (fused into
+# the decode GEMV's staging, warp-shuffle rotate kernel elsewhere). Optional "unf" mode: fusion
+# off but the new warp kernel (prefill attribution).
+# Expects .device/hadfuse/{gyre,gyre_tests}.xz, .device/libs, .device/shared; writes $OUT/log.
+D=.device/hadfuse
+xz -dc $D/gyre_tests.xz > /tmp/gt && chmod +x /tmp/gt
+xz -dc $D/gyre.xz > /tmp/gyre && chmod +x /tmp/gyre
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee -a "$OUT/log"
+timeout 110 /tmp/gt --gtest_filter="${FILTER:-*Hadamard*:CudaQ*:CudaFused*}" > /tmp/tests.log 2>&1
+echo "tests rc $?" | tee -a "$OUT/log"
+cp /tmp/tests.log "$OUT/tests.log"
+grep -E "^\[  FAILED|^\[  PASSED|Failure|tests ran|SKIPPED \]" /tmp/tests.log | head -30 | tee -a "$OUT/log"
+bench() {  # bits mode
+  local env=""
+  case $2 in
+    plain) env="GYRE_SYNTHETIC_HADAMARD=0" ;;
+    old) env="GYRE_SYNTHETIC_HADAMARD=1 GYRE_CUDA_FUSED_ROTATION=0 GYRE_HADAMARD_WARP=0" ;;
+    unf) env="GYRE_SYNTHETIC_HADAMARD=1 GYRE_CUDA_FUSED_ROTATION=0" ;;
+    new) env="GYRE_SYNTHETIC_HADAMARD=1" ;;
+  esac
+  echo "== $1-bit $2" >> "$OUT/log"
+  env $env timeout 40 /tmp/gyre bench --synthetic llama3-8b --bits $1 -p 512 -n 128 --long 8192 2>&1 |
+    grep -E "prefill|decode" | sed "s/^/$1b $2 /" | tee -a "$OUT/log"
+}
+for spec in ${BENCH:-4:plain 4:old 4:new 4:unf 4:plain 4:old 4:new 3:plain 3:old 3:new 6:plain 6:old 6:new}; do
+  bench ${spec%%:*} ${spec##*:}
+done
