@@ -15,6 +15,10 @@ timeout 110 /tmp/gt --gtest_filter="${FILTER:-*Hadamard*:CudaQ*:CudaFused*}" > /
 echo "tests rc $?" | tee -a "$OUT/log"
 cp /tmp/tests.log "$OUT/tests.log"
 grep -E "^\[  FAILED|^\[  PASSED|Failure|tests ran|SKIPPED \]" /tmp/tests.log | head -30 | tee -a "$OUT/log"
+# The rotated-layer tests once more with the fusion off (the separate warp kernel everywhere).
+GYRE_CUDA_FUSED_ROTATION=0 timeout 60 /tmp/gt --gtest_filter='*Hadamard*' > /tmp/tests0.log 2>&1
+echo "tests (fusion off) rc $?" | tee -a "$OUT/log"
+grep -E "^\[  FAILED|^\[  PASSED|Failure" /tmp/tests0.log | head -10 | tee -a "$OUT/log"
 bench() {  # bits mode
   local env=""
   case $2 in
@@ -27,6 +31,7 @@ bench() {  # bits mode
   env $env timeout 40 /tmp/gyre bench --synthetic llama3-8b --bits $1 -p 512 -n 128 --long 8192 2>&1 |
     grep -E "prefill|decode" | sed "s/^/$1b $2 /" | tee -a "$OUT/log"
 }
-for spec in ${BENCH:-4:plain 4:old 4:new 4:unf 4:plain 4:old 4:new 3:plain 3:old 3:new 6:plain 6:old 6:new}; do
+R4='4:plain 4:old 4:unf 4:new'; R3='3:plain 3:old 3:unf 3:new'; R6='6:plain 6:old 6:unf 6:new'
+for spec in ${BENCH:-$R4 $R4 $R4 $R3 $R3 $R6 $R6}; do
   bench ${spec%%:*} ${spec##*:}
 done

@@ -30,6 +30,12 @@ namespace {
 
 using namespace qtest;
 
+// Forces the fusion on for one test (the default may be off: qlinear.h), restored on exit.
+struct FusedRotationOn {
+  FusedRotationOn() { qlinear_detail::set_fused_rotation(1); }
+  ~FusedRotationOn() { qlinear_detail::set_fused_rotation(-1); }
+};
+
 struct DeviceSigns {
   int8_t* p = nullptr;
   explicit DeviceSigns(const std::vector<int8_t>& s) {
@@ -99,6 +105,7 @@ void expect_near_device(const std::vector<uint16_t>& got, const std::vector<uint
 // float64, over widths, shapes, blocks and n.
 TEST(CudaHadamardFused, GemvMatchesUnfusedAndFloat64) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const FusedRotationOn on;
   uint32_t seed = 9100;
   for (const Width& wd : kWidths)
     for (const auto& shape : kShapes) {
@@ -180,6 +187,7 @@ TEST(CudaHadamardFused, GemvMatchesUnfusedAndFloat64) {
 // fused norm and rotation vs the unfused path, and the residual add (y +=) without the norm.
 TEST(CudaHadamardFused, SwigluAndAccumulateMatchUnfused) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const FusedRotationOn on;
   const int hidden = 150, rows = 2 * 152, cols = 2560;
   uint32_t seed = 9500;
   for (const Width& wd : {kWidths[0], kWidths[3], kWidths[5]}) {
@@ -238,6 +246,7 @@ TEST(CudaHadamardFused, SwigluAndAccumulateMatchUnfused) {
 // 8-bit weights, and 4-bit beyond n = 2.
 TEST(CudaHadamardFused, DeclinesWhereTheStagingCannotRotate) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const FusedRotationOn on;
   const int rows = 64, cols = 1024;
   std::vector<float> f(size_t(rows) * cols, 0.01f);
   std::vector<int32_t> perm(cols);
@@ -261,6 +270,8 @@ TEST(CudaHadamardFused, DeclinesWhereTheStagingCannotRotate) {
   check(qweight_pack_from_f32(f.data(), rows, cols, 8, 128, false), 128, 1, false);
   check(qweight_pack_from_f32(f.data(), rows, cols, 4, 128, false, perm.data()), 128, 1, false);
   check(qweight_pack_from_f32(f.data(), rows, cols, 3, 128, false, perm.data()), 128, 1, false);
+  qlinear_detail::set_fused_rotation(0);  // the A/B knob
+  check(q3, 128, 1, false);
 }
 
 // The stand-alone rotation kernel: the warp version (B <= 256), the wide one (B = 512) and the

@@ -28,10 +28,10 @@ __global__ void __launch_bounds__(kWarpKernelWarps * 32)
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpKernelWarps + (threadIdx.x >> 5);
   if (item >= blocks) return;  // whole warps leave: the shuffles below see full warps
   const int64_t e0 = item * (32 * E) + (threadIdx.x & 31) * E;
-  float v[E];
-  load_signed<E>(x + e0, signs + e0 % cols, v);
+  float v[1][E];
+  load_signed<E>(x + e0, signs + e0 % cols, v[0]);
   warp_fwht<E>(v);
-  store_scaled<E>(out + e0, v, scale);
+  store_scaled<E>(out + e0, v[0], scale);
 }
 
 __global__ void hadamard_rotate_kernel(half* out, const half* x, const int8_t* signs, int64_t total,

@@ -17,27 +17,34 @@ namespace gyre::cuda {
 // Largest block the warp transform handles (8 values per lane).
 constexpr int kHadamardWarpMaxBlock = 256;
 
-// v: this lane's E values of the block (signs already applied); unscaled H_B v on return.
-template <int E>
-__device__ __forceinline__ void warp_fwht(float (&v)[E]) {
+// v[i]: this lane's E values of block i of M (signs already applied); unscaled H_B v[i] on
+// return. The M blocks go stage by stage together, so their shuffle chains overlap.
+template <int E, int M = 1>
+__device__ __forceinline__ void warp_fwht(float (&v)[M][E]) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int h = 1; h < E; h *= 2) {
 #pragma unroll
-    for (int k = 0; k < E; ++k) {
-      if (k & h) continue;
-      const float a = v[k], b = v[k | h];
-      v[k] = a + b;
-      v[k | h] = a - b;
+    for (int i = 0; i < M; ++i) {
+#pragma unroll
+      for (int k = 0; k < E; ++k) {
+        if (k & h) continue;
+        const float a = v[i][k], b = v[i][k | h];
+        v[i][k] = a + b;
+        v[i][k | h] = a - b;
+      }
     }
   }
 #pragma unroll
   for (int m = 1; m < 32; m *= 2) {
     const bool high = lane & m;
 #pragma unroll
-    for (int k = 0; k < E; ++k) {
-      const float other = __shfl_xor_sync(0xffffffffu, v[k], m);
-      v[k] = high ? other - v[k] : v[k] + other;
+    for (int i = 0; i < M; ++i) {
+#pragma unroll
+      for (int k = 0; k < E; ++k) {
+        const float other = __shfl_xor_sync(0xffffffffu, v[i][k], m);
+        v[i][k] = high ? other - v[i][k] : v[i][k] + other;
+      }
     }
   }
 }

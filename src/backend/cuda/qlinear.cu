@@ -381,22 +381,37 @@ bool qlinear_fuses_norm(const QWeightDevice& w, int n) {
   return qlinear_detail::gemv4_stream_supported(p);
 }
 
-bool qlinear_fuses_rotation(const QWeightDevice& w, int n) {
-  // GYRE_CUDA_FUSED_ROTATION=0: the separate rotation kernel everywhere (an A/B knob).
-  static const bool enabled = [] {
+namespace qlinear_detail {
+namespace {
+int g_fused_rotation = -1;
+}  // namespace
+
+void set_fused_rotation(int mode) {
+  GYRE_CHECK(mode >= -1 && mode <= 1, "qlinear: fused rotation mode must be -1, 0 or 1");
+  g_fused_rotation = mode;
+}
+
+bool fused_rotation_enabled() {
+  if (g_fused_rotation < 0) {
     const char* e = std::getenv("GYRE_CUDA_FUSED_ROTATION");
-    return e == nullptr || std::string(e) != "0";
-  }();
+    g_fused_rotation = e == nullptr || std::string(e) != "0" ? 1 : 0;
+  }
+  return g_fused_rotation == 1;
+}
+}  // namespace qlinear_detail
+
+bool qlinear_fuses_rotation(const QWeightDevice& w, int n) {
   const int b = w.had_block;
-  if (!enabled || b < 32 || b > cuda::kHadamardWarpMaxBlock || (b & (b - 1)) != 0 ||
-      w.desc.cols % b != 0 || w.perm != nullptr ||
+  if (!qlinear_detail::fused_rotation_enabled() || b < 32 || b > cuda::kHadamardWarpMaxBlock ||
+      (b & (b - 1)) != 0 || w.desc.cols % b != 0 || w.perm != nullptr ||
       reinterpret_cast<uintptr_t>(w.had_signs) % 16 != 0 || w.had_signs == nullptr)
     return false;
   if (w.narrow_tiled > 0) return n >= 1 && n <= 8;  // bits_tiled_layout leaves room for the signs
   if (w.desc.bits != 4 || n < 1 || n > 2) return false;
   Params p = layout_params(w);
   p.n = n;
-  p.had_block = b;  // the signs' shared memory
+  p.had_block = b;  // the signs' and a fused norm's shared memory (norm_w only read as a flag)
+  p.norm_w = reinterpret_cast<const __half*>(w.had_signs);
   return qlinear_detail::gemv4_stream_supported(p);
 }
 

@@ -163,6 +163,11 @@ void set_bits_stream_pieces(int pieces);
 void set_bits_stream_warps(int budget);
 // ... and its tokens per pass (1..8, at most what fits one block per SM; 0 = by shape).
 void set_bits_stream_chunk(int tokens);
+// Rotated layers (qlinear_fuses_rotation): the rotation fused into the stream GEMV's staging (1),
+// never (0: the caller's separate rotation everywhere), or GYRE_CUDA_FUSED_ROTATION (-1, the
+// default: on unless "0"). Callers must not switch it between a fuses test and its matmul.
+void set_fused_rotation(int mode);
+bool fused_rotation_enabled();
 }  // namespace qlinear_detail
 
 }  // namespace gyre

@@ -46,51 +46,90 @@ struct StreamPlanes {
   static constexpr int kHi = BITS - kLo;                      // high-plane bits (0, 1 or 2)
 };
 
-// Dynamic shared memory of the staged x for n tokens (and a rotated layer's signs after it: cols
-// bytes, a multiple of 32).
+// Dynamic shared memory of the staged x for n tokens, then a rotated layer's signs (cols bytes, a
+// multiple of 32) and, with the norm fused, the norm weights (cols halves).
 inline int stream_smem(const Params& p) {
-  return p.n * (p.kblocks * 64 + kStreamXPad) * 2 + (p.had_block > 0 ? p.cols : 0);
+  return p.n * (p.kblocks * 64 + kStreamXPad) * 2 +
+         (p.had_block > 0 ? p.cols * (p.norm_w != nullptr ? 3 : 1) : 0);
 }
 
-// A rotated layer's signs [cols] into shared memory by cp.async, issued before the PDL wait
-// (they are weights, not the previous kernel's output) and awaited with the x staging, so that
-// the rotation reads them at shared-memory latency. Global and shared addresses are 16-byte
-// aligned (qlinear_fuses_rotation checks the signs).
-__device__ __forceinline__ void stage_signs_async(const Params& p, int8_t* dst) {
-  for (int i = threadIdx.x * 16; i < p.cols; i += blockDim.x * 16) {
-    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst + i));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(addr), "l"(p.had_signs + i)
+// The norm weights the rotation pass reads: staged in shared memory (norm_s) when 16-byte aligned,
+// else from global memory.
+__device__ __forceinline__ bool stream_norm_staged(const Params& p) {
+  return p.norm_w != nullptr && reinterpret_cast<uintptr_t>(p.norm_w) % 16 == 0;
+}
+
+// bytes (a multiple of 16, both addresses 16-byte aligned) by cp.async, this thread's share.
+__device__ __forceinline__ void copy_async(void* dst, const void* src, int bytes) {
+  for (int i = threadIdx.x * 16; i < bytes; i += blockDim.x * 16) {
+    const unsigned addr =
+        static_cast<unsigned>(__cvta_generic_to_shared(static_cast<char*>(dst) + i));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(addr),
+                 "l"(static_cast<const char*>(src) + i)
                  : "memory");
   }
+}
+
+// A rotated layer's signs [cols] (and the fused norm's weights) into shared memory by cp.async,
+// issued before the PDL wait (they are weights, not the previous kernel's output) and awaited
+// with the x staging, so that the rotation pass reads them at shared-memory latency instead of
+// waiting on L2 in every step. The signs are 16-byte aligned (qlinear_fuses_rotation checks).
+__device__ __forceinline__ void stage_rotation_async(const Params& p, int8_t* signs,
+                                                     __half* norm_s) {
+  copy_async(signs, p.had_signs, p.cols);
+  if (stream_norm_staged(p)) copy_async(norm_s, p.norm_w, 2 * p.cols);
   asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
-// R^T x on the staged rows, in place: warps take (token, B-block) items; with the norm fused, each
-// value is first normalised exactly as stage_stream_x's norm pass rounds it (that pass does not
-// run then). B = 32 E.
+// Lane's E values of staged row `src` at column c, normalised (nw set: exactly as
+// stage_stream_x's norm pass rounds them) and times the signs.
 template <int E>
-__device__ __forceinline__ void rotate_stream_x(const Params& p, __half* xs, int stride,
-                                                const int8_t* signs, const float* norm_sum) {
+__device__ __forceinline__ void rotation_input(const __half* src, const int8_t* signs,
+                                               const __half* nw, float inv_rms, int c,
+                                               float (&v)[E]) {
   using Vec = typename cuda::HalfVec<E>::T;
-  const int per_row = p.cols / (32 * E), lane = threadIdx.x & 31;
-  for (int item = threadIdx.x >> 5; item < p.n * per_row; item += blockDim.x >> 5) {
-    const int tok = item / per_row;
-    const int c = (item - tok * per_row) * 32 * E + lane * E;
-    __half* dst = xs + tok * stride + c;
-    const Vec raw = *reinterpret_cast<const Vec*>(dst);
-    __half h[E];
-    memcpy(h, &raw, sizeof(h));
-    if (p.norm_w != nullptr) {
-      const float inv_rms = rsqrtf(norm_sum[tok] / static_cast<float>(p.cols) + p.norm_eps);
+  const Vec raw = *reinterpret_cast<const Vec*>(src);
+  __half h[E];
+  memcpy(h, &raw, sizeof(h));
+  if (nw != nullptr) {
 #pragma unroll
-      for (int k = 0; k < E; ++k)
-        h[k] = __float2half(__half2float(h[k]) * inv_rms * __half2float(p.norm_w[c + k]));
+    for (int k = 0; k < E; ++k)
+      h[k] = __float2half(__half2float(h[k]) * inv_rms * __half2float(nw[c + k]));
+  }
+#pragma unroll
+  for (int k = 0; k < E; ++k) v[k] = __half2float(h[k]) * static_cast<float>(signs[c + k]);
+}
+
+// R^T x on the staged rows, in place: each warp takes M (token, B-block) items per pass (M = 2:
+// their shuffle chains overlap); with the norm fused (nw: its weights) each value is first
+// normalised (stage_stream_x's norm pass does not run then). B = 32 E. The weight ring stays live
+// across this pass, so its registers add to the kernel's count (ptxas, gemv_stream_kernel<4, 1, 4>:
+// M = 1 keeps 64 registers at g32 and asymmetric g128 where M = 2 took 64 + spills and 80).
+constexpr int kRotateItems = 1;
+template <int E, int M>
+__device__ __forceinline__ void rotate_stream_x(const Params& p, __half* xs, int stride,
+                                                const int8_t* signs, const __half* nw,
+                                                const float* norm_sum) {
+  const int per_row = p.cols / (32 * E), items = p.n * per_row;
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  for (int a = threadIdx.x >> 5; a < items; a += M * warps) {
+    __half* dst[M];
+    bool live[M];
+    float v[M][E];
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      live[i] = a + i * warps < items;  // warp-uniform; a dead item repeats a, not stored
+      const int item = live[i] ? a + i * warps : a, tok = item / per_row;
+      const int col = (item - tok * per_row) * 32 * E + lane * E;
+      dst[i] = xs + tok * stride + col;
+      const float inv_rms =
+          nw != nullptr ? rsqrtf(norm_sum[tok] / static_cast<float>(p.cols) + p.norm_eps) : 0.f;
+      rotation_input<E>(dst[i], signs, nw, inv_rms, col, v[i]);
     }
-    float v[E];
+    cuda::warp_fwht<E, M>(v);
 #pragma unroll
-    for (int k = 0; k < E; ++k) v[k] = __half2float(h[k]) * static_cast<float>(signs[c + k]);
-    cuda::warp_fwht<E>(v);
-    cuda::store_scaled<E>(dst, v, p.had_scale);
+    for (int i = 0; i < M; ++i)
+      if (live[i]) cuda::store_scaled<E>(dst[i], v[i], p.had_scale);
   }
 }
 
@@ -155,7 +194,7 @@ struct StreamSlot {
 // (norm_w set) each row scaled by its RMS norm exactly as the rmsnorm kernel rounds it, then
 // (had_block set; signs staged by stage_signs_async) rotated by R^T.
 __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int stride,
-                                               const int8_t* signs) {
+                                               const int8_t* signs, const __half* norm_s) {
   const int lane = threadIdx.x & 31;
   const int chunks = p.kblocks * 64 / 8;
   __shared__ float norm_sum[8];
@@ -195,18 +234,19 @@ __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int 
   if (p.had_block > 0) {
     asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads();
+    const __half* nw = stream_norm_staged(p) ? norm_s : p.norm_w;
     switch (p.had_block) {
       case 32:
-        rotate_stream_x<1>(p, xs, stride, signs, norm_sum);
+        rotate_stream_x<1, kRotateItems>(p, xs, stride, signs, nw, norm_sum);
         break;
       case 64:
-        rotate_stream_x<2>(p, xs, stride, signs, norm_sum);
+        rotate_stream_x<2, kRotateItems>(p, xs, stride, signs, nw, norm_sum);
         break;
       case 128:
-        rotate_stream_x<4>(p, xs, stride, signs, norm_sum);
+        rotate_stream_x<4, kRotateItems>(p, xs, stride, signs, nw, norm_sum);
         break;
       default:
-        rotate_stream_x<8>(p, xs, stride, signs, norm_sum);
+        rotate_stream_x<8, kRotateItems>(p, xs, stride, signs, nw, norm_sum);
     }
     __syncthreads();
     return;
@@ -288,13 +328,14 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
     if (u < np) fetch(i_begin + u, ring[u]);
   const int stride = p.kblocks * 64 + kStreamXPad;
   int8_t* signs = reinterpret_cast<int8_t*>(xs + p.n * stride);
-  if (p.had_block > 0) stage_signs_async(p, signs);
+  __half* norm_s = reinterpret_cast<__half*>(signs + p.cols);  // cols: a multiple of 32
+  if (p.had_block > 0) stage_rotation_async(p, signs, norm_s);
 
   // PDL (launch.h): the weight loads above overlap the previous kernel's tail; x (its output) and
   // everything written below wait for its completion.
   cuda::pdl_begin();
 
-  stage_stream_x(p, xs, stride, signs);
+  stage_stream_x(p, xs, stride, signs, norm_s);
 
   const __half* xrow = xs + min(g, p.n - 1) * stride + 8 * t;  // B column g: token g
   constexpr uint32_t kOffset = ASYM ? 0u : 1u << (BITS - 1);
