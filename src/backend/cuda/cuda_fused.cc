@@ -285,7 +285,8 @@ void CudaBackend::matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_ga
 bool CudaBackend::fuses_norms(int n, const Tensor& w) const {
   if (is_parts_tensor(w)) return parts_fuse_norms(n, w);
   // A rotated weight needs the normalised x rotated before use: fused where the GEMV also
-  // rotates in its staging, else the separate norm -> rotate -> matmul (cuda_hadamard.cc).
+  // rotates in its staging (GYRE_CUDA_FUSED_ROTATION=1), else the separate norm -> rotate ->
+  // matmul (cuda_hadamard.cc).
   if (!is_quantized_tensor(w)) return false;
   const QWeightDevice& q = qweight_of(w);
   return qlinear_fuses_norm(q, n) && (q.had_block == 0 || qlinear_fuses_rotation(q, n));

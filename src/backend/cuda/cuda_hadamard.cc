@@ -1,9 +1,11 @@
 // Rotated linear weights on the CUDA backend (backend/cpu/hadamard.h): the signs go to the device
-// with the weight. Decode GEMVs that stage x in shared memory (qlinear_fuses_rotation: 4-bit at
-// n <= 2, tiled 2/3/5/6-bit at n <= 8) rotate it there, after the fused RMSNorm if any, so a
-// rotated layer costs no extra launch or pass over x; every other matmul entry point runs x
-// through hadamard_rotate into a scratch buffer first. Prefill rotates once per unit input
-// (q|k|v and gate|up are one fused weight).
+// with the weight, and matmul entry points run x through hadamard_rotate (hadamard.cu: one warp
+// per block, shuffles) into a scratch buffer first, once per unit input (q|k|v and gate|up are one
+// fused weight). With GYRE_CUDA_FUSED_ROTATION=1 the decode GEMVs that stage x in shared memory
+// (qlinear_fuses_rotation: 4-bit at n <= 2, tiled 2/3/5/6-bit at n <= 8) rotate it there instead,
+// after the fused RMSNorm; off by default, as every GEMV block then rotates all of x before its
+// weight stream starts, which measured 8% slower decode than the separate launch (H100,
+// bench/qlinear_notes.md "Session 8: fused rotation").
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_buffers.h"
 #include "backend/cuda/hadamard_device.h"

@@ -394,7 +394,7 @@ void set_fused_rotation(int mode) {
 bool fused_rotation_enabled() {
   if (g_fused_rotation < 0) {
     const char* e = std::getenv("GYRE_CUDA_FUSED_ROTATION");
-    g_fused_rotation = e == nullptr || std::string(e) != "0" ? 1 : 0;
+    g_fused_rotation = e != nullptr && std::string(e) == "1" ? 1 : 0;
   }
   return g_fused_rotation == 1;
 }

@@ -64,7 +64,8 @@ struct QlinearFusion {
 bool qlinear_fuses_norm(const QWeightDevice& w, int n);
 // w carries a rotation that the entry points taking a QlinearFusion apply to x in their staging
 // (the stream GEMV: where qlinear_fuses_norm holds, no act-order, B = 32..256, 16-byte aligned
-// signs), so that x must NOT be rotated by the caller. Fused norms are applied before it.
+// signs, and qlinear_detail::fused_rotation_enabled(), off by default), so that x must NOT be
+// rotated by the caller. Fused norms are applied before it.
 bool qlinear_fuses_rotation(const QWeightDevice& w, int n);
 
 // y[t, r] = sum_c x[t, c] * W[r, c] (+ bias[r]) for t < n.
@@ -165,7 +166,9 @@ void set_bits_stream_warps(int budget);
 void set_bits_stream_chunk(int tokens);
 // Rotated layers (qlinear_fuses_rotation): the rotation fused into the stream GEMV's staging (1),
 // never (0: the caller's separate rotation everywhere), or GYRE_CUDA_FUSED_ROTATION (-1, the
-// default: on unless "0"). Callers must not switch it between a fuses test and its matmul.
+// default: off unless "1"; fused decode measured 8% slower than the separate warp-shuffle
+// kernel on H100, bench/qlinear_notes.md "Session 8: fused rotation"). Callers must not switch
+// it between a fuses test and its matmul.
 void set_fused_rotation(int mode);
 bool fused_rotation_enabled();
 }  // namespace qlinear_detail
