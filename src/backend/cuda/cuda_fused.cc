@@ -284,10 +284,12 @@ void CudaBackend::matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_ga
 // quantized matmul can add into its output.
 bool CudaBackend::fuses_norms(int n, const Tensor& w) const {
   if (is_parts_tensor(w)) return parts_fuse_norms(n, w);
-  // A rotated weight needs the normalised x rotated before the GEMV (cuda_hadamard.cc): the
-  // separate ops run (the fused version is later work).
-  return is_quantized_tensor(w) && qweight_of(w).had_block == 0 &&
-         qlinear_fuses_norm(qweight_of(w), n);
+  // A rotated weight needs the normalised x rotated before use: fused where the GEMV also
+  // rotates in its staging (GYRE_CUDA_FUSED_ROTATION=1), else the separate norm -> rotate ->
+  // matmul (cuda_hadamard.cc).
+  if (!is_quantized_tensor(w)) return false;
+  const QWeightDevice& q = qweight_of(w);
+  return qlinear_fuses_norm(q, n) && (q.had_block == 0 || qlinear_fuses_rotation(q, n));
 }
 
 void CudaBackend::norm_matmul_split(const std::vector<Tensor*>& outs, const NormedInput& in,

@@ -1,8 +1,11 @@
 // Rotated linear weights on the CUDA backend (backend/cpu/hadamard.h): the signs go to the device
-// with the weight, and every matmul entry point runs x through hadamard_rotate into a scratch
-// buffer first when its weight carries a rotation. The decode fusions of the RMSNorm into the
-// GEMV are declined for such weights (fuses_norms), so they run norm -> rotate -> GEMV as
-// separate launches; the residual-add epilogue still applies.
+// with the weight, and matmul entry points run x through hadamard_rotate (hadamard.cu: one warp
+// per block, shuffles) into a scratch buffer first, once per unit input (q|k|v and gate|up are one
+// fused weight). With GYRE_CUDA_FUSED_ROTATION=1 the decode GEMVs that stage x in shared memory
+// (qlinear_fuses_rotation: 4-bit at n <= 2, tiled 2/3/5/6-bit at n <= 8) rotate it there instead,
+// after the fused RMSNorm; off by default, as every GEMV block then rotates all of x before its
+// weight stream starts, which measured 8% slower decode than the separate launch (H100,
+// bench/qlinear_notes.md "Session 8: fused rotation").
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_buffers.h"
 #include "backend/cuda/hadamard_device.h"
@@ -27,6 +30,7 @@ const half* CudaBackend::rotated_input(const Tensor& w, const half* x, int n) {
     signs = qmixed_of(w).had_signs;
     block = qmixed_of(w).had_block;
   } else if (is_quantized_tensor(w)) {
+    if (qlinear_fuses_rotation(qweight_of(w), n)) return x;  // the GEMV rotates in its staging
     signs = qweight_of(w).had_signs;
     block = qweight_of(w).had_block;
   }

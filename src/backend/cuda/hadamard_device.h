@@ -1,7 +1,8 @@
 // The CUDA side of rotated linear layers (backend/cpu/hadamard.h): the input x of such a layer is
-// rotated, R^T x = blockwise H_B (s .* x), into a scratch buffer before the ordinary qlinear call.
-// A separate launch (not yet fused into the GEMV's staging of x): correct first, measured in
-// docs/quantization.md.
+// rotated, R^T x = blockwise H_B (s .* x), into a scratch buffer before the ordinary qlinear call,
+// except where the decode GEMV rotates x in its own staging (qlinear_fuses_rotation, qlinear.h;
+// qlinear_stream.cuh; off by default). Measured in bench/qlinear_notes.md, "Session 8: fused
+// rotation".
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>

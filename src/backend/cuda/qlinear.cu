@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 
+#include "backend/cuda/hadamard_warp.cuh"
 #include "backend/cuda/qlinear.h"
 #include "backend/cuda/qlinear_kernels.cuh"
 #include "core/error.h"
@@ -363,6 +364,11 @@ Params fused_params(const QWeightDevice& w, const __half* x, __half* y, int n, c
     p.norm_w = f.norm_w;
     p.norm_eps = f.norm_eps;
   }
+  if (qlinear_fuses_rotation(w, n)) {
+    p.had_signs = w.had_signs;
+    p.had_block = w.had_block;
+    p.had_scale = 1.0f / sqrtf(static_cast<float>(w.had_block));  // as hadamard_rotate's
+  }
   return p;
 }
 }  // namespace
@@ -372,6 +378,40 @@ bool qlinear_fuses_norm(const QWeightDevice& w, int n) {
   if (w.desc.bits != 4 || n < 1 || n > 2) return false;  // where the stream GEMV is the default
   Params p = layout_params(w);
   p.n = n;
+  return qlinear_detail::gemv4_stream_supported(p);
+}
+
+namespace qlinear_detail {
+namespace {
+int g_fused_rotation = -1;
+}  // namespace
+
+void set_fused_rotation(int mode) {
+  GYRE_CHECK(mode >= -1 && mode <= 1, "qlinear: fused rotation mode must be -1, 0 or 1");
+  g_fused_rotation = mode;
+}
+
+bool fused_rotation_enabled() {
+  if (g_fused_rotation < 0) {
+    const char* e = std::getenv("GYRE_CUDA_FUSED_ROTATION");
+    g_fused_rotation = e != nullptr && std::string(e) == "1" ? 1 : 0;
+  }
+  return g_fused_rotation == 1;
+}
+}  // namespace qlinear_detail
+
+bool qlinear_fuses_rotation(const QWeightDevice& w, int n) {
+  const int b = w.had_block;
+  if (!qlinear_detail::fused_rotation_enabled() || b < 32 || b > cuda::kHadamardWarpMaxBlock ||
+      (b & (b - 1)) != 0 || w.desc.cols % b != 0 || w.perm != nullptr ||
+      reinterpret_cast<uintptr_t>(w.had_signs) % 16 != 0 || w.had_signs == nullptr)
+    return false;
+  if (w.narrow_tiled > 0) return n >= 1 && n <= 8;  // bits_tiled_layout leaves room for the signs
+  if (w.desc.bits != 4 || n < 1 || n > 2) return false;
+  Params p = layout_params(w);
+  p.n = n;
+  p.had_block = b;  // the signs' and a fused norm's shared memory (norm_w only read as a flag)
+  p.norm_w = reinterpret_cast<const __half*>(w.had_signs);
   return qlinear_detail::gemv4_stream_supported(p);
 }
 

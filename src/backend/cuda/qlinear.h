@@ -35,8 +35,9 @@ struct QWeightDevice {
   const int32_t* perm = nullptr;     // [cols] or null
   void* allocation = nullptr;        // the one cudaMalloc holding all of the above
   // A rotated layer (backend/cpu/hadamard.h): [cols] signs and block B, set by the backend's
-  // upload (memory owned there, not by allocation); the qlinear kernels ignore them: the backend
-  // rotates x first (hadamard_device.h).
+  // upload (memory owned there, not by allocation). qlinear_gemv / _matmul / _matmul_split /
+  // _gemv_swiglu rotate x themselves where qlinear_fuses_rotation(w, n); everywhere else the
+  // caller passes R^T x (hadamard_device.h) and the kernels ignore the signs.
   const int8_t* had_signs = nullptr;
   int had_block = 0;
 };
@@ -61,6 +62,11 @@ struct QlinearFusion {
   float norm_eps = 0.f;
 };
 bool qlinear_fuses_norm(const QWeightDevice& w, int n);
+// w carries a rotation that the entry points taking a QlinearFusion apply to x in their staging
+// (the stream GEMV: where qlinear_fuses_norm holds, no act-order, B = 32..256, 16-byte aligned
+// signs, and qlinear_detail::fused_rotation_enabled(), off by default), so that x must NOT be
+// rotated by the caller. Fused norms are applied before it.
+bool qlinear_fuses_rotation(const QWeightDevice& w, int n);
 
 // y[t, r] = sum_c x[t, c] * W[r, c] (+ bias[r]) for t < n.
 // qlinear_gemv: decode, n = 1..8, bandwidth-bound (one pass over the weight; 4-bit on tensor
@@ -158,6 +164,13 @@ void set_bits_stream_pieces(int pieces);
 void set_bits_stream_warps(int budget);
 // ... and its tokens per pass (1..8, at most what fits one block per SM; 0 = by shape).
 void set_bits_stream_chunk(int tokens);
+// Rotated layers (qlinear_fuses_rotation): the rotation fused into the stream GEMV's staging (1),
+// never (0: the caller's separate rotation everywhere), or GYRE_CUDA_FUSED_ROTATION (-1, the
+// default: off unless "1"; fused decode measured 8% slower than the separate warp-shuffle
+// kernel on H100, bench/qlinear_notes.md "Session 8: fused rotation"). Callers must not switch
+// it between a fuses test and its matmul.
+void set_fused_rotation(int mode);
+bool fused_rotation_enabled();
 }  // namespace qlinear_detail
 
 }  // namespace gyre

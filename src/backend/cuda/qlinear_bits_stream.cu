@@ -240,9 +240,11 @@ void launch_gemv_bits_stream(const Params& p, int pieces_s, cudaStream_t stream)
   // that one token fits).
   Params one = p;
   one.n = 1;
+  one.had_block = 0;
   const int per_token = stream_smem(one);
+  const int signs = stream_smem(p) - p.n * per_token;  // a rotated layer's, once per block
   auto fit = [&](int blocks) {
-    return std::clamp(((optin - 8 * 1024) / blocks) / per_token, 1, 8);
+    return std::clamp(((optin - 8 * 1024) / blocks - signs) / per_token, 1, 8);
   };
   const int fit3 = fit(3), fit2 = fit(2), fit1 = fit(1);
   int chunk = fit3;

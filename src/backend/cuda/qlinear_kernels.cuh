@@ -46,6 +46,12 @@ struct Params {
   // multiplied by norm_w [cols] (original column order) before use.
   const __half* norm_w = nullptr;
   float norm_eps = 0.f;
+  // The stream GEMV only: a rotated layer's R^T (backend/cpu/hadamard.h) applied to the staged x
+  // (after the norm): each had_block-block of had_signs .* x through the Walsh-Hadamard
+  // transform, times had_scale = 1 / sqrt(had_block). had_block 0: none.
+  const int8_t* had_signs = nullptr;
+  int had_block = 0;
+  float had_scale = 0.f;
 };
 
 // Launches with programmatic dependent launch (launch.h) unless GYRE_QLINEAR_PDL=0 (an A/B knob

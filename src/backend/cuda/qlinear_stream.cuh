@@ -3,7 +3,8 @@
 // split-plane layout of qlinear_bits_stream.cu). Every warp keeps D column blocks (with their
 // scales) in flight in a register ring and refills a slot as soon as it has consumed it, while x
 // sits in shared memory, staged once per thread block (gathered through the act-order
-// permutation there, RMS-normalised when the norm is fused).
+// permutation there, RMS-normalised when the norm is fused, rotated by R^T for a rotated layer:
+// every block stages all columns, so whole Hadamard blocks are always at hand).
 //
 // Why: round 4 (bench/qlinear_notes.md) found each warp of the earlier kernels advancing one
 // block per ~0.6 us whatever the weight prefetch depth: the batch-then-wait loop of the
@@ -31,6 +32,7 @@
 // partial sums meet in shared memory; the epilogue stores bias, split outputs, SwiGLU or adds into
 // y (reduce_store_gemv_tile). f16 scales only.
 #pragma once
+#include "backend/cuda/hadamard_warp.cuh"
 #include "backend/cuda/qlinear_kernels.cuh"
 
 namespace gyre::qlinear_detail {
@@ -44,9 +46,91 @@ struct StreamPlanes {
   static constexpr int kHi = BITS - kLo;                      // high-plane bits (0, 1 or 2)
 };
 
-// Dynamic shared memory of the staged x for n tokens.
+// Dynamic shared memory of the staged x for n tokens, then a rotated layer's signs (cols bytes, a
+// multiple of 32) and, with the norm fused, the norm weights (cols halves).
 inline int stream_smem(const Params& p) {
-  return p.n * (p.kblocks * 64 + kStreamXPad) * 2;
+  return p.n * (p.kblocks * 64 + kStreamXPad) * 2 +
+         (p.had_block > 0 ? p.cols * (p.norm_w != nullptr ? 3 : 1) : 0);
+}
+
+// The norm weights the rotation pass reads: staged in shared memory (norm_s) when 16-byte aligned,
+// else from global memory.
+__device__ __forceinline__ bool stream_norm_staged(const Params& p) {
+  return p.norm_w != nullptr && reinterpret_cast<uintptr_t>(p.norm_w) % 16 == 0;
+}
+
+// bytes (a multiple of 16, both addresses 16-byte aligned) by cp.async, this thread's share.
+__device__ __forceinline__ void copy_async(void* dst, const void* src, int bytes) {
+  for (int i = threadIdx.x * 16; i < bytes; i += blockDim.x * 16) {
+    const unsigned addr =
+        static_cast<unsigned>(__cvta_generic_to_shared(static_cast<char*>(dst) + i));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(addr),
+                 "l"(static_cast<const char*>(src) + i)
+                 : "memory");
+  }
+}
+
+// A rotated layer's signs [cols] (and the fused norm's weights) into shared memory by cp.async,
+// issued before the PDL wait (they are weights, not the previous kernel's output) and awaited
+// with the x staging, so that the rotation pass reads them at shared-memory latency instead of
+// waiting on L2 in every step. The signs are 16-byte aligned (qlinear_fuses_rotation checks).
+__device__ __forceinline__ void stage_rotation_async(const Params& p, int8_t* signs,
+                                                     __half* norm_s) {
+  copy_async(signs, p.had_signs, p.cols);
+  if (stream_norm_staged(p)) copy_async(norm_s, p.norm_w, 2 * p.cols);
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// Lane's E values of staged row `src` at column c, normalised (nw set: exactly as
+// stage_stream_x's norm pass rounds them) and times the signs.
+template <int E>
+__device__ __forceinline__ void rotation_input(const __half* src, const int8_t* signs,
+                                               const __half* nw, float inv_rms, int c,
+                                               float (&v)[E]) {
+  using Vec = typename cuda::HalfVec<E>::T;
+  const Vec raw = *reinterpret_cast<const Vec*>(src);
+  __half h[E];
+  memcpy(h, &raw, sizeof(h));
+  if (nw != nullptr) {
+#pragma unroll
+    for (int k = 0; k < E; ++k)
+      h[k] = __float2half(__half2float(h[k]) * inv_rms * __half2float(nw[c + k]));
+  }
+#pragma unroll
+  for (int k = 0; k < E; ++k) v[k] = __half2float(h[k]) * static_cast<float>(signs[c + k]);
+}
+
+// R^T x on the staged rows, in place: each warp takes M (token, B-block) items per pass (M = 2:
+// their shuffle chains overlap); with the norm fused (nw: its weights) each value is first
+// normalised (stage_stream_x's norm pass does not run then). B = 32 E. The weight ring stays live
+// across this pass, so its registers add to the kernel's count (ptxas, gemv_stream_kernel<4, 1, 4>:
+// M = 1 keeps 64 registers at g32 and asymmetric g128 where M = 2 took 64 + spills and 80).
+constexpr int kRotateItems = 1;
+template <int E, int M>
+__device__ __forceinline__ void rotate_stream_x(const Params& p, __half* xs, int stride,
+                                                const int8_t* signs, const __half* nw,
+                                                const float* norm_sum) {
+  const int per_row = p.cols / (32 * E), items = p.n * per_row;
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  for (int a = threadIdx.x >> 5; a < items; a += M * warps) {
+    __half* dst[M];
+    bool live[M];
+    float v[M][E];
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      live[i] = a + i * warps < items;  // warp-uniform; a dead item repeats a, not stored
+      const int item = live[i] ? a + i * warps : a, tok = item / per_row;
+      const int col = (item - tok * per_row) * 32 * E + lane * E;
+      dst[i] = xs + tok * stride + col;
+      const float inv_rms =
+          nw != nullptr ? rsqrtf(norm_sum[tok] / static_cast<float>(p.cols) + p.norm_eps) : 0.f;
+      rotation_input<E>(dst[i], signs, nw, inv_rms, col, v[i]);
+    }
+    cuda::warp_fwht<E, M>(v);
+#pragma unroll
+    for (int i = 0; i < M; ++i)
+      if (live[i]) cuda::store_scaled<E>(dst[i], v[i], p.had_scale);
+  }
 }
 
 // W (1, 2 or a multiple of 4) consecutive u32 words, read once (kept out of L1 so that x stays
@@ -107,8 +191,10 @@ struct StreamSlot {
 };
 
 // x rows 0..n-1 into xs (columns padded to whole blocks with zeros, gathered through perm), then
-// (norm_w set) each row scaled by its RMS norm exactly as the rmsnorm kernel rounds it.
-__device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int stride) {
+// (norm_w set) each row scaled by its RMS norm exactly as the rmsnorm kernel rounds it, then
+// (had_block set; signs staged by stage_signs_async) rotated by R^T.
+__device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int stride,
+                                               const int8_t* signs, const __half* norm_s) {
   const int lane = threadIdx.x & 31;
   const int chunks = p.kblocks * 64 / 8;
   __shared__ float norm_sum[8];
@@ -144,6 +230,26 @@ __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int 
       for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
       if (lane == 0) atomicAdd(&norm_sum[tok], ss);
     }
+  }
+  if (p.had_block > 0) {
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+    const __half* nw = stream_norm_staged(p) ? norm_s : p.norm_w;
+    switch (p.had_block) {
+      case 32:
+        rotate_stream_x<1, kRotateItems>(p, xs, stride, signs, nw, norm_sum);
+        break;
+      case 64:
+        rotate_stream_x<2, kRotateItems>(p, xs, stride, signs, nw, norm_sum);
+        break;
+      case 128:
+        rotate_stream_x<4, kRotateItems>(p, xs, stride, signs, nw, norm_sum);
+        break;
+      default:
+        rotate_stream_x<8, kRotateItems>(p, xs, stride, signs, nw, norm_sum);
+    }
+    __syncthreads();
+    return;
   }
   __syncthreads();
   if (p.norm_w != nullptr) {
@@ -220,13 +326,16 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
 #pragma unroll
   for (int u = 0; u < D; ++u)
     if (u < np) fetch(i_begin + u, ring[u]);
+  const int stride = p.kblocks * 64 + kStreamXPad;
+  int8_t* signs = reinterpret_cast<int8_t*>(xs + p.n * stride);
+  __half* norm_s = reinterpret_cast<__half*>(signs + p.cols);  // cols: a multiple of 32
+  if (p.had_block > 0) stage_rotation_async(p, signs, norm_s);
 
   // PDL (launch.h): the weight loads above overlap the previous kernel's tail; x (its output) and
   // everything written below wait for its completion.
   cuda::pdl_begin();
 
-  const int stride = p.kblocks * 64 + kStreamXPad;
-  stage_stream_x(p, xs, stride);
+  stage_stream_x(p, xs, stride, signs, norm_s);
 
   const __half* xrow = xs + min(g, p.n - 1) * stride + 8 * t;  // B column g: token g
   constexpr uint32_t kOffset = ASYM ? 0u : 1u << (BITS - 1);
