@@ -90,10 +90,11 @@ void qlinear_gemm(const QWeightDevice& w, const __half* x, __half* y, int n, con
 void qlinear_matmul(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
                     cudaStream_t stream, const QlinearFusion& f = {});
 // The largest n for which qlinear_matmul beats qlinear_dequantize + an FP16 GEMM: 8 for the
-// narrow widths (one GEMV pass per 8 tokens), kQlinearBatchMaxRows for 4/8 bits.
+// narrow widths and trellis-coded weights (one GEMV pass per 8 tokens), kQlinearBatchMaxRows for
+// 4/8 bits.
 constexpr int kQlinearNarrowMaxRows = 8;
 inline int qlinear_direct_max_rows(const QWeightDesc& d) {
-  return d.narrow() ? kQlinearNarrowMaxRows : kQlinearBatchMaxRows;
+  return d.narrow() || d.trellis ? kQlinearNarrowMaxRows : kQlinearBatchMaxRows;
 }
 
 // qlinear_matmul with the output rows split over up to three tensors (fused Q|K|V).
@@ -158,6 +159,9 @@ void set_bits_stream_pieces(int pieces);
 void set_bits_stream_warps(int budget);
 // ... and its tokens per pass (1..8, at most what fits one block per SM; 0 = by shape).
 void set_bits_stream_chunk(int tokens);
+// Trellis-coded weights (qlinear_trellis.cu): 64-column pieces in flight per warp of the GEMV
+// (2, 4 or 8; 0 = auto: 8 at K <= 4, 4 above).
+void set_trellis_depth(int depth);
 }  // namespace qlinear_detail
 
 }  // namespace gyre
