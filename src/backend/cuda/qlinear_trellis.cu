@@ -94,19 +94,41 @@ __device__ __forceinline__ uint32_t code_1536(uint32_t state) {
       __dp4a(static_cast<int>(state * kTrellisMul + kTrellisAdd), 0x01010101, 0x6400 + 512));
 }
 
-// The A fragment of tile s (registers a0..a3 = positions 0-1, 2-3, 4-5, 6-7), codes exact in
-// f16.
+// The 16-bit states of tile s, positions 0..7.
+template <int K>
+__device__ __forceinline__ void tile_states(const uint32_t (&v)[K], const uint32_t (&nb)[K], int s,
+                                            uint32_t (&st)[8]) {
+  if constexpr (K == 4) {
+    // One word per tile and 4-bit steps: byte permutes against zero pick byte-aligned windows,
+    // the odd positions come from the window shifted by 4 (10 instructions for 8 states instead
+    // of a shift and a mask each, plus the neighbour's merge).
+    const uint32_t w = v[s], n12 = nb[s] & 0xFFFu;   // the neighbour's 12 bits
+    const uint32_t w4 = __funnelshift_r(w, n12, 4);  // bits 4..35
+    st[0] = w & 0xFFFFu;
+    st[1] = __byte_perm(w4, 0u, 0x4410);
+    st[2] = __byte_perm(w, 0u, 0x4421);
+    st[3] = __byte_perm(w4, 0u, 0x4421);
+    st[4] = w >> 16;
+    st[5] = __byte_perm(w4, 0u, 0x4432);
+    st[6] = __byte_perm(w, n12, 0x7643);  // bits 24..39: byte 3, then n12's low byte, zeros
+    st[7] = __funnelshift_r(w, n12, 28);  // bits 28..43 (n12 < 2^12: nothing above bit 15)
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) st[j] = piece_state<K>(v, nb, s, j);
+  }
+}
+
+// The A fragment of tile s (registers a0..a3 = positions 0-1, 2-3, 4-5, 6-7) holding 1536 + code,
+// exact in f16: the 1536 is taken out of the accumulator at each group's end (an MMA of x with
+// ones gives the sums it multiplies), which is cheaper than one HSUB2 per pair.
 template <int K>
 __device__ __forceinline__ void tile_fragment(const uint32_t (&v)[K], const uint32_t (&nb)[K],
                                               int s, uint32_t a[4]) {
-  const __half2 k1536 = __float2half2_rn(1536.f);
+  uint32_t st[8];
+  tile_states<K>(v, nb, s, st);
 #pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const uint32_t lo = code_1536(piece_state<K>(v, nb, s, 2 * r));
-    const uint32_t hi = code_1536(piece_state<K>(v, nb, s, 2 * r + 1));
-    const __half2 h = __hsub2(as_half2(__byte_perm(lo, hi, 0x5410)), k1536);
-    memcpy(&a[r], &h, 4);
-  }
+  for (int r = 0; r < 4; ++r)
+    a[r] = __byte_perm(code_1536(st[2 * r]), code_1536(st[2 * r + 1]), 0x5410);
 }
 
 // The lane vectors: own, then the neighbour's (lane + 1, circular) words that the piece needs.
@@ -147,15 +169,16 @@ __device__ __forceinline__ void stage_trellis_x(const Params& p, uint32_t* xs, i
   __syncthreads();
 }
 
-template <int K>
+// WHOLE: groups are whole pieces (group % 64 == 0), one scale per piece.
+template <int K, bool WHOLE>
 struct TrellisSlot {
   uint32_t q[K];
-  uint32_t s[kPieceTiles];  // scales of rows g, g + 8 for each tile's group
+  uint32_t s[WHOLE ? 1 : kPieceTiles];  // scales of rows g, g + 8 for each tile's group
 };
 
 // gemv_stream_kernel's structure (qlinear_stream.cuh): warps split the pieces of one 16-row tile
 // row (split-K), D pieces in flight per warp, x in shared memory.
-template <int K, int D>
+template <int K, int D, bool WHOLE>
 __global__ void __launch_bounds__(512)
     trellis_gemv_kernel(Params p, int per, int group_tiles, uint32_t group_magic) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -174,15 +197,19 @@ __global__ void __launch_bounds__(512)
   const unsigned int* sbase = reinterpret_cast<const unsigned int*>(
       static_cast<const __half*>(p.scales) + int64_t{tile_c} * p.groups_p * 16 + 2 * g);
 
-  auto fetch = [&](int i, TrellisSlot<K>& d) {
+  auto fetch = [&](int i, TrellisSlot<K, WHOLE>& d) {
     load_piece<K>(wbase + int64_t{i} * kPieceWords, lane, d.q);
+    if constexpr (WHOLE) {
+      d.s[0] = __ldg(sbase + __umulhi(static_cast<uint32_t>(kPieceTiles * i), group_magic) * 8);
+    } else {
 #pragma unroll
-    for (int s = 0; s < kPieceTiles; ++s) {
-      const uint32_t tc = static_cast<uint32_t>(kPieceTiles * i + s);
-      d.s[s] = __ldg(sbase + (group_tiles == 1 ? tc : __umulhi(tc, group_magic)) * 8);
+      for (int s = 0; s < kPieceTiles; ++s) {
+        const uint32_t tc = static_cast<uint32_t>(kPieceTiles * i + s);
+        d.s[s] = __ldg(sbase + (group_tiles == 1 ? tc : __umulhi(tc, group_magic)) * 8);
+      }
     }
   };
-  TrellisSlot<K> ring[D];
+  TrellisSlot<K, WHOLE> ring[D];
 #pragma unroll
   for (int u = 0; u < D; ++u)
     if (u < np) fetch(i_begin + u, ring[u]);
@@ -194,9 +221,16 @@ __global__ void __launch_bounds__(512)
   const uint32_t* xrow = xs + min(g, p.n - 1) * stride_words + 8 * t;  // B column g: token g
 
   float acc[4] = {0.f, 0.f, 0.f, 0.f}, cg[4] = {0.f, 0.f, 0.f, 0.f}, cx[4] = {0.f, 0.f, 0.f, 0.f};
-  // Tiles left in the current group (groups start at multiples of group_tiles).
-  int left = group_tiles - (kPieceTiles * i_begin) % group_tiles;
-  auto compute = [&](const TrellisSlot<K>& d, int i) {
+  // Tiles (WHOLE: pieces) left in the current group (groups start at multiples of group_tiles).
+  const int group_units = WHOLE ? group_tiles / kPieceTiles : group_tiles;
+  int left = group_units - (WHOLE ? i_begin : kPieceTiles * i_begin) % group_units;
+  const uint32_t kOnes[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
+  // acc += scale * (sum (1536 + code) x - 1536 sum x) for rows g / g + 8 (scale.x / scale.y).
+  auto flush = [&](uint32_t scale_pair) {
+    const float2 sc = __half22float2(as_half2(scale_pair));
+    flush_group(acc, cg, cx, sc, make_float2(-1536.f * sc.x, -1536.f * sc.y), true);
+  };
+  auto compute = [&](const TrellisSlot<K, WHOLE>& d, int i) {
     uint32_t nb[K];
     neighbour_words<K>(d.q, nb);
     const uint4 x0 = *reinterpret_cast<const uint4*>(xrow + 32 * i);
@@ -207,10 +241,15 @@ __global__ void __launch_bounds__(512)
       uint32_t a[4];
       tile_fragment<K>(d.q, nb, s, a);
       mma_16816(cg, a, xv[2 * s], xv[2 * s + 1]);
-      if (--left == 0) {
-        flush_group(acc, cg, cx, __half22float2(as_half2(d.s[s])), make_float2(0.f, 0.f), false);
-        left = group_tiles;
+      mma_16816(cx, kOnes, xv[2 * s], xv[2 * s + 1]);
+      if (!WHOLE && --left == 0) {
+        flush(d.s[WHOLE ? 0 : s]);
+        left = group_units;
       }
+    }
+    if (WHOLE && --left == 0) {
+      flush(d.s[0]);
+      left = group_units;
     }
   };
   uint32_t last_scale = 0;
@@ -220,20 +259,19 @@ __global__ void __launch_bounds__(512)
       const int i = i0 + u;
       if (i < np) {
         compute(ring[u], i_begin + i);
-        last_scale = ring[u].s[kPieceTiles - 1];
+        last_scale = ring[u].s[WHOLE ? 0 : kPieceTiles - 1];
         if (i + D < np) fetch(i_begin + i + D, ring[u]);
       }
     }
   }
   // A split range may end inside a group: its partial sums take the group's scale here.
-  if (left != group_tiles)
-    flush_group(acc, cg, cx, __half22float2(as_half2(last_scale)), make_float2(0.f, 0.f), false);
+  if (left != group_units) flush(last_scale);
 
   __shared__ float4 partial[16][32];
   reduce_store_gemv_tile(p, partial, warp, ks, tile, acc);
 }
 
-template <int K, int D>
+template <int K, int D, bool WHOLE>
 void launch_trellis_kernel(const Params& p, cudaStream_t stream) {
   int sms = 0, optin = 0;
   stream_device_limits(sms, optin);
@@ -251,7 +289,7 @@ void launch_trellis_kernel(const Params& p, cudaStream_t stream) {
   // (group_tiles = 1: the tile itself; the kernel does not use the magic then.)
   const uint32_t magic =
       group_tiles == 1 ? 0u : static_cast<uint32_t>((uint64_t{1} << 32) / group_tiles + 1);
-  auto kernel = trellis_gemv_kernel<K, D>;
+  auto kernel = trellis_gemv_kernel<K, D, WHOLE>;
   static bool raised = false;
   if (!raised) {
     cudaFuncAttributes attr{};
@@ -331,13 +369,19 @@ void by_bits(int k, A&&... a) {
 
 int g_depth = 0;  // set_trellis_depth
 
+template <int K, bool WHOLE>
+void launch_depth(const Params& p, int depth, cudaStream_t stream) {
+  if (depth == 2) return launch_trellis_kernel<K, 2, WHOLE>(p, stream);
+  if (depth == 4) return launch_trellis_kernel<K, 4, WHOLE>(p, stream);
+  launch_trellis_kernel<K, 8, WHOLE>(p, stream);
+}
+
 template <int K>
 struct GemvByBits {
   static void run(const Params& p, cudaStream_t stream) {
     const int depth = g_depth != 0 ? g_depth : K <= 4 ? 8 : 4;
-    if (depth == 2) return launch_trellis_kernel<K, 2>(p, stream);
-    if (depth == 4) return launch_trellis_kernel<K, 4>(p, stream);
-    launch_trellis_kernel<K, 8>(p, stream);
+    if (p.group % kPieceCols == 0) return launch_depth<K, true>(p, depth, stream);
+    launch_depth<K, false>(p, depth, stream);
   }
 };
 template <int K>
