@@ -160,7 +160,7 @@ void set_bits_stream_warps(int budget);
 // ... and its tokens per pass (1..8, at most what fits one block per SM; 0 = by shape).
 void set_bits_stream_chunk(int tokens);
 // Trellis-coded weights (qlinear_trellis.cu): 64-column pieces in flight per warp of the GEMV
-// (2, 4 or 8; 0 = auto: 8 at K <= 4, 4 above).
+// (2, 4 or 8; 0 = auto: 2 at n <= 2, 4 beyond).
 void set_trellis_depth(int depth);
 }  // namespace qlinear_detail
 

@@ -379,7 +379,9 @@ void launch_depth(const Params& p, int depth, cudaStream_t stream) {
 template <int K>
 struct GemvByBits {
   static void run(const Params& p, cudaStream_t stream) {
-    const int depth = g_depth != 0 ? g_depth : K <= 4 ? 8 : 4;
+    // Measured on H100 (bench/qlinear_notes.md, session 8): depth 2 at n <= 2 (more resident
+    // warps: fewer registers), 4 beyond.
+    const int depth = g_depth != 0 ? g_depth : p.n <= 2 ? 2 : 4;
     if (p.group % kPieceCols == 0) return launch_depth<K, true>(p, depth, stream);
     launch_depth<K, false>(p, depth, stream);
   }
