@@ -1,5 +1,6 @@
 #include "quant/trellis_encode.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -12,82 +13,129 @@ namespace {
 
 constexpr int kStates = 1 << kTrellisStateBits;
 
-struct Codebook {
-  std::vector<float> code;
-  Codebook() : code(kStates) {
-    for (int s = 0; s < kStates; ++s) code[s] = float(trellis_code(uint32_t(s)));
+// The cost of state s = (b << K) | a (a: its low K bits, b = s >> K) after position i is
+//   cost_i(a, b) = m_{i-1}[((b & M) << K) | a] + (t_i - sc_i * code(s))^2,   M = 2^(16-2K) - 1,
+// where m_i[u] = min over a of cost_i(a, u): the states (u << K) | a are exactly the 2^K
+// predecessors that every state whose low 16 - K bits are u shares. So a step needs only the
+// previous minima (2^(16-K) of them), never a full cost array: for each a, one contiguous pass
+// over b reading the minima transposed (T[a][j] = m[j * 2^K + a]) and the codebook in the same
+// (a, b) order, which the compiler vectorizes.
+struct Layout {
+  int k, fan, groups, period;
+  std::vector<float> code;  // code[a * groups + b] = code((b << K) | a)
+  explicit Layout(int k_)
+      : k(k_),
+        fan(1 << k_),
+        groups(1 << (kTrellisStateBits - k_)),
+        period(1 << (kTrellisStateBits - 2 * k_)),
+        code(kStates) {
+    for (int a = 0; a < fan; ++a)
+      for (int b = 0; b < groups; ++b)
+        code[size_t(a) * groups + b] = float(trellis_code(uint32_t((b << k) | a)));
   }
 };
 
-const Codebook& codebook() {
-  static const Codebook cb;
-  return cb;
+const Layout& layout(int k) {
+  static const Layout all[] = {Layout(2), Layout(3), Layout(4), Layout(5), Layout(6), Layout(8)};
+  return all[k == 8 ? 5 : k - 2];
 }
 
 struct Scratch {
-  std::vector<float> cost, next, best;
-  std::vector<uint8_t> back;  // [256][kStates]: the dropped low K bits of the predecessor
+  std::vector<float> best, best_t;
+  std::vector<int> arg;
+  std::vector<uint8_t> back;  // [256][groups]: argmin a of each position's minima
 };
+
+// One a's states: best[b] = min(best[b], prev[b & (period - 1)] + (t - s * code[b])^2), with
+// the sizes as constants so that the compiler vectorizes it whatever K is.
+template <int K>
+void relax_row(const float* __restrict code, const float* __restrict prev, float t, float s, int a,
+               float* __restrict best, int* __restrict arg) {
+  constexpr int groups = 1 << (kTrellisStateBits - K), period = 1 << (kTrellisStateBits - 2 * K);
+  for (int r = 0; r < groups; r += period)
+    for (int j = 0; j < period; ++j) {
+      const int b = r + j;
+      const float e = t - s * code[b];
+      const float c = prev[j] + e * e;
+      // Both stores unconditional (selects, not masked stores: several times faster).
+      const float old = best[b];
+      const int old_arg = arg[b];
+      best[b] = std::min(c, old);
+      arg[b] = c < old ? a : old_arg;
+    }
+}
+
+using RelaxRow = void (*)(const float*, const float*, float, float, int, float*, int*);
+RelaxRow relax_row_for(int k) {
+  switch (k) {
+    case 2:
+      return relax_row<2>;
+    case 3:
+      return relax_row<3>;
+    case 4:
+      return relax_row<4>;
+    case 5:
+      return relax_row<5>;
+    case 6:
+      return relax_row<6>;
+    default:
+      return relax_row<8>;
+  }
+}
 
 // Viterbi over positions order[0..255]. overlap < 0: free start and end; else the first state's
 // low 16 - K bits must equal overlap and the last state's high 16 - K bits too. Fills states[i]
 // (the state at order[i]) and returns the cost.
 float viterbi(const float* t, const float* sc, const int* order, int k, int overlap,
               uint32_t* states, Scratch& w) {
-  const std::vector<float>& code = codebook().code;
-  const int hi_bits = kTrellisStateBits - k;
-  const uint32_t low_mask = (1u << hi_bits) - 1;
-  const int groups = 1 << hi_bits, fan = 1 << k;
+  const Layout& lay = layout(k);
+  const int fan = lay.fan, groups = lay.groups, period = lay.period;
+  const uint32_t low_mask = uint32_t(groups - 1);
   constexpr float kInf = std::numeric_limits<float>::infinity();
-  w.cost.resize(kStates);
-  w.next.resize(kStates);
   w.best.resize(groups);
-  w.back.resize(size_t{kTrellisTileElems} * kStates);
-  {
-    const float tv = t[order[0]], s = sc[order[0]];
-    for (int st = 0; st < kStates; ++st) {
-      const float e = tv - s * code[st];
-      w.cost[st] = (overlap < 0 || int(st & low_mask) == overlap) ? e * e : kInf;
-    }
-  }
-  std::vector<uint8_t> arg(groups);
-  for (int i = 1; i < kTrellisTileElems; ++i) {
-    // Predecessors of state st are ((st << k) & 0xFFFF) | low: they depend on st's low 16 - K
-    // bits only, so one min per group u serves all 2^K states sharing u.
-    for (int u = 0; u < groups; ++u) {
-      const float* c = &w.cost[size_t(u) << k];
-      float m = c[0];
-      int a = 0;
-      for (int low = 1; low < fan; ++low)
-        if (c[low] < m) m = c[low], a = low;
-      w.best[u] = m;
-      arg[u] = uint8_t(a);
-    }
+  w.best_t.resize(groups);
+  w.arg.resize(groups);
+  w.back.resize(size_t{kTrellisTileElems} * groups);
+  float* best = w.best.data();
+  float* best_t = w.best_t.data();
+  int* arg = w.arg.data();
+  const float* code = lay.code.data();
+  const RelaxRow relax = relax_row_for(k);
+  for (int i = 0; i < kTrellisTileElems; ++i) {
     const float tv = t[order[i]], s = sc[order[i]];
-    uint8_t* back = &w.back[size_t(i) * kStates];
-    for (int hi = 0; hi < fan; ++hi) {
-      const int base = hi << hi_bits;
-      for (int u = 0; u < groups; ++u) {
-        const float e = tv - s * code[base + u];
-        w.next[base + u] = w.best[u] + e * e;
-        back[base + u] = arg[u];
-      }
+    if (i == 0) {
+      // No predecessor: the "previous minimum" is 0, or infinity outside the overlap
+      // constraint (the low 16 - K bits of the state).
+      for (int a = 0; a < fan; ++a)
+        for (int j = 0; j < period; ++j)
+          best_t[a * period + j] =
+              (overlap < 0 || int(((uint32_t(j) << k) | uint32_t(a)) & low_mask) == overlap) ? 0.0f
+                                                                                             : kInf;
     }
-    w.cost.swap(w.next);
+    for (int b = 0; b < groups; ++b) best[b] = kInf, arg[b] = 0;
+    for (int a = 0; a < fan; ++a)
+      relax(code + size_t(a) * groups, best_t + a * period, tv, s, a, best, arg);
+    uint8_t* back = &w.back[size_t(i) * groups];
+    for (int b = 0; b < groups; ++b) back[b] = uint8_t(arg[b]);
+    for (int a = 0; a < fan; ++a)
+      for (int j = 0; j < period; ++j) best_t[a * period + j] = best[j * fan + a];
   }
-  int last = -1;
-  float best = kInf;
-  for (int st = 0; st < kStates; ++st) {
-    if (overlap >= 0 && int(uint32_t(st) >> k) != overlap) continue;
-    if (w.cost[st] < best) best = w.cost[st], last = st;
+  int last_b = -1;
+  float best_cost = kInf;
+  for (int b = 0; b < groups; ++b) {
+    if (overlap >= 0 && b != overlap) continue;
+    if (best[b] < best_cost) best_cost = best[b], last_b = b;
   }
-  GYRE_CHECK(last >= 0, "trellis encoder: no admissible end state");
-  uint32_t st = uint32_t(last);
+  GYRE_CHECK(last_b >= 0, "trellis encoder: no admissible end state");
+  uint32_t st = (uint32_t(last_b) << k) | w.back[size_t(kTrellisTileElems - 1) * groups + last_b];
   for (int i = kTrellisTileElems - 1; i >= 0; --i) {
     states[i] = st;
-    if (i > 0) st = ((st << k) & 0xFFFFu) | w.back[size_t(i) * kStates + st];
+    if (i > 0) {
+      const uint32_t g = st & low_mask;  // the predecessors' b
+      st = (g << k) | w.back[size_t(i - 1) * groups + g];
+    }
   }
-  return best;
+  return best_cost;
 }
 
 void set_bits(uint32_t* words, int nbits, int b, uint32_t v, int n) {
