@@ -6,6 +6,8 @@
 # carried; writes $OUT/quality.log.
 #   SET ref25 (default): gyre-ref-25M from .device/ref25/ref25.tar.xz, 14,000 evaluation bytes
 #     (3,347 tokens), --head-bits 0, scored in fp32 on the CPU.
+#   SET trellis: gyre-ref-25M as ref25, the trellis-coded rows (session 8) and their baselines.
+#   SET smoltrellis: SmolLM2 as smol, the trellis rows.
 #   SET smol: SmolLM2-135M-Instruct from /tmp/smol.gguf (the reference: its Q4_1 GGUF), 100,000
 #     evaluation bytes (23,501 tokens), default head, scored on the GPU.
 # Target correction is on by default since session 7; the ref25 log of session 7
@@ -15,7 +17,7 @@ SET=${2:-ref25}
 LOG=${OUT:-/tmp}/quality.log
 T=.device/shared/fixtures/text/wikitext2-test.txt
 head -c 200000 "$T" > /tmp/calib.txt
-if [ "$SET" = smol ]; then
+if [ "$SET" = smol ] || [ "$SET" = smoltrellis ]; then
   M=/tmp/smol.gguf; EVAL=100000; EXTRA=(); KLD=(--device cuda)
 else
   tar -C /tmp -xJf .device/ref25/ref25.tar.xz
@@ -34,7 +36,20 @@ conv() {  # name, then convert options
     > /tmp/kld_$name.json 2>/dev/null
   python3 -c "import json,sys; d=json.load(open('/tmp/kld_$name.json')); print({k: v for k, v in d.items() if k not in ('kld_percentiles', 'model', 'ref')})" >> "$LOG" 2>&1 || tail -c 400 /tmp/kld_$name.json >> "$LOG"
 }
-if [ "$SET" = smol ]; then
+if [ "$SET" = trellis ]; then
+  conv gptq4_noclip --uniform 4:128 --no-clip-search --no-target-correction
+  conv g40_tc_h --bpw 4.0 --hadamard
+  conv t40 --bpw 4.0 --trellis
+  conv t40_r128 --bpw 4.0 --trellis --rows 128
+  conv t30 --bpw 3.0 --trellis --measurement /tmp/q/t40/measurement.json
+  conv t60 --bpw 6.0 --trellis --measurement /tmp/q/t40/measurement.json
+  conv t40_notc --bpw 4.0 --trellis --no-target-correction --measurement /tmp/q/t40/measurement.json
+elif [ "$SET" = smoltrellis ]; then
+  conv g40_h --bpw 4.0 --hadamard
+  conv t40 --bpw 4.0 --trellis
+  conv t425 --bpw 4.25 --trellis --measurement /tmp/q/t40/measurement.json
+  conv t60 --bpw 6.0 --trellis --measurement /tmp/q/t40/measurement.json
+elif [ "$SET" = smol ]; then
   conv gptq4 --uniform 4:64 --no-target-correction
   conv gptq4_tc --uniform 4:64
   conv g40 --bpw 4.0

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/trellis.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "core/error.h"
@@ -30,7 +31,8 @@ namespace {
 
 struct BenchOptions {
   std::string model, synthetic, device = "auto", kv_cache = "f16";
-  int bits = 16, part_bits = 0, prompt = 2048, decode = 128, long_ctx = 8192, threads = 0;
+  int bits = 16, part_bits = 0, trellis = 0, prompt = 2048, decode = 128, long_ctx = 8192,
+      threads = 0;
   bool json = false;
   std::string concurrency;  // non-empty: the serving benchmark (bench_serve.cc)
   int prefix = 2048, ttft_requests = 32;
@@ -158,10 +160,14 @@ void run_bench(const BenchOptions& o) {
              "--bits must be 16, 8, 6, 5, 4, 3 or 2");
   GYRE_CHECK(o.part_bits == 0 || (!o.synthetic.empty() && o.bits != 16),
              "--part-bits needs --synthetic and --bits below 16");
+  GYRE_CHECK(o.trellis == 0 || (!o.synthetic.empty() && o.part_bits == 0 && o.bits == 16 &&
+                                trellis_bits_supported(o.trellis)),
+             "--trellis K (2..6 or 8) needs --synthetic, and no --bits or --part-bits");
   GYRE_CHECK(o.prompt > 0 && o.decode > 0 && o.long_ctx >= 0, "bad -p/-n/--long");
+  const int bits = o.trellis != 0 ? o.trellis : o.bits;
   BackendOptions bo;
   bo.n_threads = o.threads;
-  bo.weight_bits = o.bits == 16 ? 0 : o.bits;
+  bo.weight_bits = bits == 16 ? 0 : bits;
   bo.kv_cache = o.kv_cache;
   std::unique_ptr<Backend> backend = backend_create(o.device, bo);
   const bool cuda = backend->name().rfind("cuda", 0) == 0;
@@ -176,6 +182,7 @@ void run_bench(const BenchOptions& o) {
 #ifdef GYRE_HAVE_CUDA
     cuda_set_synthetic_weights(*backend, 12345);
     if (o.part_bits != 0) cuda_set_synthetic_part_bits(*backend, o.part_bits);
+    if (o.trellis != 0) cuda_set_synthetic_trellis(*backend, true);
 #endif
   } else {
     loaded = load_model(o.model);
@@ -251,7 +258,8 @@ void run_bench(const BenchOptions& o) {
   nlohmann::json j;
   j["model"] = o.synthetic.empty() ? o.model : "synthetic:" + o.synthetic;
   j["device"] = backend->name();
-  j["bits"] = o.bits;
+  j["bits"] = bits;
+  if (o.trellis != 0) j["trellis"] = true;
   if (o.part_bits != 0) j["part_bits"] = o.part_bits;
   j["prefill_tokens"] = o.prompt;
   j["prefill_tok_s"] = o.prompt / prefill_s;
@@ -287,9 +295,10 @@ void run_bench(const BenchOptions& o) {
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
-  std::printf("model      %s on %s, %d-bit weights, %s KV cache (%.0f MiB)\n",
-              j["model"].get<std::string>().c_str(), backend->name().c_str(), o.bits,
-              o.kv_cache.c_str(), static_cast<double>(t.cache_bytes()) / 1048576.0);
+  std::printf("model      %s on %s, %d-bit%s weights, %s KV cache (%.0f MiB)\n",
+              j["model"].get<std::string>().c_str(), backend->name().c_str(), bits,
+              o.trellis != 0 ? " trellis" : "", o.kv_cache.c_str(),
+              static_cast<double>(t.cache_bytes()) / 1048576.0);
   std::printf("bandwidth  %.0f GB/s measured\n", bandwidth / 1e9);
   std::printf("prefill    %d tokens: %.0f tok/s\n", o.prompt, o.prompt / prefill_s);
   std::printf("decode     ctx %5d: %8.1f tok/s  %.2f GB/token  %.0f%% of roofline\n", short_ctx,
@@ -321,6 +330,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--part-bits", o->part_bits,
                   "synthetic: k_proj, v_proj and up_proj at these bits (fused parts of two widths, "
                   "as in EXL2)");
+  cmd->add_option("--trellis", o->trellis,
+                  "synthetic: trellis-coded weights at K bits (2..6 or 8; CUDA), groups of the "
+                  "Hadamard block (GYRE_SYNTHETIC_HADAMARD=1 also rotates)");
   cmd->add_option("-p,--prompt", o->prompt, "prefill length")->capture_default_str();
   cmd->add_option("-n,--decode", o->decode, "decode steps timed")->capture_default_str();
   cmd->add_option("--long", o->long_ctx, "long context for the second decode timing (0: skip)")

@@ -23,6 +23,10 @@ void cuda_set_synthetic_weights(Backend& backend, uint64_t seed);
 // ... with k_proj, v_proj and up_proj at `bits` (2..8) and the other projections at
 // BackendOptions::weight_bits: fused Q|K|V and gate|up of two widths, as in EXL2 checkpoints.
 void cuda_set_synthetic_part_bits(Backend& backend, int bits);
+// ... with every quantized projection trellis-coded (backend/cpu/trellis.h) at
+// BackendOptions::weight_bits = K: random tile words, positive scales per row and group of
+// hadamard_block_for(cols) columns (the converter's group; BackendOptions::group_size if none).
+void cuda_set_synthetic_trellis(Backend& backend, bool on);
 // Device memory bandwidth in bytes/s, measured with a large device-to-device copy
 // (bytes read + bytes written over the time).
 double cuda_measure_bandwidth(Backend& backend);

@@ -167,6 +167,7 @@ class CudaBackend final : public Backend {
   }
   // Synthetic weights: k_proj, v_proj and up_proj at this width (0: all at weight_bits).
   void set_synthetic_part_bits(int bits) { synthetic_part_bits_ = bits; }
+  void set_synthetic_trellis(bool on) { synthetic_trellis_ = on; }
   double measure_bandwidth();
 
  private:
@@ -283,6 +284,7 @@ class CudaBackend final : public Backend {
   bool synthetic_ = false;
   uint64_t synthetic_seed_ = 0;
   int synthetic_part_bits_ = 0;
+  bool synthetic_trellis_ = false;
   size_t weight_bytes_ = 0, kv_bytes_ = 0, scratch_bytes_ = 0;
   std::shared_ptr<PagedStep> paged_step_;
   // The device arrays of bucketed decode steps, one set per bucket (fixed addresses: records

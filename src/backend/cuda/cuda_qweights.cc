@@ -84,6 +84,10 @@ bool CudaBackend::try_upload_quantized(const TensorView& w, Tensor& out) {
     d.group_size = options_.group_size;
     d.rows = rows;
     d.cols = cols;
+    if (synthetic_trellis_) {
+      d.trellis = true;
+      if (hadamard_block_for(cols) != 0) d.group_size = hadamard_block_for(cols);
+    }
     qweight_validate(d);
     const size_t bytes = qweight_device_bytes(d);
     auto memory = device_alloc(bytes, "weight " + w.name);
@@ -91,8 +95,8 @@ bool CudaBackend::try_upload_quantized(const TensorView& w, Tensor& out) {
     auto q = std::make_shared<QWeightDevice>(qweight_device_view(d, memory.get()));
     auto* base = static_cast<uint8_t*>(memory.get());
     const size_t qbytes = static_cast<size_t>(static_cast<const uint8_t*>(q->scales) - base);
-    // Any bytes are valid packed values; scales (the rest: symmetric, no perm) are small
-    // positive halves.
+    // Any bytes are valid packed values (and trellis streams); scales (the rest: symmetric, no
+    // perm) are small positive halves.
     fill_random(reinterpret_cast<half*>(base), static_cast<int64_t>(qbytes / 2), synthetic_seed_++,
                 1.0f, 0.0f, stream_);
     fill_random(reinterpret_cast<half*>(base + qbytes), static_cast<int64_t>((bytes - qbytes) / 2),
@@ -141,3 +145,13 @@ bool CudaBackend::try_upload_quantized(const TensorView& w, Tensor& out) {
 }
 
 }  // namespace gyre::cuda
+
+namespace gyre {
+
+void cuda_set_synthetic_trellis(Backend& backend, bool on) {
+  auto* c = dynamic_cast<cuda::CudaBackend*>(&backend);
+  GYRE_CHECK(c != nullptr, "backend ", backend.name(), " is not a CUDA backend");
+  c->set_synthetic_trellis(on);
+}
+
+}  // namespace gyre

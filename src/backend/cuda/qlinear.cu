@@ -41,6 +41,12 @@ void tile_bits_upload(const QWeightHost& w, const Params& p, int pieces_s, uint8
                       uint8_t* dst_scales, uint8_t* dst_mins);
 void launch_gemv_bits_stream(const Params& p, int pieces_s, cudaStream_t stream);
 void launch_dequant_bits_tiled(const Params& p, int pieces_s, __half* out, cudaStream_t stream);
+// qlinear_trellis.cu: trellis-coded weights (desc.trellis), any n (up to 8 tokens per pass).
+void trellis_device_sizes(const QWeightDesc& d, size_t& qbytes, size_t& scale_bytes);
+void trellis_layout_params(const QWeightDesc& d, Params& p);
+void trellis_upload(const QWeightHost& w, uint8_t* dst_q, uint8_t* dst_scales);
+void launch_gemv_trellis(const Params& p, cudaStream_t stream);
+void launch_dequant_trellis(const Params& p, __half* out, cudaStream_t stream);
 void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("CUDA error in ", what, ": ", cudaGetErrorString(e));
 }
@@ -221,6 +227,10 @@ Params layout_params(const QWeightDevice& w) {
   p.asym = d.asymmetric;
   p.tiles = (d.rows + 15) / 16;
   p.kblocks = (d.cols + 63) / 64;
+  if (d.trellis) {
+    qlinear_detail::trellis_layout_params(d, p);
+    return p;
+  }
   if (w.narrow_tiled > 0)  // whole pieces (qlinear_stream.cuh)
     p.kblocks = (p.kblocks + w.narrow_tiled - 1) / w.narrow_tiled * w.narrow_tiled;
   p.groups_p = p.kblocks * 64 / d.group_size;  // cols / group, plus one pad group at g32
@@ -249,7 +259,9 @@ size_t align256(size_t v) {
 // widths (qlinear_bits.cu), the tiled layouts for 4-bit (qlinear_tiled.cu) and tiled narrow
 // widths (qlinear_stream.cuh: 128 * bits bytes per 16x64 block).
 void device_sizes(const QWeightDesc& d, size_t& qbytes, size_t& scale_bytes) {
-  if (d.bits == 4 || qlinear_detail::bits_tiled_layout(d)) {
+  if (d.trellis) {
+    qlinear_detail::trellis_device_sizes(d, qbytes, scale_bytes);
+  } else if (d.bits == 4 || qlinear_detail::bits_tiled_layout(d)) {
     QWeightDevice w;
     w.desc = d;
     w.narrow_tiled = qlinear_detail::bits_tiled_layout(d);
@@ -308,7 +320,10 @@ QWeightDevice qweight_upload(const QWeightHost& w) {
                "cudaMemcpy (weight)");
   };
   try {
-    if (d.bits == 4) {
+    if (d.trellis) {
+      qlinear_detail::trellis_upload(w, const_cast<uint8_t*>(out.qweight),
+                                     static_cast<uint8_t*>(const_cast<void*>(out.scales)));
+    } else if (d.bits == 4) {
       qlinear_detail::prepare_batch4();
       qlinear_detail::prepare_batch_bulk();
       qlinear_detail::prepare_batch_stream();
@@ -374,6 +389,7 @@ Params fused_params(const QWeightDevice& w, const __half* x, __half* y, int n, c
 }  // namespace
 
 bool qlinear_fuses_norm(const QWeightDevice& w, int n) {
+  if (w.desc.trellis) return false;  // always rotated: the backend normalises and rotates first
   if (w.narrow_tiled > 0) return n >= 1 && n <= 8;       // the stream GEMV, x staged per pass
   if (w.desc.bits != 4 || n < 1 || n > 2) return false;  // where the stream GEMV is the default
   Params p = layout_params(w);
@@ -421,7 +437,9 @@ void qlinear_gemv(const QWeightDevice& w, const __half* x, __half* y, int n, con
   const Params p = fused_params(w, x, y, n, bias, f);
   int rpb = g_rows_per_block;
   if (rpb == 0) rpb = 2;
-  if (w.desc.narrow()) {
+  if (w.desc.trellis) {
+    qlinear_detail::launch_gemv_trellis(p, stream);
+  } else if (w.desc.narrow()) {
     launch_narrow(w, p, stream);
   } else if (w.desc.bits == 4) {
     qlinear_detail::launch_gemv4(p, stream);
@@ -439,7 +457,9 @@ void qlinear_matmul_split(const QWeightDevice& w, const __half* x, const cuda::O
   GYRE_CHECK(!f.accumulate, "qlinear: split outputs do not accumulate");
   Params p = fused_params(w, x, outs.out[0], n, bias, f);
   p.split = outs;
-  if (w.desc.narrow()) {
+  if (w.desc.trellis) {
+    qlinear_detail::launch_gemv_trellis(p, stream);
+  } else if (w.desc.narrow()) {
     launch_narrow(w, p, stream);
   } else if (n <= 8 && (w.desc.bits == 4 || n <= kGemv8MaxRows)) {
     if (w.desc.bits == 4) {
@@ -460,12 +480,19 @@ bool qlinear_gemv_swiglu(const QWeightDevice& w, const __half* x, __half* out, i
   // 8-bit decode: the CUDA-core GEMV + SwiGLU kernel beats the batch kernel at n <= 4 (28672
   // rows, n = 1: 47 + ~3 us against 72 us on H100).
   if (n < 1 || n > kQlinearBatchMaxRows || (w.desc.bits == 8 && n <= kGemv8MaxRows) ||
-      (w.desc.narrow() && (w.narrow_tiled == 0 || n > 8)))  // else the caller's matmul + SwiGLU
+      (w.desc.narrow() && (w.narrow_tiled == 0 || n > 8)) ||
+      (w.desc.trellis && n > 8))  // else the caller's matmul + SwiGLU
     return false;
   GYRE_CHECK(!f.accumulate, "qlinear: SwiGLU outputs do not accumulate");
   GYRE_CHECK(w.desc.rows == 2 * ((hidden + 7) / 8 * 8), "qlinear swiglu: weight of ", w.desc.rows,
              " rows for a hidden size of ", hidden);
   Params p = fused_params(w, x, out, n, nullptr, f);
+  if (w.desc.trellis) {
+    p.swiglu_hidden = hidden;
+    qlinear_detail::launch_gemv_trellis(p, stream);
+    check_cuda(cudaGetLastError(), "qlinear trellis swiglu launch");
+    return true;
+  }
   if (w.narrow_tiled == 0 && qlinear_detail::batch_prefers_gemm(p))
     return false;  // the caller's GEMM + SwiGLU path
   p.swiglu_hidden = hidden;
@@ -484,7 +511,9 @@ void qlinear_batch(const QWeightDevice& w, const __half* x, __half* y, int n, co
                    cudaStream_t stream) {
   GYRE_CHECK(n >= 1 && n <= kQlinearBatchMaxRows, "qlinear_batch: n must be 1..",
              kQlinearBatchMaxRows, ", got ", n);
-  if (w.desc.narrow()) {
+  if (w.desc.trellis) {
+    qlinear_detail::launch_gemv_trellis(make_params(w, x, y, n, bias), stream);
+  } else if (w.desc.narrow()) {
     launch_narrow(w, make_params(w, x, y, n, bias), stream);
   } else {
     qlinear_detail::launch_batch(make_params(w, x, y, n, bias), stream);
@@ -494,7 +523,9 @@ void qlinear_batch(const QWeightDevice& w, const __half* x, __half* y, int n, co
 
 void qlinear_gemm(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
                   cudaStream_t stream) {
-  if (w.desc.narrow()) {
+  if (w.desc.trellis) {
+    qlinear_detail::launch_gemv_trellis(make_params(w, x, y, n, bias), stream);
+  } else if (w.desc.narrow()) {
     launch_narrow(w, make_params(w, x, y, n, bias), stream);
   } else {
     qlinear_detail::launch_gemm(make_params(w, x, y, n, bias), stream);
@@ -505,7 +536,10 @@ void qlinear_gemm(const QWeightDevice& w, const __half* x, __half* y, int n, con
 void qlinear_matmul(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
                     cudaStream_t stream, const QlinearFusion& f) {
   const Params p = fused_params(w, x, y, n, bias, f);
-  if (w.desc.narrow()) {
+  if (w.desc.trellis) {
+    qlinear_detail::launch_gemv_trellis(p, stream);
+    check_cuda(cudaGetLastError(), "qlinear trellis launch");
+  } else if (w.desc.narrow()) {
     launch_narrow(w, p, stream);
     check_cuda(cudaGetLastError(), "qlinear narrow launch");
   } else if (n <= 8 && (w.desc.bits == 4 || n <= kGemv8MaxRows)) {
@@ -525,7 +559,9 @@ void qlinear_dequantize(const QWeightDevice& w, __half* out, cudaStream_t stream
   GYRE_CHECK(reinterpret_cast<uintptr_t>(out) % 16 == 0,
              "qlinear_dequantize: out must be 16-byte aligned");
   const Params p = layout_params(w);
-  if (w.narrow_tiled > 0) {
+  if (w.desc.trellis) {
+    qlinear_detail::launch_dequant_trellis(p, out, stream);
+  } else if (w.narrow_tiled > 0) {
     qlinear_detail::launch_dequant_bits_tiled(p, w.narrow_tiled, out, stream);
   } else if (w.desc.narrow()) {
     qlinear_detail::launch_dequant_bits(p, out, stream);

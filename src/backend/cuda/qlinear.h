@@ -96,10 +96,11 @@ void qlinear_gemm(const QWeightDevice& w, const __half* x, __half* y, int n, con
 void qlinear_matmul(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
                     cudaStream_t stream, const QlinearFusion& f = {});
 // The largest n for which qlinear_matmul beats qlinear_dequantize + an FP16 GEMM: 8 for the
-// narrow widths (one GEMV pass per 8 tokens), kQlinearBatchMaxRows for 4/8 bits.
+// narrow widths and trellis-coded weights (one GEMV pass per 8 tokens), kQlinearBatchMaxRows for
+// 4/8 bits.
 constexpr int kQlinearNarrowMaxRows = 8;
 inline int qlinear_direct_max_rows(const QWeightDesc& d) {
-  return d.narrow() ? kQlinearNarrowMaxRows : kQlinearBatchMaxRows;
+  return d.narrow() || d.trellis ? kQlinearNarrowMaxRows : kQlinearBatchMaxRows;
 }
 
 // qlinear_matmul with the output rows split over up to three tensors (fused Q|K|V).
@@ -171,6 +172,9 @@ void set_bits_stream_chunk(int tokens);
 // it between a fuses test and its matmul.
 void set_fused_rotation(int mode);
 bool fused_rotation_enabled();
+// Trellis-coded weights (qlinear_trellis.cu): 64-column pieces in flight per warp of the GEMV
+// (2, 4 or 8; 0 = auto: 2 at n <= 2, 4 beyond).
+void set_trellis_depth(int depth);
 }  // namespace qlinear_detail
 
 }  // namespace gyre
