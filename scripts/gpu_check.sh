@@ -28,7 +28,7 @@ grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|^\[==========\]|Failure|Expected|Which is"
 
 echo "== bench"
 # Each entry is SHAPE:BITS[:CACHE] (16 = FP16 weights; 8 and 4 = Gyre's group-quantized
-# layouts; CACHE f16 (default), q8 or q4).
+# layouts; tK = trellis-coded weights of K bits, rotated; CACHE f16 (default), q8 or q4).
 for mb in ${GYRE_BENCH_MODELS-llama3-8b:16 llama3-8b:8 llama3-8b:4 mistral-7b:16 llama2-7b:16}; do
   IFS=: read -r m b c <<<"$mb"
   c=${c:-f16}
@@ -36,10 +36,14 @@ for mb in ${GYRE_BENCH_MODELS-llama3-8b:16 llama3-8b:8 llama3-8b:4 mistral-7b:16
   [ "$m" = llama-30b ] && long=0
   name="$m-b$b"
   [ "$c" = f16 ] || name="$name-$c"
-  timeout 240 "$bin/gyre" bench --synthetic "$m" --bits "$b" --cache "$c" -p 2048 -n 128 \
+  wflags=(--bits "$b")
+  [[ $b == t* ]] && wflags=(--trellis "${b#t}")
+  [[ $b == t* ]] && export GYRE_SYNTHETIC_HADAMARD=1 || unset GYRE_SYNTHETIC_HADAMARD
+  timeout 240 "$bin/gyre" bench --synthetic "$m" "${wflags[@]}" --cache "$c" -p 2048 -n 128 \
     --long "$long" --json >"$out/$name.json" 2>"$out/$name.err" ||
     { echo "$name failed:"; tail -n 3 "$out/$name.err"; }
 done
+unset GYRE_SYNTHETIC_HADAMARD
 
 echo "== serving (Engine: continuous batching over the paged KV cache)"
 # Each entry is SHAPE:BITS[:CACHE]: total generated tokens/s at 1/8/32/128 concurrent requests,
