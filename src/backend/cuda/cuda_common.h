@@ -26,9 +26,10 @@ void embed(half* out, const half* table, const int32_t* tokens, int n, int dim, 
 void add(half* x, const half* y, int64_t count, cudaStream_t s);
 void silu_mul(half* out, const half* gate, const half* up, int64_t count, cudaStream_t s);
 // out[t, r] = silu(g) * u for r < hidden from fused [n, fused_rows] GEMM output whose rows are
-// gate/up interleaved in blocks of kSwigluBlock (out_split.h).
+// gate/up interleaved in blocks of `block` rows (kSwigluBlock, or kTrellisSwigluBlock:
+// out_split.h).
 void swiglu_interleaved(half* out, const half* fused, int64_t n, int hidden, int fused_rows,
-                        cudaStream_t s);
+                        int block, cudaStream_t s);
 // Copies fused [n, rows] into the split outputs (GEMM paths without a split epilogue).
 void split_rows(const OutSplit& out, const half* fused, int64_t n, int rows, cudaStream_t s);
 void add_bias(half* x, const half* bias, int64_t rows, int64_t cols, cudaStream_t s);

@@ -87,6 +87,14 @@ bool fuse_one_layout(const std::vector<TensorView>& parts, int block, QWeightHos
   return false;
 }
 
+// Trellis-coded parts (one layout) interleave by whole tiles (kTrellisSwigluBlock).
+bool all_trellis(const std::vector<TensorView>& parts) {
+  for (const TensorView& p : parts)
+    if (p.dtype != DType::QPACKED || is_qmixed_view(p) || !qweight_of_view(p).desc.trellis)
+      return false;
+  return true;
+}
+
 bool any_rotated(const std::vector<TensorView>& parts) {
   for (const TensorView& p : parts) {
     if (p.dtype != DType::QPACKED) continue;
@@ -106,7 +114,9 @@ Tensor CudaBackend::upload_fused(const std::vector<TensorView>& parts, FusedKind
   if (any_quantized) {
     QWeightHost packed;
     QMixedHost mixed;
-    if (TensorView v; fuse_one_layout(parts, block, packed, mixed, v)) return upload_weight(v);
+    const int packed_block = block != 0 && all_trellis(parts) ? kTrellisSwigluBlock : block;
+    if (TensorView v; fuse_one_layout(parts, packed_block, packed, mixed, v))
+      return upload_weight(v);
     // The parts path runs each part's kernels without the input rotation (cuda_hadamard.cc), so
     // rotated parts of different layouts (a unit's layers share one setting: not from Gyre's
     // converter) take the FP16 fusion, whose dequantized rows are already unrotated.
@@ -254,12 +264,14 @@ void CudaBackend::matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_ga
   if (is_mixed_tensor(w_gate_up)) {  // the interleaved product, then one SwiGLU kernel
     half* fused = fused_scratch(static_cast<size_t>(n) * rows);
     mixed_matmul(qmixed_of(w_gate_up), xd, fused, n, nullptr);
-    swiglu_interleaved(o, fused, n, hidden, rows, stream_);
+    swiglu_interleaved(o, fused, n, hidden, rows, kSwigluBlock, stream_);
     return;
   }
+  const bool trellis = is_quantized_tensor(w_gate_up) && qweight_of(w_gate_up).desc.trellis;
   if (is_quantized_tensor(w_gate_up)) {
-    // Decode and serving batches: one pass over the weight with the SwiGLU epilogue.
-    if (qlinear_gemv_swiglu(qweight_of(w_gate_up), xd, o, n, hidden, stream_)) return;
+    // Decode and serving batches: one pass over the weight with the SwiGLU epilogue (not for
+    // trellis weights, whose 16-row interleave that epilogue does not pair).
+    if (!trellis && qlinear_gemv_swiglu(qweight_of(w_gate_up), xd, o, n, hidden, stream_)) return;
   } else if (n <= kGemvMaxRows &&
              gemv_swiglu(o, xd, dense_weight(w_gate_up), n, hidden, in, stream_)) {
     return;
@@ -276,7 +288,8 @@ void CudaBackend::matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_ga
     else
       gemm(fused, rows, xd, wd, n, rows, in);
   }
-  swiglu_interleaved(o, fused, n, hidden, rows, stream_);
+  swiglu_interleaved(o, fused, n, hidden, rows, trellis ? kTrellisSwigluBlock : kSwigluBlock,
+                     stream_);
 }
 
 // The decode fusions (Backend::fuses_norms): quantized weights whose decode GEMV stages x in

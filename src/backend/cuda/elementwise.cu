@@ -44,7 +44,7 @@ __global__ void silu_mul_kernel(half* out, const half* gate, const half* up, int
 }
 
 __global__ void swiglu_interleaved_kernel(half* out, const half* fused, int64_t n, int hidden,
-                                          int fused_rows) {
+                                          int fused_rows, int block) {
   pdl_begin();
   const int64_t total = n * hidden;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -52,8 +52,8 @@ __global__ void swiglu_interleaved_kernel(half* out, const half* fused, int64_t 
     const int64_t t = i / hidden;
     const int r = static_cast<int>(i % hidden);
     const half* row =
-        fused + t * fused_rows + 2 * kSwigluBlock * (r / kSwigluBlock) + r % kSwigluBlock;
-    out[i] = __float2half(silu_times(__half2float(row[0]), __half2float(row[kSwigluBlock])));
+        fused + t * fused_rows + 2 * block * (r / block) + r % block;
+    out[i] = __float2half(silu_times(__half2float(row[0]), __half2float(row[block])));
   }
 }
 
@@ -136,9 +136,9 @@ void silu_mul(half* out, const half* gate, const half* up, int64_t count, cudaSt
 }
 
 void swiglu_interleaved(half* out, const half* fused, int64_t n, int hidden, int fused_rows,
-                        cudaStream_t s) {
+                        int block, cudaStream_t s) {
   launch(swiglu_interleaved_kernel, blocks_for(n * hidden), kThreads, 0, s, out, fused, n, hidden,
-         fused_rows);
+         fused_rows, block);
   GYRE_CUDA_LAUNCHED();
 }
 

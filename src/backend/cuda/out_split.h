@@ -44,6 +44,9 @@ __device__ __forceinline__ void split_store(const OutSplit& s, int tok, int row,
 // gate row and its up row in the same thread (rows g and g + 8), and an 8-warp GEMV block all
 // pairs of its 8 hidden rows.
 constexpr int kSwigluBlock = 8;
+// Trellis-coded gate/up weights interleave in blocks of whole 16-row tiles (a tile is coded as
+// one sequence and cannot be split): their SwiGLU runs as its own kernel after the matmul.
+constexpr int kTrellisSwigluBlock = 16;
 
 #ifdef __CUDACC__
 __device__ __forceinline__ float silu_times(float gate, float up) {
