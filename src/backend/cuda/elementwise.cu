@@ -51,8 +51,7 @@ __global__ void swiglu_interleaved_kernel(half* out, const half* fused, int64_t 
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / hidden;
     const int r = static_cast<int>(i % hidden);
-    const half* row =
-        fused + t * fused_rows + 2 * block * (r / block) + r % block;
+    const half* row = fused + t * fused_rows + 2 * block * (r / block) + r % block;
     out[i] = __float2half(silu_times(__half2float(row[0]), __half2float(row[block])));
   }
 }
