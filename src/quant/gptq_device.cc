@@ -65,27 +65,32 @@ class CudaGptq final : public GptqDevice {
     const double den = engine_.set_weight(w, rows);
     const double num = engine_.run({device_setting(st, n_)}, true)[0];
     if (rel_error != nullptr) *rel_error = den > 0.0 ? num / den : 0.0;
-    const size_t count = static_cast<size_t>(rows) * n_;
-    const size_t groups = static_cast<size_t>(rows) * (n_ / st.group_size);
-    QuantizedWeight out;
-    out.setting = st;
-    out.rows = rows;
-    out.cols = n_;
-    out.dequant.resize(count);
-    std::vector<uint8_t> q(count);
-    std::vector<float> scales(groups), mins(groups);
+    QuantizedWeight out = shell(rows, st);
+    std::vector<uint8_t> q(out.dequant.size());
+    std::vector<float> scales(out.scales.size()), mins(out.scales.size());
     engine_.fetch(out.dequant.data(), q.data(), scales.data(), mins.data());
     out.q.assign(q.begin(), q.end());
-    out.scales.resize(groups);
-    for (size_t i = 0; i < groups; ++i) out.scales[i] = f32_to_f16(scales[i]);
-    if (!st.sym) {
-      out.mins.resize(groups);
-      for (size_t i = 0; i < groups; ++i) out.mins[i] = f32_to_f16(mins[i]);
-    }
+    to_f16(scales, out.scales);
+    if (!st.sym) to_f16(mins, out.mins);
     return out;
   }
 
  private:
+  // A result of `rows` rows with its dequant and (f16) scales sized, nothing filled.
+  QuantizedWeight shell(int rows, const QuantSetting& st) const {
+    QuantizedWeight out;
+    out.setting = st;
+    out.rows = rows;
+    out.cols = n_;
+    out.dequant.resize(static_cast<size_t>(rows) * n_);
+    out.scales.resize(static_cast<size_t>(rows) * (n_ / st.group_size));
+    return out;
+  }
+  static void to_f16(const std::vector<float>& v, std::vector<uint16_t>& out) {
+    out.resize(v.size());
+    for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_f16(v[i]);
+  }
+
   // tr(E H E^T) of the trellis LDLQ of the weight set last.
   double trellis_run(int rows, const QuantSetting& st) {
     GYRE_CHECK(st.sym && !st.mixed() && rows % 16 == 0 && n_ % 16 == 0,
@@ -98,18 +103,11 @@ class CudaGptq final : public GptqDevice {
     const double den = engine_.set_weight(w, rows);
     const double num = trellis_run(rows, st);
     if (rel_error != nullptr) *rel_error = den > 0.0 ? num / den : 0.0;
-    const size_t count = static_cast<size_t>(rows) * n_;
-    const size_t groups = static_cast<size_t>(rows) * (n_ / st.group_size);
-    QuantizedWeight out;
-    out.setting = st;
-    out.rows = rows;
-    out.cols = n_;
-    out.dequant.resize(count);
-    std::vector<float> scales(groups);
-    out.trellis.resize(count / 256 * static_cast<size_t>(trellis_tile_words(st.bits)));
+    QuantizedWeight out = shell(rows, st);
+    std::vector<float> scales(out.scales.size());
+    out.trellis.resize(out.dequant.size() / 256 * static_cast<size_t>(trellis_tile_words(st.bits)));
     engine_.fetch_trellis(out.dequant.data(), scales.data(), out.trellis.data());
-    out.scales.resize(groups);
-    for (size_t i = 0; i < groups; ++i) out.scales[i] = f32_to_f16(scales[i]);
+    to_f16(scales, out.scales);
     return out;
   }
 

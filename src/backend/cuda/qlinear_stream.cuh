@@ -32,6 +32,8 @@
 // partial sums meet in shared memory; the epilogue stores bias, split outputs, SwiGLU or adds into
 // y (reduce_store_gemv_tile). f16 scales only.
 #pragma once
+#include <string>
+
 #include "backend/cuda/hadamard_warp.cuh"
 #include "backend/cuda/qlinear_kernels.cuh"
 
@@ -399,6 +401,20 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
 // The device's SM count and opt-in shared memory per block (queried once; qlinear_gemv_stream.cu).
 void stream_device_limits(int& sms, int& smem_optin);
 
+// Lets `kernel` use the device's opt-in shared memory minus its static shared memory (the 48 KB
+// default counts static and dynamic together). Call once per kernel instantiation (a function
+// static at the call site); returns true for that purpose.
+template <typename Kernel>
+bool allow_optin_shared(Kernel kernel, int optin, const char* what) {
+  cudaFuncAttributes attr{};
+  check_cuda(cudaFuncGetAttributes(&attr, kernel),
+             (std::string("cudaFuncGetAttributes (") + what + ")").c_str());
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  optin - static_cast<int>(attr.sharedSizeBytes)),
+             (std::string("cudaFuncSetAttribute (") + what + ")").c_str());
+  return true;
+}
+
 // One launch of gemv_stream_kernel<BITS, S, D, ...> for p (n <= 8, stream_smem(p) within the
 // opt-in limit, kblocks a multiple of S). ksplit 0 = auto: the largest split-K that keeps
 // tiles x ksplit within warp_budget warps per SM on average (32 measured best at 4 bits on
@@ -419,17 +435,8 @@ void launch_stream_kernel(const Params& p, int ksplit, int warp_budget, cudaStre
   const int warps = ks > 8 ? ks : 8, tiles_per_block = warps / ks;
   const unsigned blocks = static_cast<unsigned>((q.tiles + tiles_per_block - 1) / tiles_per_block);
   auto kernel = gemv_stream_kernel<BITS, S, D, G32, ASYM>;
-  // Once per instantiation: allow the largest dynamic size next to the static reduction space
-  // (the 48 KB default counts static and dynamic shared memory together).
-  static bool raised = false;
-  if (!raised) {
-    cudaFuncAttributes attr{};
-    check_cuda(cudaFuncGetAttributes(&attr, kernel), "cudaFuncGetAttributes (gemv stream)");
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    optin - static_cast<int>(attr.sharedSizeBytes)),
-               "cudaFuncSetAttribute (gemv stream)");
-    raised = true;
-  }
+  static const bool raised = allow_optin_shared(kernel, optin, "gemv stream");
+  (void)raised;
   qlaunch(kernel, blocks, warps * 32, static_cast<size_t>(stream_smem(q)), stream, q, per);
 }
 

@@ -292,15 +292,8 @@ void launch_trellis_kernel(const Params& p, cudaStream_t stream) {
   const uint32_t magic =
       group_tiles == 1 ? 0u : static_cast<uint32_t>((uint64_t{1} << 32) / group_tiles + 1);
   auto kernel = trellis_gemv_kernel<K, D, WHOLE>;
-  static bool raised = false;
-  if (!raised) {
-    cudaFuncAttributes attr{};
-    check_cuda(cudaFuncGetAttributes(&attr, kernel), "cudaFuncGetAttributes (trellis gemv)");
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    optin - static_cast<int>(attr.sharedSizeBytes)),
-               "cudaFuncSetAttribute (trellis gemv)");
-    raised = true;
-  }
+  static const bool raised = allow_optin_shared(kernel, optin, "trellis gemv");
+  (void)raised;
   const size_t smem = static_cast<size_t>(q.n) * (q.kblocks * kPieceCols + kStreamXPad) * 2;
   qlaunch(kernel, blocks, warps * 32, smem, stream, q, per, group_tiles, magic);
 }
