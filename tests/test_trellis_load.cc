@@ -5,6 +5,7 @@
 // float64. Also: a whole model (stories260K's attention projections made trellis) against its
 // float twin, every malformed file's one-line refusal, and concat/interleave of trellis weights.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <bit>
 #include <cmath>
@@ -167,10 +168,13 @@ nlohmann::json quant_config(const std::vector<const Layer*>& layers, int version
 void load_layers(const nlohmann::json& config, std::vector<StTensor> tensors, WeightSet& raw,
                  WeightSet& out) {
   tensors.insert(tensors.begin(), StTensor{"pad", "F16", {1}, {0, 0}});
-  const std::string path = ::testing::TempDir() + "/gyre_trellis_load.safetensors";
+  // One file per process: ctest runs this file's tests in parallel processes.
+  const std::string path =
+      ::testing::TempDir() + "/gyre_trellis_load_" + std::to_string(::getpid()) + ".safetensors";
   quant::write_safetensors(path, tensors);
   safetensors_load(path, raw);
   gyre_quant_load(config, raw, out, "t");
+  std::filesystem::remove(path);  // the mapping stays valid after the unlink
 }
 
 // y[t][o] = sum_c w[o][c] x[t][c] in float64.
@@ -402,7 +406,8 @@ TEST(TrellisLoad, ConcatAndInterleaveKeepEveryRow) {
 // whose projections are F32 weights decoded by this file's reference (within 1e-4 relative).
 TEST(TrellisLoad, WholeModelMatchesItsDecodedFloatTwin) {
   const std::string src = std::string(GYRE_FIXTURES) + "/stories260K";
-  const std::string dir = ::testing::TempDir() + "/gyre_trellis_load_model";
+  const std::string dir =
+      ::testing::TempDir() + "/gyre_trellis_load_model_" + std::to_string(::getpid());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   for (const auto& e : std::filesystem::directory_iterator(src))
