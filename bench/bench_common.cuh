@@ -83,3 +83,24 @@ inline Weight make_weight(const gyre::QWeightDesc& d, uint32_t seed) {
   CK(cudaGetLastError());
   return out;
 }
+
+// Prints the device and measures its copy bandwidth (1 GiB device to device, bytes read +
+// written over time): the denominator of every bench's "% of copy".
+inline double print_device_and_copy_gbs() {
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20);
+  const size_t big = size_t(1) << 30;
+  void *s, *t;
+  CK(cudaMalloc(&s, big));
+  CK(cudaMalloc(&t, big));
+  CK(cudaMemset(s, 1, big));
+  const float copy_ms =
+      time_ms([&](int) { CK(cudaMemcpyAsync(t, s, big, cudaMemcpyDeviceToDevice)); }, 10);
+  const double copy_gbs = 2.0 * big / copy_ms / 1e6;
+  std::printf("copy bandwidth: %.0f GB/s\n", copy_gbs);
+  CK(cudaFree(s));
+  CK(cudaFree(t));
+  return copy_gbs;
+}

@@ -33,21 +33,7 @@ int main(int argc, char** argv) {
   // configuration only (for profilers).
   const bool sweep = argc < 2 || std::string_view(argv[1]) != "quick";
   const bool one = argc == 8 && std::string_view(argv[1]) == "one";
-  cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
-              prop.l2CacheSize >> 20);
-  const size_t big = size_t(1) << 30;
-  void *s, *t;
-  CK(cudaMalloc(&s, big));
-  CK(cudaMalloc(&t, big));
-  CK(cudaMemset(s, 1, big));
-  const float copy_ms =
-      time_ms([&](int) { CK(cudaMemcpyAsync(t, s, big, cudaMemcpyDeviceToDevice)); }, 10, 7);
-  const double copy_gbs = 2.0 * big / copy_ms / 1e6;
-  std::printf("copy bandwidth: %.0f GB/s\n", copy_gbs);
-  CK(cudaFree(s));
-  CK(cudaFree(t));
+  const double copy_gbs = print_device_and_copy_gbs();
 
   const int shapes[][2] = {{4096, 4096},  {6144, 4096}, {14336, 4096}, {4096, 14336},
                            {28672, 4096}, {1024, 4096}, {128256, 4096}};

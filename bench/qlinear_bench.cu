@@ -263,22 +263,7 @@ int main(int argc, char** argv) {
   const bool head_only = argc > 1 && std::string(argv[1]) == "head";
   const bool bstream_only = argc > 1 && std::string(argv[1]) == "bstream";
   const bool bstream_one = argc == 9 && std::string(argv[1]) == "bstream-one";
-  cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
-              prop.l2CacheSize >> 20);
-  // Copy bandwidth: bytes read + bytes written.
-  const size_t big = size_t(1) << 30;
-  void *s, *t;
-  CK(cudaMalloc(&s, big));
-  CK(cudaMalloc(&t, big));
-  CK(cudaMemset(s, 1, big));
-  const float copy_ms =
-      time_ms([&](int) { CK(cudaMemcpyAsync(t, s, big, cudaMemcpyDeviceToDevice)); }, 10);
-  const double copy_gbs = 2.0 * big / copy_ms / 1e6;
-  std::printf("copy bandwidth: %.0f GB/s\n", copy_gbs);
-  CK(cudaFree(s));
-  CK(cudaFree(t));
+  const double copy_gbs = print_device_and_copy_gbs();
 
   // Llama-3-8B: q/o, gate/up, down, k/v, lm_head; then fused QKV and gate+up.
   const int shapes[][2] = {{4096, 4096},   {14336, 4096}, {4096, 14336}, {1024, 4096},

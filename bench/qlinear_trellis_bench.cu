@@ -20,21 +20,7 @@ using namespace gyre;
 #include "bench_common.cuh"
 
 int main() {
-  cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
-              prop.l2CacheSize >> 20);
-  const size_t big = size_t(1) << 30;
-  void *s, *t;
-  CK(cudaMalloc(&s, big));
-  CK(cudaMalloc(&t, big));
-  CK(cudaMemset(s, 1, big));
-  const float copy_ms =
-      time_ms([&](int) { CK(cudaMemcpyAsync(t, s, big, cudaMemcpyDeviceToDevice)); }, 10);
-  const double copy_gbs = 2.0 * big / copy_ms / 1e6;  // bytes read + written
-  std::printf("copy bandwidth: %.0f GB/s\n", copy_gbs);
-  CK(cudaFree(s));
-  CK(cudaFree(t));
+  const double copy_gbs = print_device_and_copy_gbs();
 
   const int shapes[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {6144, 4096}, {28672, 4096}};
   __half *x, *y, *deq;
