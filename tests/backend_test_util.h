@@ -58,6 +58,19 @@ double rel_error(const std::vector<float>& got, const std::vector<T>& want) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
+// max |got - want| / max |want| (infinite on a NaN or an infinity in got, or a size mismatch).
+template <typename T>
+double max_rel_error(const std::vector<float>& got, const std::vector<T>& want) {
+  if (got.size() != want.size()) return INFINITY;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    num = std::max(num, std::fabs(static_cast<double>(got[i]) - static_cast<double>(want[i])));
+    den = std::max(den, std::fabs(static_cast<double>(want[i])));
+  }
+  return num / std::max(den, 1e-30);
+}
+
 // One activation on two backends (the CPU backend may keep the host data: the pair owns it).
 struct Pair {
   Tensor cpu, gpu;

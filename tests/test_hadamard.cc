@@ -151,15 +151,6 @@ struct RotatedLayer {
   }
 };
 
-double max_rel(const std::vector<float>& got, const std::vector<double>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num = std::max(num, std::fabs(got[i] - want[i]));
-    den = std::max(den, std::fabs(want[i]));
-  }
-  return num / den;
-}
-
 void check_layer(Backend& b, int bits, double tol) {
   for (int block : {32, 64, 128}) {
     const RotatedLayer l(bits, 64, block);
@@ -170,7 +161,7 @@ void check_layer(Backend& b, int bits, double tol) {
       const btest::Act xa = btest::upload(b, x, n, l.cols);
       Tensor y = b.alloc(n, l.rows);
       b.matmul(y, xa.t, wt, nullptr);
-      EXPECT_LT(max_rel(btest::host(b, y), l.reference(x, n)), tol)
+      EXPECT_LT(btest::max_rel_error(btest::host(b, y), l.reference(x, n)), tol)
           << b.name() << " bits " << bits << " block " << block << " n " << n;
     }
   }

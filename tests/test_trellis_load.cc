@@ -190,15 +190,6 @@ std::vector<double> matmul_ref(const std::vector<double>& w, const std::vector<f
   return y;
 }
 
-double max_rel(const std::vector<float>& got, const std::vector<double>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num = std::max(num, std::fabs(got[i] - want[i]));
-    den = std::max(den, std::fabs(want[i]));
-  }
-  return num / den;
-}
-
 TEST(TrellisLoad, LayersMatchFloat64ReferenceOnCpu) {
   auto backend = make_cpu_backend(2);
   struct Shape {
@@ -234,7 +225,9 @@ TEST(TrellisLoad, LayersMatchFloat64ReferenceOnCpu) {
         const btest::Act xa = btest::upload(*backend, x, n, l.cols);
         Tensor y = backend->alloc(n, l.rows);
         backend->matmul(y, xa.t, wt, nullptr);
-        EXPECT_LT(max_rel(btest::host(*backend, y), matmul_ref(w, x, n, l.rows, l.cols)), 1e-5)
+        EXPECT_LT(
+            btest::max_rel_error(btest::host(*backend, y), matmul_ref(w, x, n, l.rows, l.cols)),
+            1e-5)
             << "k " << k << " rows " << s.rows << " cols " << s.cols << " n " << n;
       }
     }
