@@ -170,7 +170,7 @@ TEST(Eval, KldAgainstAPerturbedModelEqualsANaiveComputation) {
       logits[i] += 0.7f * static_cast<float>(std::sin(0.37 * static_cast<double>(i % 977)));
   };
   const KldResult r = evaluate_kld(windows, vocab, ref, model);
-  std::vector<long double> kl;
+  std::vector<long double> kl, dnll;  // dnll: model NLL - reference NLL of the target
   int64_t agree = 0;
   std::vector<float> a, b;
   for (const auto& w : windows) {
@@ -193,6 +193,9 @@ TEST(Eval, KldAgainstAPerturbedModelEqualsANaiveComputation) {
         d += px * std::log(px / py);
       }
       kl.push_back(d);
+      const int target = w.tokens[p];
+      dnll.push_back(std::log(zy) - static_cast<long double>(y[target]) - std::log(zx) +
+                     static_cast<long double>(x[target]));
       agree += std::max_element(x, x + vocab) - x == std::max_element(y, y + vocab) - y;
     }
   }
@@ -213,11 +216,27 @@ TEST(Eval, KldAgainstAPerturbedModelEqualsANaiveComputation) {
   const size_t rank = static_cast<size_t>(std::ceil(0.9 * static_cast<double>(kl.size())));
   EXPECT_NEAR(r.percentile(90), static_cast<double>(kl[rank - 1]), 1e-9);
 
+  // The paired NLL difference: its mean is ln(ppl ratio); its standard error (tokens taken as
+  // independent) is the sample standard deviation over sqrt(N).
+  long double dm = 0, dss = 0;
+  for (long double v : dnll) dm += v;
+  dm /= dnll.size();
+  for (long double v : dnll) dss += (v - dm) * (v - dm);
+  const double dse = static_cast<double>(std::sqrt(dss / (dnll.size() - 1) / dnll.size()));
+  ASSERT_EQ(r.delta.count, static_cast<int64_t>(dnll.size()));
+  EXPECT_NEAR(r.delta.mean(), static_cast<double>(dm), 1e-9);
+  EXPECT_NEAR(r.delta.stderr_of_mean(), dse, 1e-6 * dse);
+  EXPECT_NEAR(r.ppl_ratio_bound(0), r.model.ppl() / r.ref.ppl(), 1e-9);
+  EXPECT_NEAR(r.ppl_ratio_bound(1.96), std::exp(static_cast<double>(dm) + 1.96 * dse), 1e-9);
+  EXPECT_LT(r.ppl_ratio_bound(-1.96), r.ppl_ratio_bound(1.96));
+
   // A model against itself: zero divergence, full agreement, equal perplexities.
   const KldResult same = evaluate_kld(windows, vocab, ref, ref);
   EXPECT_EQ(same.mean(), 0.0);
   EXPECT_EQ(same.top1_rate(), 1.0);
   EXPECT_EQ(same.ref.sum, same.model.sum);
+  EXPECT_EQ(same.delta.mean(), 0.0);
+  EXPECT_EQ(same.ppl_ratio_bound(1.96), 1.0);
 }
 
 }  // namespace

@@ -116,6 +116,9 @@ void run_kld(const EvalCliOptions& o) {
     j["model_ppl"] = nll_json(r.model);
     j["ref_ppl"] = nll_json(r.ref);
     j["ppl_ratio"] = r.model.ppl() / r.ref.ppl();
+    j["ln_ppl_ratio"] = r.delta.mean();
+    j["ln_ppl_ratio_stderr"] = r.delta.stderr_of_mean();
+    j["ppl_ratio_95"] = {r.ppl_ratio_bound(-1.96), r.ppl_ratio_bound(1.96)};
     std::printf("%s\n", j.dump().c_str());
     return;
   }
@@ -128,6 +131,10 @@ void run_kld(const EvalCliOptions& o) {
   std::printf("perplexity: model %.4f +/- %.4f, reference %.4f +/- %.4f (ratio %.5f)\n",
               r.model.ppl(), r.model.ppl_stderr(), r.ref.ppl(), r.ref.ppl_stderr(),
               r.model.ppl() / r.ref.ppl());
+  std::printf(
+      "paired: ln(ppl ratio) %.5f +/- %.5f per-token NLL difference, ratio 95%% interval "
+      "%.5f .. %.5f\n",
+      r.delta.mean(), r.delta.stderr_of_mean(), r.ppl_ratio_bound(-1.96), r.ppl_ratio_bound(1.96));
 }
 
 }  // namespace

@@ -69,11 +69,15 @@ double NllStats::ppl() const {
   return std::exp(mean());
 }
 
-double NllStats::ppl_stderr() const {
+double NllStats::stderr_of_mean() const {
   if (count < 2) return 0.0;
   const double m = mean();
   const double var = std::max(0.0, sum_sq / static_cast<double>(count) - m * m);
-  return ppl() * std::sqrt(var / static_cast<double>(count - 1));
+  return std::sqrt(var / static_cast<double>(count - 1));
+}
+
+double NllStats::ppl_stderr() const {
+  return ppl() * stderr_of_mean();
 }
 
 void log_softmax(const float* logits, int n, double* out) {
@@ -148,6 +152,10 @@ double KldResult::top1_rate() const {
   return kld.empty() ? 0.0 : static_cast<double>(top1_agree) / static_cast<double>(kld.size());
 }
 
+double KldResult::ppl_ratio_bound(double z) const {
+  return std::exp(delta.mean() + z * delta.stderr_of_mean());
+}
+
 KldResult evaluate_kld(const std::vector<EvalWindow>& windows, int vocab, const WindowLogits& ref,
                        const WindowLogits& model,
                        const std::function<void(int, int, const KldResult&)>& progress) {
@@ -173,6 +181,7 @@ KldResult evaluate_kld(const std::vector<EvalWindow>& windows, int vocab, const 
       r.kld.push_back(std::max(0.0, kl));  // rounding can make a zero divergence -1e-17
       r.ref.add(-pr[static_cast<size_t>(target)]);
       r.model.add(-pm[static_cast<size_t>(target)]);
+      r.delta.add(pr[static_cast<size_t>(target)] - pm[static_cast<size_t>(target)]);
       r.top1_agree += argmax(a, vocab) == argmax(b, vocab);
     }
     if (progress) progress(static_cast<int>(k + 1), static_cast<int>(windows.size()), r);

@@ -55,6 +55,7 @@ struct NllStats {
   void add(double nll);
   double mean() const;
   double ppl() const;
+  double stderr_of_mean() const;  // of the mean NLL, tokens taken as independent
   // Standard error of the PPL: ppl * stderr of the mean NLL (as llama.cpp reports it).
   double ppl_stderr() const;
 };
@@ -66,13 +67,19 @@ NllStats evaluate_perplexity(const std::vector<EvalWindow>& windows, int vocab,
                              const WindowLogits& model, const EvalProgress& progress = {});
 
 struct KldResult {
-  NllStats ref, model;      // perplexities of both over the same tokens
+  NllStats ref, model;  // perplexities of both over the same tokens
+  // Per token, model NLL - reference NLL: its mean is ln(model ppl / reference ppl), and its
+  // standard error is far smaller than either perplexity's, since both models find the same
+  // tokens hard (paired difference).
+  NllStats delta;
   std::vector<double> kld;  // KL(ref || model) of every scored position, in nats
   int64_t top1_agree = 0;   // positions where both argmaxes are equal
   double mean() const;
   double stderr_of_mean() const;
   double percentile(double p) const;  // p in [0, 100], nearest-rank on the sorted values
   double top1_rate() const;
+  // ppl ratio model / reference at exp(mean delta +- z stderr): z 1.96 gives a 95% interval.
+  double ppl_ratio_bound(double z) const;
 };
 
 KldResult evaluate_kld(const std::vector<EvalWindow>& windows, int vocab, const WindowLogits& ref,
