@@ -1,5 +1,6 @@
 #include "quant/convert_pass.h"
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -55,10 +56,11 @@ std::map<std::string, std::vector<float>> load_job_file(const std::string& path,
   return floats;
 }
 
-void log_layer(Progress& bar, const std::string& name, const QuantSetting& st, double err) {
+void log_layer(Progress& bar, const std::string& name, const QuantSetting& st, double err,
+               double seconds) {
   char buf[200];
-  std::snprintf(buf, sizeof(buf), "  %-40s %-12s rel. error %.6f", name.c_str(), st.str().c_str(),
-                err);
+  std::snprintf(buf, sizeof(buf), "  %-40s %-12s rel. error %.6f (%.2f s)", name.c_str(),
+                st.str().c_str(), err, seconds);
   bar.note(buf);
 }
 
@@ -178,8 +180,10 @@ void quantize_pass(const QuantContext& ctx, Plan& plan, const std::string& job, 
   auto quantize = [&](const std::string& name, const std::vector<float>& w) {
     const QuantSetting& st = plan.at(name);
     double err = 0;
+    const auto t0 = std::chrono::steady_clock::now();
     QuantizedWeight q = uq.quantize(w, st, &err);
-    log_layer(bar, name, st, err);
+    log_layer(bar, name, st, err,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     bar.step();
     return q;
   };

@@ -43,18 +43,34 @@ class CudaGptq final : public GptqDevice {
 
   std::vector<double> errors(const float* w, int rows,
                              const std::vector<QuantSetting>& settings) override {
-    // Scalar settings run stacked at once; trellis ones (a vector quantizer per 16 columns)
-    // one by one.
+    // Scalar settings run stacked at once, and so do trellis ones of one group (each of those
+    // a vector quantizer per 16 columns, its own LDLQ sweep stacked with the others').
     std::vector<cuda::Setting> ds;
     for (const QuantSetting& st : settings)
       if (!st.trellis) ds.push_back(device_setting(st, n_));
     const double den = engine_.set_weight(w, rows);
     const std::vector<double> scalar = ds.empty() ? std::vector<double>{} : engine_.run(ds, false);
-    std::vector<double> out;
+    std::vector<double> out(settings.size(), 0.0);
+    std::vector<bool> done(settings.size(), false);
     size_t next_scalar = 0;
-    for (const QuantSetting& st : settings) {
-      const double e = st.trellis ? trellis_run(rows, st) : scalar[next_scalar++];
-      out.push_back(den > 0.0 ? e / den : 0.0);
+    for (size_t i = 0; i < settings.size(); ++i) {
+      if (settings[i].trellis) {
+        if (done[i]) continue;
+        std::vector<int> ks;
+        std::vector<size_t> at;
+        for (size_t j = i; j < settings.size(); ++j)
+          if (settings[j].trellis && settings[j].group_size == settings[i].group_size) {
+            check_trellis(rows, settings[j]);
+            ks.push_back(settings[j].bits);
+            at.push_back(j);
+            done[j] = true;
+          }
+        const std::vector<double> e =
+            engine_.trellis_errors(ks, settings[i].group_size, kTrellisScaleFit);
+        for (size_t c = 0; c < at.size(); ++c) out[at[c]] = den > 0.0 ? e[c] / den : 0.0;
+      } else {
+        out[i] = den > 0.0 ? scalar[next_scalar++] / den : 0.0;
+      }
     }
     return out;
   }
@@ -91,10 +107,13 @@ class CudaGptq final : public GptqDevice {
     for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_f16(v[i]);
   }
 
-  // tr(E H E^T) of the trellis LDLQ of the weight set last.
-  double trellis_run(int rows, const QuantSetting& st) {
+  void check_trellis(int rows, const QuantSetting& st) const {
     GYRE_CHECK(st.sym && !st.mixed() && rows % 16 == 0 && n_ % 16 == 0,
                "quantize: a trellis setting is symmetric, of one width, on 16 x 16 tiles");
+  }
+  // tr(E H E^T) of the trellis LDLQ of the weight set last.
+  double trellis_run(int rows, const QuantSetting& st) {
+    check_trellis(rows, st);
     return engine_.trellis(st.bits, st.group_size, kTrellisScaleFit);
   }
 

@@ -1,5 +1,6 @@
 #include "quant/measure.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -205,6 +206,7 @@ void measure(const QuantContext& ctx, Measurement& m,
       runner.run(hidden, w, nullptr);
       continue;
     }
+    const auto t0 = std::chrono::steady_clock::now();
     // Measured on the unquantized model: each block sees the float outputs of those before it.
     runner.run(hidden, w,
                [&](Unit unit, const std::vector<float>& x, int64_t tokens, BlockWeights& bw) {
@@ -227,6 +229,10 @@ void measure(const QuantContext& ctx, Measurement& m,
                });
     m.blocks_done = b + 1;
     save(m);
+    char line[80];
+    std::snprintf(line, sizeof(line), "  block %d measured in %.2f s", b,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    bar.note(line);
   }
   bar.finish();
 }

@@ -51,7 +51,11 @@ class UnitQuantizer {
   // natural-order factor of H; rel_error (if not null) = relative_error against w.
   QuantizedWeight quantize_trellis(const std::vector<float>& w, const QuantSetting& st,
                                    double* rel_error);
-  double trellis_error(const std::vector<float>& w, const QuantSetting& st);
+  void check_trellis(int64_t rows, const QuantSetting& st) const;
+  // The rows of w a trellis measurement runs on: w itself, or kTrellisMeasureRows of them (into
+  // sub) spread over the weight.
+  const std::vector<float>& trellis_sample(const std::vector<float>& w,
+                                           std::vector<float>& sub) const;
   // Mixed settings (per-group widths) have no GPU GPTQ: on the GPU path the CPU quantizes them
   // from the device's Hessian, fetched once per input.
   void ensure_cpu_prep();

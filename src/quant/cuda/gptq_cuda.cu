@@ -4,7 +4,8 @@
 // update. Every candidate setting of a measurement runs at once: the candidates' copies of the
 // weight are stacked as extra rows (R = candidates x rows), so U is read once per block for all.
 // Engine::trellis runs the trellis LDLQ (trellis_ldlq.cu) on the same Hessian, factor and error
-// measurement, one setting at a time.
+// measurement; Engine::trellis_errors stacks the candidate K of a measurement like the scalar
+// settings.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -224,6 +225,10 @@ struct Engine::Impl {
   TrellisLdlqBuffers tbufs;
 
   void sync() { GYRE_CUDA_CHECK(cudaStreamSynchronize(s)); }
+  // The trellis LDLQ's factor and visiting order: natural, whatever set_input's order.
+  void natural_factor(const double*& u_out, const int*& order_out);
+  // The trellis LDLQ at K = ks[0..cands) of the weight (stacked), errors into out (host).
+  void trellis_batch(const int* ks, int cands, int group, double scale_fit, double* out);
   std::vector<double> run_batch(const std::vector<Setting>& settings, bool want_q);
   // out[c] = tr(E H E^T) of each candidate's E = W - dequant (column-major [cands * rows x n]);
   // w_scratch takes E. Asynchronous (out is host memory valid after sync()).
@@ -464,47 +469,77 @@ void Engine::Impl::output_errors(const float* dq, int cands, double* w, double* 
   GYRE_CUDA_CHECK(cudaMemcpyAsync(out, sm, sizeof(double) * cands, cudaMemcpyDeviceToHost, s));
 }
 
+void Engine::Impl::natural_factor(const double*& u_out, const int*& order_out) {
+  u_out = u.get<double>();
+  order_out = order_d.get<int>();
+  if (std::is_sorted(order.begin(), order.end())) return;
+  // act_order: factor H as it is
+  std::vector<int> iota(static_cast<size_t>(n));
+  std::iota(iota.begin(), iota.end(), 0);
+  upload(order_nat, iota.data(), iota.size(), s);
+  if (!u_nat_ready) {
+    GYRE_CHECK(
+        inverse_factor_device(blas, s, h.get<double>(), n, order_nat.get<int>(),
+                              hdiag_d.get<double>(), damp_used * diag_mean,
+                              u_nat.as<double>(static_cast<size_t>(n) * n), work1, work2, flag),
+        "gptq: the Hessian does not factor in the natural order");
+    u_nat_ready = true;
+  }
+  sync();  // iota must outlive its copy
+  u_out = u_nat.get<double>();
+  order_out = order_nat.get<int>();
+}
+
+void Engine::Impl::trellis_batch(const int* ks, int cands, int group, double scale_fit,
+                                 double* out) {
+  GYRE_CHECK(rows > 0, "internal: gptq device without weight");
+  const double* uf = nullptr;
+  const int* ord = nullptr;
+  natural_factor(uf, ord);
+  const int64_t big = rows * cands * n;
+  int64_t all_words = 0;
+  for (int c = 0; c < cands; ++c) all_words += rows * n / 256 * 8 * ks[c];
+  double* w = w_v.as<double>(static_cast<size_t>(big));
+  stack_visiting<<<blocks_for(big, 256), 256, 0, s>>>(w, w_f.get<float>(), rows, cands, n, ord,
+                                                      dead_d.get<uint8_t>());
+  GYRE_CUDA_LAUNCHED();
+  int* bad = flag.as<int>(1);
+  GYRE_CUDA_CHECK(cudaMemsetAsync(bad, 0, sizeof(int), s));
+  float* dq = dequant.as<float>(static_cast<size_t>(big));
+  trellis_ldlq_device(blas, s, w, rows, cands, ks, n, uf, group, scale_fit, dq,
+                      scale.as<float>(static_cast<size_t>(n / group) * rows * cands),
+                      words.as<uint32_t>(static_cast<size_t>(all_words)), bad, tbufs);
+  output_errors(dq, cands, w, out);
+  int bad_host = 0;
+  GYRE_CUDA_CHECK(cudaMemcpyAsync(&bad_host, bad, sizeof(int), cudaMemcpyDeviceToHost, s));
+  sync();
+  GYRE_CHECK(!bad_host, "trellis: a group's scale overflows f16");
+}
+
 double Engine::trellis(int k, int group, double scale_fit) {
   Impl& m = *impl_;
-  GYRE_CHECK(m.rows > 0, "internal: gptq device without weight");
-  const int n = m.n;
-  const double* u = m.u.get<double>();
-  const int* order = m.order_d.get<int>();
-  if (!std::is_sorted(m.order.begin(), m.order.end())) {  // act_order: factor H as it is
-    std::vector<int> iota(static_cast<size_t>(n));
-    std::iota(iota.begin(), iota.end(), 0);
-    upload(m.order_nat, iota.data(), iota.size(), m.s);
-    if (!m.u_nat_ready) {
-      GYRE_CHECK(inverse_factor_device(m.blas, m.s, m.h.get<double>(), n, m.order_nat.get<int>(),
-                                       m.hdiag_d.get<double>(), m.damp_used * m.diag_mean,
-                                       m.u_nat.as<double>(static_cast<size_t>(n) * n), m.work1,
-                                       m.work2, m.flag),
-                 "gptq: the Hessian does not factor in the natural order");
-      m.u_nat_ready = true;
-    }
-    m.sync();  // iota must outlive its copy
-    u = m.u_nat.get<double>();
-    order = m.order_nat.get<int>();
-  }
-  const int64_t big = m.rows * n;
-  double* w = m.w_v.as<double>(static_cast<size_t>(big));
-  stack_visiting<<<blocks_for(big, 256), 256, 0, m.s>>>(w, m.w_f.get<float>(), m.rows, 1, n, order,
-                                                        m.dead_d.get<uint8_t>());
-  GYRE_CUDA_LAUNCHED();
-  int* bad = m.flag.as<int>(1);
-  GYRE_CUDA_CHECK(cudaMemsetAsync(bad, 0, sizeof(int), m.s));
-  float* dq = m.dequant.as<float>(static_cast<size_t>(big));
-  trellis_ldlq_device(m.blas, m.s, w, m.rows, n, u, k, group, scale_fit, dq,
-                      m.scale.as<float>(static_cast<size_t>(n / group) * m.rows),
-                      m.words.as<uint32_t>(static_cast<size_t>(big / 256) * 8 * k), bad, m.tbufs);
   double out = 0.0;
-  m.output_errors(dq, 1, w, &out);
-  int bad_host = 0;
-  GYRE_CUDA_CHECK(cudaMemcpyAsync(&bad_host, bad, sizeof(int), cudaMemcpyDeviceToHost, m.s));
-  m.sync();
-  GYRE_CHECK(!bad_host, "trellis: a group's scale overflows f16");
+  m.trellis_k = 0;
+  m.trellis_batch(&k, 1, group, scale_fit, &out);
   m.last_group = group;
   m.trellis_k = k;
+  return out;
+}
+
+std::vector<double> Engine::trellis_errors(const std::vector<int>& ks, int group,
+                                           double scale_fit) {
+  Impl& m = *impl_;
+  GYRE_CHECK(m.rows > 0, "internal: gptq device without weight");
+  m.trellis_k = 0;  // the outputs are the stack's, not one setting's
+  // Bounded like run(): work weights, errors, dequantized values and the error products.
+  const double per_cand = static_cast<double>(m.rows) * m.n * 28.0;
+  const size_t batch =
+      std::max<size_t>(1, std::min({ks.size(), static_cast<size_t>(kMaxTrellisStack),
+                                    static_cast<size_t>(kBatchBytes / per_cand)}));
+  std::vector<double> out(ks.size());
+  for (size_t c0 = 0; c0 < ks.size(); c0 += batch)
+    m.trellis_batch(ks.data() + c0, static_cast<int>(std::min(batch, ks.size() - c0)), group,
+                    scale_fit, out.data() + c0);
   return out;
 }
 

@@ -41,6 +41,9 @@ class Engine {
   // tr(E H E^T). fetch_trellis then gives row-major [rows, n] dequantized values, [rows, n /
   // group] scales and the tiles' words ([rows / 16][n / 16][8K]).
   double trellis(int k, int group, double scale_fit);
+  // tr(E H E^T) of the trellis LDLQ at each K of ks (as trellis(), the results of separate
+  // calls), stacked in one sweep so that a small weight still fills the GPU; no outputs to fetch.
+  std::vector<double> trellis_errors(const std::vector<int>& ks, int group, double scale_fit);
   void fetch_trellis(float* dequant, float* scales, uint32_t* words);
 
  private:
