@@ -214,15 +214,18 @@ void measure(const QuantContext& ctx, Measurement& m,
                  const std::vector<QuantSetting> cands = unit_cands(unit, in);
                  if (cands.empty()) return;
                  uq.set_input(x, tokens, layer_tensor(b, unit_linears(unit)[0].c_str()));
-                 for (const std::string& s : unit_linears(unit)) {
-                   const std::vector<float>& wt = bw.t[s];
+                 // The unit's layers together: on the GPU their trellis candidates share
+                 // one stacked LDLQ sweep.
+                 std::vector<const std::vector<float>*> ws;
+                 for (const std::string& s : unit_linears(unit)) ws.push_back(&bw.t[s]);
+                 const std::vector<std::vector<double>> errs = uq.errors_many(ws, cands);
+                 for (size_t l = 0; l < ws.size(); ++l) {
                    LayerErrors le;
-                   le.name = layer_tensor(b, s.c_str());
+                   le.name = layer_tensor(b, unit_linears(unit)[l].c_str());
                    le.cols = in;
-                   le.rows = static_cast<int64_t>(wt.size()) / in;
-                   const std::vector<double> errs = uq.errors(wt, cands);
+                   le.rows = static_cast<int64_t>(ws[l]->size()) / in;
                    for (size_t i = 0; i < cands.size(); ++i)
-                     le.errors.emplace_back(cands[i], errs[i]);
+                     le.errors.emplace_back(cands[i], errs[l][i]);
                    bar.step(static_cast<int64_t>(cands.size()));
                    m.layers.push_back(std::move(le));
                  }

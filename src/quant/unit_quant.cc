@@ -250,4 +250,75 @@ QuantizedWeight UnitQuantizer::quantize(const std::vector<float>& w_in, const Qu
   return q;
 }
 
+std::vector<float> UnitQuantizer::quantization_target(const std::vector<float>& w_in) {
+  // (quantize() of one weight does the same without the copy of an unrotated, uncorrected w)
+  std::vector<float> rotated;
+  const std::vector<float>& w_rot = in_rotated_space(w_in, rotated);
+  if (!corrected_) return rot_.active() ? std::move(rotated) : w_rot;
+  const int rows = static_cast<int>(static_cast<int64_t>(w_rot.size()) / n_);
+  return on_gpu() ? ctx_.gpu->corrected_target(w_rot.data(), rows)
+                  : corrected_target(w_rot, n_, cross_, factor_, ctx_.threads);
+}
+
+std::vector<std::vector<double>> UnitQuantizer::errors_many(
+    const std::vector<const std::vector<float>*>& ws, const std::vector<QuantSetting>& settings) {
+  GYRE_CHECK(n_ > 0, "internal: unit without input");
+  bool stack = on_gpu() && ws.size() > 1 && !settings.empty();
+  for (const QuantSetting& st : settings)
+    stack = stack && st.trellis && st.group_size == settings[0].group_size;
+  // Each weight's sample (q's and k's are alike though the weights are not), rotated as
+  // errors() of one weight measures it.
+  std::vector<std::vector<float>> samples;
+  for (size_t i = 0; i < ws.size() && stack; ++i) {
+    GYRE_CHECK(ws[i]->size() % static_cast<size_t>(n_) == 0, "internal: weight width mismatch");
+    std::vector<float> sub, sub_rotated;
+    const std::vector<float>& s = in_rotated_space(trellis_sample(*ws[i], sub), sub_rotated);
+    samples.push_back(s);
+    stack = s.size() == samples[0].size();
+  }
+  std::vector<std::vector<double>> out;
+  if (!stack) {
+    for (const std::vector<float>* w : ws) out.push_back(errors(*w, settings));
+    return out;
+  }
+  ScopedSeconds timer(ctx_.timings ? &ctx_.timings->gptq : nullptr);
+  std::vector<const float*> ptrs;
+  for (const std::vector<float>& s : samples) ptrs.push_back(s.data());
+  const int64_t rows = static_cast<int64_t>(samples[0].size()) / n_;
+  for (const QuantSetting& st : settings) check_trellis(rows, st);
+  return ctx_.gpu->trellis_errors(ptrs, static_cast<int>(rows), settings);
+}
+
+std::vector<QuantizedWeight> UnitQuantizer::quantize_many(
+    const std::vector<const std::vector<float>*>& ws, const std::vector<QuantSetting>& settings,
+    std::vector<double>& rel_errors) {
+  GYRE_CHECK(ws.size() == settings.size(), "internal: weights and settings differ in number");
+  bool stack = on_gpu() && ws.size() > 1;
+  for (size_t i = 0; i < ws.size(); ++i)
+    stack = stack && settings[i].trellis && settings[i].group_size == settings[0].group_size &&
+            ws[i]->size() == ws[0]->size();
+  std::vector<QuantizedWeight> out;
+  rel_errors.assign(ws.size(), 0.0);
+  if (!stack) {
+    for (size_t i = 0; i < ws.size(); ++i)
+      out.push_back(quantize(*ws[i], settings[i], &rel_errors[i]));
+    return out;
+  }
+  GYRE_CHECK(n_ > 0 && ws[0]->size() % static_cast<size_t>(n_) == 0,
+             "internal: weight width mismatch");
+  ScopedSeconds timer(ctx_.timings ? &ctx_.timings->gptq : nullptr);
+  std::vector<std::vector<float>> targets;
+  std::vector<const float*> ptrs;
+  for (const std::vector<float>* w : ws) targets.push_back(quantization_target(*w));
+  for (const std::vector<float>& t : targets) ptrs.push_back(t.data());
+  const int64_t rows = static_cast<int64_t>(targets[0].size()) / n_;
+  for (const QuantSetting& st : settings) check_trellis(rows, st);
+  out = ctx_.gpu->quantize_trellis(ptrs, static_cast<int>(rows), settings, &rel_errors);
+  for (QuantizedWeight& q : out) {  // as quantize(): the layer's floats are unrotated
+    q.had = rot_;
+    rotate_rows(q.dequant.data(), rows, n_, rot_, ctx_.threads, true);
+  }
+  return out;
+}
+
 }  // namespace gyre::quant

@@ -162,11 +162,20 @@ void trellis_ldlq_device(cublasHandle_t blas, cudaStream_t s, double* w, int64_t
     block_words += tiles * 8 * ks[c];
     all_words += tiles * (n / kTile) * 8 * ks[c];
   }
+  // Runs of consecutive candidates with one K: [run_first[i], run_first[i + 1]).
+  int run_first[kMaxTrellisRuns + 1], runs = 0;
+  for (int c = 0; c < cands; ++c)
+    if (c == 0 || ks[c] != ks[c - 1]) {
+      GYRE_CHECK(runs < kMaxTrellisRuns, "trellis: more than ", kMaxTrellisRuns,
+                 " runs of one K in a stack");
+      run_first[runs++] = c;
+    }
+  run_first[runs] = cands;
   float* t = bufs.target.as<float>(static_cast<size_t>(elems));
   float* sc = bufs.tile_scale.as<float>(static_cast<size_t>(elems));
   uint32_t* bw = bufs.tile_words.as<uint32_t>(static_cast<size_t>(block_words));
   a.block_words = bw;
-  if (cands > 1) ensure_side_streams(bufs, cands);
+  if (runs > 1) ensure_side_streams(bufs, runs);
   const double minus_one = -1.0, one = 1.0;
   for (int i1 = 0; i1 < n; i1 += kLazyBlock) {
     const int i2 = std::min(n, i1 + kLazyBlock);
@@ -181,17 +190,20 @@ void trellis_ldlq_device(cublasHandle_t blas, cudaStream_t s, double* w, int64_t
       }
       tile_targets<<<blocks(elems), kThreads, 0, s>>>(w, big_r, j, group, scale, t, sc);
       GYRE_CUDA_LAUNCHED();
-      if (cands == 1) {
-        trellis_encode_tiles_device(t, sc, tiles, ks[0], bw, nullptr, &bufs.workspace[0], s);
+      if (runs == 1) {
+        trellis_encode_tiles_device(t, sc, tiles * cands, ks[0], bw, nullptr, &bufs.workspace[0],
+                                    s);
       } else {
         GYRE_CUDA_CHECK(cudaEventRecord(bufs.fork, s));
-        for (int c = 0; c < cands; ++c) {
-          GYRE_CUDA_CHECK(cudaStreamWaitEvent(bufs.side[c], bufs.fork, 0));
+        for (int i = 0; i < runs; ++i) {
+          const int c = run_first[i];
+          GYRE_CUDA_CHECK(cudaStreamWaitEvent(bufs.side[i], bufs.fork, 0));
           const int64_t at = c * tiles * kTrellisTileElems;
-          trellis_encode_tiles_device(t + at, sc + at, tiles, ks[c], bw + a.block_off[c], nullptr,
-                                      &bufs.workspace[c], bufs.side[c]);
-          GYRE_CUDA_CHECK(cudaEventRecord(bufs.join[c], bufs.side[c]));
-          GYRE_CUDA_CHECK(cudaStreamWaitEvent(s, bufs.join[c], 0));
+          trellis_encode_tiles_device(t + at, sc + at, tiles * (run_first[i + 1] - c), ks[c],
+                                      bw + a.block_off[c], nullptr, &bufs.workspace[i],
+                                      bufs.side[i]);
+          GYRE_CUDA_CHECK(cudaEventRecord(bufs.join[i], bufs.side[i]));
+          GYRE_CUDA_CHECK(cudaStreamWaitEvent(s, bufs.join[i], 0));
         }
       }
       block_solve<<<blocks(big_r), kThreads, 0, s>>>(a);
