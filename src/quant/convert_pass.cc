@@ -260,7 +260,11 @@ void quantize_pass(const QuantContext& ctx, Plan& plan, const std::string& job, 
             }
           }
         });
+    const auto t_write = std::chrono::steady_clock::now();
     write_safetensors(path, tensors);
+    if (ctx.timings != nullptr)
+      ctx.timings->write +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t_write).count();
   }
   const std::string head_path = job + "/head.safetensors";
   if (plan.count(kHead) && !file_exists(head_path)) {

@@ -127,7 +127,26 @@ Measurement Measurement::from_json(const nlohmann::json& j, const std::string& w
   }
 }
 
+std::string timing_breakdown(const QuantTimings& t) {
+  char buf[200];
+  std::snprintf(buf, sizeof(buf),
+                "host rotations %.1f s, target correction setup %.1f s, block weights %.1f s, "
+                "writing %.1f s",
+                t.rotate, t.target, t.weights, t.write);
+  return buf;
+}
+
 BlockWeights block_of(const QuantContext& ctx, int layer) {
+  const auto t0 = std::chrono::steady_clock::now();
+  struct Add {  // the block's seconds into ctx.timings->weights, however it returns
+    const QuantContext& ctx;
+    std::chrono::steady_clock::time_point t0;
+    ~Add() {
+      if (ctx.timings != nullptr)
+        ctx.timings->weights +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+  } add{ctx, t0};
   if (ctx.blocks) return ctx.blocks(layer);
   return block_weights_from(ctx.model->weights, ctx.model->config, layer);
 }

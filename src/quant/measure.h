@@ -54,7 +54,14 @@ class GptqDevice;  // gptq_device.h
 struct QuantTimings {
   double hessian = 0;  // Hessians and GPTQ factors
   double gptq = 0;     // GPTQ runs and their error measurement
+  // Parts of the phase's time, for finding where it goes: host Hadamard rotations of inputs,
+  // weights and results (inside hessian and gptq), the target correction's setup (inside
+  // hessian), getting each block's float weights, writing the job's files.
+  double rotate = 0, target = 0, weights = 0, write = 0;
 };
+
+// "rotations R s, target correction setup T s, ..." of a phase's timings (for its log line).
+std::string timing_breakdown(const QuantTimings& t);
 
 struct QuantContext {
   const LoadedModel* model = nullptr;

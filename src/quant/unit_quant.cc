@@ -73,6 +73,7 @@ void UnitQuantizer::set_input(const std::vector<float>& x_in, int64_t tokens,
     prep_ready_ = true;
   }
   if (refine_ && ctx_.target_correction && x_fp_in != nullptr) {
+    ScopedSeconds target_timer(ctx_.timings ? &ctx_.timings->target : nullptr);
     GYRE_CHECK(x_fp_in->size() == x_in.size(), "internal: original unit input size mismatch");
     // In float64 on either path: on the host it costs tokens * n^2 per unit, the dominant cost
     // at 8B widths, so the GPU path keeps C and the factor on the device. A rotated unit's
@@ -156,6 +157,7 @@ const std::vector<float>& UnitQuantizer::in_rotated_space(const std::vector<floa
                                                           std::vector<float>& rotated) const {
   if (!rot_.active()) return m;
   rotated = m;
+  ScopedSeconds timer(ctx_.timings ? &ctx_.timings->rotate : nullptr);
   rotate_rows(rotated.data(), static_cast<int64_t>(m.size()) / n_, n_, rot_, ctx_.threads, false);
   return rotated;
 }
@@ -245,6 +247,7 @@ QuantizedWeight UnitQuantizer::quantize(const std::vector<float>& w_in, const Qu
   }
   if (rot_.active()) {  // the error is invariant under R; the layer's floats are unrotated
     q.had = rot_;
+    ScopedSeconds timer(ctx_.timings ? &ctx_.timings->rotate : nullptr);
     rotate_rows(q.dequant.data(), rows, n_, rot_, ctx_.threads, true);
   }
   return q;
@@ -314,6 +317,7 @@ std::vector<QuantizedWeight> UnitQuantizer::quantize_many(
   const int64_t rows = static_cast<int64_t>(targets[0].size()) / n_;
   for (const QuantSetting& st : settings) check_trellis(rows, st);
   out = ctx_.gpu->quantize_trellis(ptrs, static_cast<int>(rows), settings, &rel_errors);
+  ScopedSeconds rotating(ctx_.timings ? &ctx_.timings->rotate : nullptr);
   for (QuantizedWeight& q : out) {  // as quantize(): the layer's floats are unrotated
     q.had = rot_;
     rotate_rows(q.dequant.data(), rows, n_, rot_, ctx_.threads, true);
