@@ -192,8 +192,9 @@ void quantize_pass(const QuantContext& ctx, Plan& plan, const std::string& job, 
   const bool tc = ctx.target_correction && !ctx.rtn;
   std::vector<float> hidden_fp;
   if (tc) hidden_fp = hidden;
+  BlockPrefetch blocks(ctx, 0, c.n_layers);
   for (int b = 0; b < c.n_layers; ++b) {
-    BlockWeights w = block_of(ctx, b);
+    BlockWeights w = blocks.next();
     const std::string path = job + "/block_" + std::to_string(b) + ".safetensors";
     std::map<Unit, std::vector<float>> fp_inputs;
     if (tc)  // before the quantization below replaces w's floats; the hook leaves w as it is

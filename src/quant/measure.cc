@@ -137,16 +137,6 @@ std::string timing_breakdown(const QuantTimings& t) {
 }
 
 BlockWeights block_of(const QuantContext& ctx, int layer) {
-  const auto t0 = std::chrono::steady_clock::now();
-  struct Add {  // the block's seconds into ctx.timings->weights, however it returns
-    const QuantContext& ctx;
-    std::chrono::steady_clock::time_point t0;
-    ~Add() {
-      if (ctx.timings != nullptr)
-        ctx.timings->weights +=
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    }
-  } add{ctx, t0};
   if (ctx.blocks) return ctx.blocks(layer);
   return block_weights_from(ctx.model->weights, ctx.model->config, layer);
 }
@@ -162,6 +152,28 @@ int64_t linear_rows(const ModelConfig& c, const std::string& suffix) {
   if (suffix == "self_attn.k_proj" || suffix == "self_attn.v_proj") return c.kv_dim();
   if (suffix == "mlp.gate_proj" || suffix == "mlp.up_proj") return c.hidden_dim;
   return c.dim;
+}
+
+BlockPrefetch::BlockPrefetch(const QuantContext& ctx, int first, int end)
+    : ctx_(ctx), at_(first), end_(end) {
+  if (at_ < end_)
+    pending_ = std::async(std::launch::async, [this, b = at_] { return block_of(ctx_, b); });
+}
+
+BlockWeights BlockPrefetch::next() {
+  GYRE_CHECK(at_ < end_, "internal: no block left to prefetch");
+  const auto t0 = std::chrono::steady_clock::now();
+  BlockWeights w = pending_.get();
+  if (ctx_.timings != nullptr)
+    ctx_.timings->weights +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (++at_ < end_)
+    pending_ = std::async(std::launch::async, [this, b = at_] { return block_of(ctx_, b); });
+  return w;
+}
+
+BlockPrefetch::~BlockPrefetch() {
+  if (pending_.valid()) pending_.wait();  // (an exception left it running: let it finish)
 }
 
 std::vector<float> embed_rows(const QuantContext& ctx) {
@@ -219,8 +231,9 @@ void measure(const QuantContext& ctx, Measurement& m,
   BlockRunner runner(*ctx.backend, c, rows, length);
   std::vector<float> hidden = embed_rows(ctx);
   UnitQuantizer uq(ctx);
+  BlockPrefetch blocks(ctx, 0, c.n_layers);
   for (int b = 0; b < c.n_layers; ++b) {
-    BlockWeights w = block_of(ctx, b);
+    BlockWeights w = blocks.next();
     if (b < m.blocks_done) {  // measured before an interruption: only move the states along
       runner.run(hidden, w, nullptr);
       continue;
