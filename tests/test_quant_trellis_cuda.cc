@@ -320,6 +320,84 @@ TEST(QuantTrellisCuda, UnitQuantizerOnTheGpuMatchesTheCpu) {
   std::printf("UnitQuantizer trellis 3b: relative error GPU %.6f, CPU %.6f\n", err_gpu, err_cpu);
 }
 
+// The measurement's stacked sweep (every candidate K of a weight in one LDLQ, GptqDevice::errors)
+// gives the errors of separate runs, on awkward sizes (3 tile rows, 3 lazy blocks with a short
+// last one, a dead input column), more settings than one stack holds (repeats must agree), and
+// at K = 2 and 8 the CPU's gptq_quantize_trellis to its usual tolerance.
+TEST(QuantTrellisCuda, StackedCandidatesMatchSeparateRuns) {
+  SKIP_WITHOUT_GPU();
+  constexpr int kTokens = 350, kRows = 48, kCols = 320;
+  const std::vector<float> x = correlated_input(kTokens, kCols, 21);
+  std::vector<float> w(size_t(kRows) * kCols);
+  std::mt19937 rng(22);
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  for (float& v : w) v = nd(rng);
+  const std::vector<double> h = hessian_of(x, kTokens, kCols, 2);
+  const GptqPrep prep = gptq_prepare(h, kCols, 0.01, false);
+  auto gpu = make_gptq_device("cuda");
+  std::vector<QuantSetting> settings;
+  for (int k : {2, 3, 4, 5, 6, 8, 4, 2, 8}) {
+    QuantSetting st;
+    st.bits = k;
+    st.group_size = 64;
+    st.trellis = true;
+    settings.push_back(st);
+  }
+  settings.insert(settings.begin() + 3, QuantSetting{4, 64, true});  // a scalar one between
+  for (bool act_order : {false, true}) {
+    gpu->set_input(x.data(), kTokens, kCols, 0.01, act_order, false);
+    const std::vector<double> stacked = gpu->errors(w.data(), kRows, settings);
+    ASSERT_EQ(stacked.size(), settings.size());
+    EXPECT_NEAR(stacked[3], gpu->errors(w.data(), kRows, {settings[3]})[0], 1e-9 * stacked[3]);
+    for (size_t i = 0; i < settings.size(); ++i) {
+      const QuantSetting& st = settings[i];
+      if (!st.trellis) continue;
+      double alone = 0.0;
+      gpu->quantize(w.data(), kRows, st, &alone);
+      EXPECT_NEAR(stacked[i], alone, 1e-6 * alone) << "K=" << st.bits << " at " << i;
+      std::printf("stacked K=%d act_order=%d: relative error %.6f, alone %.6f\n", st.bits,
+                  int(act_order), stacked[i], alone);
+      if (act_order || i > 6 || (st.bits != 2 && st.bits != 8)) continue;
+      const QuantizedWeight cpu = gptq_quantize_trellis(w.data(), kRows, kCols, prep, st, 2);
+      const double cpu_err = relative_error(w.data(), cpu, h, 2);
+      EXPECT_NEAR(stacked[i], cpu_err, 0.02 * cpu_err) << "K=" << st.bits;
+    }
+  }
+}
+
+// The measurement's path: a weight taller than kTrellisMeasureRows is measured on its sample,
+// K = 2, 3, 4 stacked on the GPU, with the CPU UnitQuantizer's errors (the LDLQ's tolerance).
+TEST(QuantTrellisCuda, UnitQuantizerMeasuresTheSampleStacked) {
+  SKIP_WITHOUT_GPU();
+  constexpr int kTokens = 300, kRows = kTrellisMeasureRows + 48, kCols = 64;
+  QuantContext cpu_ctx;
+  cpu_ctx.hadamard = true;
+  cpu_ctx.threads = 2;
+  QuantContext gpu_ctx = cpu_ctx;
+  auto gpu = make_gptq_device("cuda");
+  gpu_ctx.gpu = gpu.get();
+  const std::vector<float> x = correlated_input(kTokens, kCols, 31);
+  std::vector<float> w(size_t(kRows) * kCols);
+  std::mt19937 rng(32);
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  for (float& v : w) v = nd(rng);
+  UnitQuantizer on_cpu(cpu_ctx), on_gpu(gpu_ctx);
+  on_cpu.set_input(x, kTokens, "model.layers.0.self_attn.q_proj");
+  on_gpu.set_input(x, kTokens, "model.layers.0.self_attn.q_proj");
+  std::vector<QuantSetting> cands = trellis_candidates(kCols);
+  cands.resize(3);
+  ASSERT_EQ(cands[2].bits, 4);
+  const std::vector<double> a = on_cpu.errors(w, cands), b = on_gpu.errors(w, cands);
+  ASSERT_EQ(a.size(), cands.size());
+  ASSERT_EQ(b.size(), cands.size());
+  for (size_t i = 0; i < cands.size(); ++i) {
+    EXPECT_NEAR(b[i], a[i], 0.02 * a[i]) << cands[i].str();
+    if (i > 0) {
+      EXPECT_LT(b[i], b[i - 1]) << "more bits, less error";
+    }
+  }
+}
+
 // An 8B-shaped layer (4096 x 4096, 65536 tiles) at K = 4: the LDLQ's time, and its error against
 // scalar GPTQ at 4 bits on the same weight and Hessian (trellis must be well below it).
 TEST(QuantTrellisCuda, LdlqOnAnEightBShapedLayer) {

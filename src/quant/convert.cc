@@ -308,8 +308,9 @@ void convert_model(const ConvertOptions& o_in) {
   auto phase_done = [&](const char* what) {
     const double s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - phase_start).count();
-    std::fprintf(stderr, "convert: %s took %.1f s (Hessians+factors %.1f s, GPTQ+errors %.1f s)\n",
-                 what, s, timings.hessian, timings.gptq);
+    std::fprintf(stderr,
+                 "convert: %s took %.1f s (Hessians+factors %.1f s, GPTQ+errors %.1f s; %s)\n",
+                 what, s, timings.hessian, timings.gptq, timing_breakdown(timings).c_str());
     timings = QuantTimings{};
     phase_start = std::chrono::steady_clock::now();
   };

@@ -1,5 +1,6 @@
 #include "quant/convert_pass.h"
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -55,10 +56,11 @@ std::map<std::string, std::vector<float>> load_job_file(const std::string& path,
   return floats;
 }
 
-void log_layer(Progress& bar, const std::string& name, const QuantSetting& st, double err) {
+void log_layer(Progress& bar, const std::string& name, const QuantSetting& st, double err,
+               double seconds) {
   char buf[200];
-  std::snprintf(buf, sizeof(buf), "  %-40s %-12s rel. error %.6f", name.c_str(), st.str().c_str(),
-                err);
+  std::snprintf(buf, sizeof(buf), "  %-40s %-12s rel. error %.6f (%.2f s)", name.c_str(),
+                st.str().c_str(), err, seconds);
   bar.note(buf);
 }
 
@@ -178,8 +180,10 @@ void quantize_pass(const QuantContext& ctx, Plan& plan, const std::string& job, 
   auto quantize = [&](const std::string& name, const std::vector<float>& w) {
     const QuantSetting& st = plan.at(name);
     double err = 0;
+    const auto t0 = std::chrono::steady_clock::now();
     QuantizedWeight q = uq.quantize(w, st, &err);
-    log_layer(bar, name, st, err);
+    log_layer(bar, name, st, err,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     bar.step();
     return q;
   };
@@ -188,8 +192,9 @@ void quantize_pass(const QuantContext& ctx, Plan& plan, const std::string& job, 
   const bool tc = ctx.target_correction && !ctx.rtn;
   std::vector<float> hidden_fp;
   if (tc) hidden_fp = hidden;
+  BlockPrefetch blocks(ctx, 0, c.n_layers);
   for (int b = 0; b < c.n_layers; ++b) {
-    BlockWeights w = block_of(ctx, b);
+    BlockWeights w = blocks.next();
     const std::string path = job + "/block_" + std::to_string(b) + ".safetensors";
     std::map<Unit, std::vector<float>> fp_inputs;
     if (tc)  // before the quantization below replaces w's floats; the hook leaves w as it is
@@ -213,14 +218,54 @@ void quantize_pass(const QuantContext& ctx, Plan& plan, const std::string& job, 
           if (names.empty()) return;
           uq.set_input(x, tokens, layer_tensor(b, unit_linears(unit)[0].c_str()),
                        tc ? &fp_inputs.at(unit) : nullptr);
-          for (const std::string& s : names) {
-            const std::string name = layer_tensor(b, s.c_str());
-            QuantizedWeight q = quantize(name, bw.t[s]);
-            for (StTensor& t : pack_tensors(q, name)) tensors.push_back(std::move(t));
-            bw.t[s] = std::move(q.dequant);  // later units and blocks see the quantized layer
+          // Trellis layers of one shape (k and v, gate and up) are quantized together: on the
+          // GPU one stacked LDLQ sweep for both (each alone fills a fraction of the GPU).
+          std::vector<bool> done(names.size(), false);
+          for (size_t i = 0; i < names.size(); ++i) {
+            if (done[i]) continue;
+            std::vector<size_t> group{i};
+            const QuantSetting& st = plan.at(layer_tensor(b, names[i].c_str()));
+            for (size_t j = i + 1; j < names.size() && st.trellis; ++j) {
+              const QuantSetting& sj = plan.at(layer_tensor(b, names[j].c_str()));
+              if (!done[j] && sj.trellis && sj.group_size == st.group_size &&
+                  bw.t[names[j]].size() == bw.t[names[i]].size())
+                group.push_back(j);
+            }
+            std::vector<QuantizedWeight> qs;
+            if (group.size() == 1) {
+              qs.push_back(quantize(layer_tensor(b, names[i].c_str()), bw.t[names[i]]));
+            } else {
+              std::vector<const std::vector<float>*> ws;
+              std::vector<QuantSetting> sts;
+              for (size_t g : group) {
+                ws.push_back(&bw.t[names[g]]);
+                sts.push_back(plan.at(layer_tensor(b, names[g].c_str())));
+              }
+              std::vector<double> errs;
+              const auto t0 = std::chrono::steady_clock::now();
+              qs = uq.quantize_many(ws, sts, errs);
+              const double sec =
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+              for (size_t g = 0; g < group.size(); ++g) {
+                log_layer(bar, layer_tensor(b, names[group[g]].c_str()), sts[g], errs[g],
+                          sec / static_cast<double>(group.size()));
+                bar.step();
+              }
+            }
+            for (size_t g = 0; g < group.size(); ++g) {
+              const std::string& s = names[group[g]];
+              const std::string name = layer_tensor(b, s.c_str());
+              done[group[g]] = true;
+              for (StTensor& t : pack_tensors(qs[g], name)) tensors.push_back(std::move(t));
+              bw.t[s] = std::move(qs[g].dequant);  // later units and blocks see the quantized layer
+            }
           }
         });
+    const auto t_write = std::chrono::steady_clock::now();
     write_safetensors(path, tensors);
+    if (ctx.timings != nullptr)
+      ctx.timings->write +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t_write).count();
   }
   const std::string head_path = job + "/head.safetensors";
   if (plan.count(kHead) && !file_exists(head_path)) {

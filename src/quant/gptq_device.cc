@@ -43,25 +43,96 @@ class CudaGptq final : public GptqDevice {
 
   std::vector<double> errors(const float* w, int rows,
                              const std::vector<QuantSetting>& settings) override {
-    // Scalar settings run stacked at once; trellis ones (a vector quantizer per 16 columns)
-    // one by one.
+    // Scalar settings run stacked at once, and so do trellis ones of one group (each of those
+    // a vector quantizer per 16 columns, its own LDLQ sweep stacked with the others').
     std::vector<cuda::Setting> ds;
     for (const QuantSetting& st : settings)
       if (!st.trellis) ds.push_back(device_setting(st, n_));
     const double den = engine_.set_weight(w, rows);
     const std::vector<double> scalar = ds.empty() ? std::vector<double>{} : engine_.run(ds, false);
-    std::vector<double> out;
+    std::vector<double> out(settings.size(), 0.0);
+    std::vector<bool> done(settings.size(), false);
     size_t next_scalar = 0;
-    for (const QuantSetting& st : settings) {
-      const double e = st.trellis ? trellis_run(rows, st) : scalar[next_scalar++];
-      out.push_back(den > 0.0 ? e / den : 0.0);
+    for (size_t i = 0; i < settings.size(); ++i) {
+      if (settings[i].trellis) {
+        if (done[i]) continue;
+        std::vector<int> ks;
+        std::vector<size_t> at;
+        for (size_t j = i; j < settings.size(); ++j)
+          if (settings[j].trellis && settings[j].group_size == settings[i].group_size) {
+            check_trellis(rows, settings[j]);
+            ks.push_back(settings[j].bits);
+            at.push_back(j);
+            done[j] = true;
+          }
+        const std::vector<double> e =
+            engine_.trellis_errors(ks, settings[i].group_size, kTrellisScaleFit);
+        for (size_t c = 0; c < at.size(); ++c) out[at[c]] = den > 0.0 ? e[c] / den : 0.0;
+      } else {
+        out[i] = den > 0.0 ? scalar[next_scalar++] / den : 0.0;
+      }
+    }
+    return out;
+  }
+
+  std::vector<std::vector<double>> trellis_errors(
+      const std::vector<const float*>& ws, int rows,
+      const std::vector<QuantSetting>& settings) override {
+    GYRE_CHECK(!ws.empty() && !settings.empty(), "internal: empty trellis stack");
+    std::vector<int> ks, of;
+    for (size_t i = 0; i < ws.size(); ++i)
+      for (const QuantSetting& st : settings) {
+        check_trellis(rows, st);
+        GYRE_CHECK(st.trellis && st.group_size == settings[0].group_size,
+                   "internal: a trellis stack has trellis settings of one group");
+        ks.push_back(st.bits);
+        of.push_back(static_cast<int>(i));
+      }
+    const std::vector<double> den =
+        engine_.set_weights(ws.data(), static_cast<int>(ws.size()), rows);
+    const std::vector<double> e =
+        engine_.trellis_stack(ks, of, settings[0].group_size, kTrellisScaleFit, false);
+    std::vector<std::vector<double>> out(ws.size());
+    for (size_t c = 0; c < e.size(); ++c)
+      out[of[c]].push_back(den[of[c]] > 0.0 ? e[c] / den[of[c]] : 0.0);
+    return out;
+  }
+
+  std::vector<QuantizedWeight> quantize_trellis(const std::vector<const float*>& ws, int rows,
+                                                const std::vector<QuantSetting>& settings,
+                                                std::vector<double>* rel_errors) override {
+    GYRE_CHECK(!ws.empty() && ws.size() == settings.size(), "internal: trellis stack sizes differ");
+    std::vector<int> ks, of;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      check_trellis(rows, settings[i]);
+      GYRE_CHECK(settings[i].trellis && settings[i].group_size == settings[0].group_size,
+                 "internal: a trellis stack has trellis settings of one group");
+      ks.push_back(settings[i].bits);
+      of.push_back(static_cast<int>(i));
+    }
+    const std::vector<double> den =
+        engine_.set_weights(ws.data(), static_cast<int>(ws.size()), rows);
+    const std::vector<double> e =
+        engine_.trellis_stack(ks, of, settings[0].group_size, kTrellisScaleFit, true);
+    std::vector<QuantizedWeight> out;
+    if (rel_errors != nullptr) rel_errors->clear();
+    for (size_t i = 0; i < ws.size(); ++i) {
+      if (rel_errors != nullptr) rel_errors->push_back(den[i] > 0.0 ? e[i] / den[i] : 0.0);
+      QuantizedWeight q = shell(rows, settings[i]);
+      std::vector<float> scales(q.scales.size());
+      q.trellis.resize(q.dequant.size() / 256 *
+                       static_cast<size_t>(trellis_tile_words(settings[i].bits)));
+      engine_.fetch_trellis_of(static_cast<int>(i), q.dequant.data(), scales.data(),
+                               q.trellis.data());
+      to_f16(scales, q.scales);
+      out.push_back(std::move(q));
     }
     return out;
   }
 
   QuantizedWeight quantize(const float* w, int rows, const QuantSetting& st,
                            double* rel_error) override {
-    if (st.trellis) return quantize_trellis(w, rows, st, rel_error);
+    if (st.trellis) return quantize_one_trellis(w, rows, st, rel_error);
     const double den = engine_.set_weight(w, rows);
     const double num = engine_.run({device_setting(st, n_)}, true)[0];
     if (rel_error != nullptr) *rel_error = den > 0.0 ? num / den : 0.0;
@@ -91,15 +162,18 @@ class CudaGptq final : public GptqDevice {
     for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_f16(v[i]);
   }
 
-  // tr(E H E^T) of the trellis LDLQ of the weight set last.
-  double trellis_run(int rows, const QuantSetting& st) {
+  void check_trellis(int rows, const QuantSetting& st) const {
     GYRE_CHECK(st.sym && !st.mixed() && rows % 16 == 0 && n_ % 16 == 0,
                "quantize: a trellis setting is symmetric, of one width, on 16 x 16 tiles");
+  }
+  // tr(E H E^T) of the trellis LDLQ of the weight set last.
+  double trellis_run(int rows, const QuantSetting& st) {
+    check_trellis(rows, st);
     return engine_.trellis(st.bits, st.group_size, kTrellisScaleFit);
   }
 
-  QuantizedWeight quantize_trellis(const float* w, int rows, const QuantSetting& st,
-                                   double* rel_error) {
+  QuantizedWeight quantize_one_trellis(const float* w, int rows, const QuantSetting& st,
+                                       double* rel_error) {
     const double den = engine_.set_weight(w, rows);
     const double num = trellis_run(rows, st);
     if (rel_error != nullptr) *rel_error = den > 0.0 ? num / den : 0.0;

@@ -41,6 +41,16 @@ class GptqDevice {
   // setting: the tiles' words in QuantizedWeight::trellis, q empty, as gptq_quantize_trellis).
   virtual QuantizedWeight quantize(const float* w, int rows, const QuantSetting& st,
                                    double* rel_error) = 0;
+  // Several weights of one input at once, each ws[i] [rows, n] (host floats), every (weight,
+  // trellis setting) pair stacked into one LDLQ sweep so that small weights fill the GPU; the
+  // results of separate calls. trellis_errors: out[i][j] = errors(ws[i], {settings[j]}).
+  virtual std::vector<std::vector<double>> trellis_errors(
+      const std::vector<const float*>& ws, int rows, const std::vector<QuantSetting>& settings) = 0;
+  // out[i] = quantize(ws[i], settings[i]) (trellis settings of one group), rel_errors[i] its error.
+  virtual std::vector<QuantizedWeight> quantize_trellis(const std::vector<const float*>& ws,
+                                                        int rows,
+                                                        const std::vector<QuantSetting>& settings,
+                                                        std::vector<double>* rel_errors) = 0;
 };
 
 // "cuda" or "cuda:N". Throws gyre::Error without CUDA or without that device.

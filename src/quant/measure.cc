@@ -1,5 +1,6 @@
 #include "quant/measure.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -126,6 +127,15 @@ Measurement Measurement::from_json(const nlohmann::json& j, const std::string& w
   }
 }
 
+std::string timing_breakdown(const QuantTimings& t) {
+  char buf[200];
+  std::snprintf(buf, sizeof(buf),
+                "host rotations %.1f s, target correction setup %.1f s, block weights %.1f s, "
+                "writing %.1f s",
+                t.rotate, t.target, t.weights, t.write);
+  return buf;
+}
+
 BlockWeights block_of(const QuantContext& ctx, int layer) {
   if (ctx.blocks) return ctx.blocks(layer);
   return block_weights_from(ctx.model->weights, ctx.model->config, layer);
@@ -142,6 +152,28 @@ int64_t linear_rows(const ModelConfig& c, const std::string& suffix) {
   if (suffix == "self_attn.k_proj" || suffix == "self_attn.v_proj") return c.kv_dim();
   if (suffix == "mlp.gate_proj" || suffix == "mlp.up_proj") return c.hidden_dim;
   return c.dim;
+}
+
+BlockPrefetch::BlockPrefetch(const QuantContext& ctx, int first, int end)
+    : ctx_(ctx), at_(first), end_(end) {
+  if (at_ < end_)
+    pending_ = std::async(std::launch::async, [this, b = at_] { return block_of(ctx_, b); });
+}
+
+BlockWeights BlockPrefetch::next() {
+  GYRE_CHECK(at_ < end_, "internal: no block left to prefetch");
+  const auto t0 = std::chrono::steady_clock::now();
+  BlockWeights w = pending_.get();
+  if (ctx_.timings != nullptr)
+    ctx_.timings->weights +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (++at_ < end_)
+    pending_ = std::async(std::launch::async, [this, b = at_] { return block_of(ctx_, b); });
+  return w;
+}
+
+BlockPrefetch::~BlockPrefetch() {
+  if (pending_.valid()) pending_.wait();  // (an exception left it running: let it finish)
 }
 
 std::vector<float> embed_rows(const QuantContext& ctx) {
@@ -199,12 +231,14 @@ void measure(const QuantContext& ctx, Measurement& m,
   BlockRunner runner(*ctx.backend, c, rows, length);
   std::vector<float> hidden = embed_rows(ctx);
   UnitQuantizer uq(ctx);
+  BlockPrefetch blocks(ctx, 0, c.n_layers);
   for (int b = 0; b < c.n_layers; ++b) {
-    BlockWeights w = block_of(ctx, b);
+    BlockWeights w = blocks.next();
     if (b < m.blocks_done) {  // measured before an interruption: only move the states along
       runner.run(hidden, w, nullptr);
       continue;
     }
+    const auto t0 = std::chrono::steady_clock::now();
     // Measured on the unquantized model: each block sees the float outputs of those before it.
     runner.run(hidden, w,
                [&](Unit unit, const std::vector<float>& x, int64_t tokens, BlockWeights& bw) {
@@ -212,21 +246,28 @@ void measure(const QuantContext& ctx, Measurement& m,
                  const std::vector<QuantSetting> cands = unit_cands(unit, in);
                  if (cands.empty()) return;
                  uq.set_input(x, tokens, layer_tensor(b, unit_linears(unit)[0].c_str()));
-                 for (const std::string& s : unit_linears(unit)) {
-                   const std::vector<float>& wt = bw.t[s];
+                 // The unit's layers together: on the GPU their trellis candidates share
+                 // one stacked LDLQ sweep.
+                 std::vector<const std::vector<float>*> ws;
+                 for (const std::string& s : unit_linears(unit)) ws.push_back(&bw.t[s]);
+                 const std::vector<std::vector<double>> errs = uq.errors_many(ws, cands);
+                 for (size_t l = 0; l < ws.size(); ++l) {
                    LayerErrors le;
-                   le.name = layer_tensor(b, s.c_str());
+                   le.name = layer_tensor(b, unit_linears(unit)[l].c_str());
                    le.cols = in;
-                   le.rows = static_cast<int64_t>(wt.size()) / in;
-                   const std::vector<double> errs = uq.errors(wt, cands);
+                   le.rows = static_cast<int64_t>(ws[l]->size()) / in;
                    for (size_t i = 0; i < cands.size(); ++i)
-                     le.errors.emplace_back(cands[i], errs[i]);
+                     le.errors.emplace_back(cands[i], errs[l][i]);
                    bar.step(static_cast<int64_t>(cands.size()));
                    m.layers.push_back(std::move(le));
                  }
                });
     m.blocks_done = b + 1;
     save(m);
+    char line[80];
+    std::snprintf(line, sizeof(line), "  block %d measured in %.2f s", b,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    bar.note(line);
   }
   bar.finish();
 }

@@ -4,6 +4,7 @@
 // interrupted measurement resumes, and reusable by a later conversion (--measurement).
 #pragma once
 #include <functional>
+#include <future>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -54,7 +55,14 @@ class GptqDevice;  // gptq_device.h
 struct QuantTimings {
   double hessian = 0;  // Hessians and GPTQ factors
   double gptq = 0;     // GPTQ runs and their error measurement
+  // Parts of the phase's time, for finding where it goes: host Hadamard rotations of inputs,
+  // weights and results (inside hessian and gptq), the target correction's setup (inside
+  // hessian), getting each block's float weights, writing the job's files.
+  double rotate = 0, target = 0, weights = 0, write = 0;
 };
+
+// "rotations R s, target correction setup T s, ..." of a phase's timings (for its log line).
+std::string timing_breakdown(const QuantTimings& t);
 
 struct QuantContext {
   const LoadedModel* model = nullptr;
@@ -86,6 +94,23 @@ struct QuantContext {
 
 // Block `layer`'s weights as floats, from ctx.blocks or the model's weights.
 BlockWeights block_of(const QuantContext& ctx, int layer);
+// Blocks first .. end - 1 in order (block_of), each made on a second thread while the caller
+// works on the one before (at the 8B shape a block is 218M floats, ~0.6 s to generate or
+// dequantize); the wait for one counts in ctx.timings->weights.
+class BlockPrefetch {
+ public:
+  BlockPrefetch(const QuantContext& ctx, int first, int end);
+  BlockPrefetch(const BlockPrefetch&) = delete;
+  BlockPrefetch& operator=(const BlockPrefetch&) = delete;
+  ~BlockPrefetch();
+  BlockWeights next();
+
+ private:
+  const QuantContext& ctx_;
+  int at_, end_;
+  std::future<BlockWeights> pending_;
+};
+
 // The input width of linear layer `suffix` ("self_attn.o_proj", ...) from the config alone.
 int64_t linear_cols(const ModelConfig& c, const std::string& suffix);
 // Its output width (rows), likewise.

@@ -193,8 +193,9 @@ void convert_synthetic(const ModelConfig& c, const std::string& name, const Conv
   const QuantTimings measure_la = timings;
   // Each phase's time as soon as it ends, so a run cut short still tells how far it got.
   std::fprintf(stderr,
-               "convert: measurement took %.1f s (peak GPU memory in use so far %.2f GiB)\n",
-               t_measure, static_cast<double>(memory.peak_device_bytes()) / (1 << 30));
+               "convert: measurement took %.1f s (peak GPU memory in use so far %.2f GiB; %s)\n",
+               t_measure, static_cast<double>(memory.peak_device_bytes()) / (1 << 30),
+               timing_breakdown(measure_la).c_str());
   double t_sensitivity = 0;
   QuantTimings sensitivity_la;
   if (o.chooser == "kl") {
@@ -212,6 +213,8 @@ void convert_synthetic(const ModelConfig& c, const std::string& name, const Conv
   timings = QuantTimings{};
   quantize_pass(ctx, plan, job, o.head_bits);
   const double t_quant = seconds_since(t0);
+  std::fprintf(stderr, "convert: quantization took %.1f s (Hessians+factors %.1f, GPTQ %.1f; %s)\n",
+               t_quant, timings.hessian, timings.gptq, timing_breakdown(timings).c_str());
   double bits = 0, numel = 0;
   for (const auto& [layer, st] : plan) {
     const LayerErrors* le = meas.find(layer);

@@ -39,6 +39,14 @@ class UnitQuantizer {
   // settings need a rotated unit whose weights tile into 16 x 16 (else gyre::Error); they get no
   // scale refit.
   QuantizedWeight quantize(const std::vector<float>& w, const QuantSetting& st, double* rel_error);
+  // Several weights of the unit at once, with the results of one call per weight: out[i] =
+  // errors(*ws[i], st), and quantize(*ws[i], settings[i], &rel_errors[i]). On the GPU, weights
+  // of one shape at trellis settings (of one group) are stacked into one LDLQ sweep.
+  std::vector<std::vector<double>> errors_many(const std::vector<const std::vector<float>*>& ws,
+                                               const std::vector<QuantSetting>& st);
+  std::vector<QuantizedWeight> quantize_many(const std::vector<const std::vector<float>*>& ws,
+                                             const std::vector<QuantSetting>& settings,
+                                             std::vector<double>& rel_errors);
   // Summed tr(E H E^T) of the layers quantized so far, before and after the scale refit.
   double refit_error_before() const { return refit_before_; }
   double refit_error_after() const { return refit_after_; }
@@ -51,7 +59,13 @@ class UnitQuantizer {
   // natural-order factor of H; rel_error (if not null) = relative_error against w.
   QuantizedWeight quantize_trellis(const std::vector<float>& w, const QuantSetting& st,
                                    double* rel_error);
-  double trellis_error(const std::vector<float>& w, const QuantSetting& st);
+  void check_trellis(int64_t rows, const QuantSetting& st) const;
+  // w rotated and, with target correction, corrected: what quantize() quantizes (a copy).
+  std::vector<float> quantization_target(const std::vector<float>& w_in);
+  // The rows of w a trellis measurement runs on: w itself, or kTrellisMeasureRows of them (into
+  // sub) spread over the weight.
+  const std::vector<float>& trellis_sample(const std::vector<float>& w,
+                                           std::vector<float>& sub) const;
   // Mixed settings (per-group widths) have no GPU GPTQ: on the GPU path the CPU quantizes them
   // from the device's Hessian, fetched once per input.
   void ensure_cpu_prep();

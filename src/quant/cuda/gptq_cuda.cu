@@ -4,7 +4,8 @@
 // update. Every candidate setting of a measurement runs at once: the candidates' copies of the
 // weight are stacked as extra rows (R = candidates x rows), so U is read once per block for all.
 // Engine::trellis runs the trellis LDLQ (trellis_ldlq.cu) on the same Hessian, factor and error
-// measurement, one setting at a time.
+// measurement; Engine::trellis_errors stacks the candidate K of a measurement like the scalar
+// settings.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -148,35 +149,40 @@ __global__ void __launch_bounds__(kRowsPerCta) gptq_block(GptqArgs a) {
 }
 
 // Candidate copies of w (host layout [rows, n]) in visiting order, column-major, dead columns 0.
+// src (device, may be null): candidate c copies weight src[c] of the weights stacked in w.
 __global__ void stack_visiting(double* out, const float* w, int64_t rows, int cands, int n,
-                               const int* order, const uint8_t* dead) {
+                               const int* order, const uint8_t* dead, const int* src = nullptr) {
   const int64_t big_r = rows * cands;
   const int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (idx >= big_r * n) return;
-  const int64_t rr = idx % big_r, r = rr % rows;
+  const int64_t rr = idx % big_r, c = rr / rows;
+  const int64_t r = rr % rows + (src != nullptr ? src[c] * rows : 0);
   const int j = static_cast<int>(idx / big_r), col = order[j];
   out[idx] = dead[col] ? 0.0 : static_cast<double>(w[r * n + col]);
 }
 
-// e = w - dequant (in float, as relative_error in gptq.cc), column-major original order.
+// e = w - dequant (in float, as relative_error in gptq.cc), column-major original order; src as
+// stack_visiting's.
 __global__ void error_matrix(double* e, const float* w, const float* dequant, int64_t rows,
-                             int cands, int n) {
+                             int cands, int n, const int* src = nullptr) {
   const int64_t big_r = rows * cands;
   const int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (idx >= big_r * n) return;
-  const int64_t r = (idx % big_r) % rows, col = idx / big_r;
+  const int64_t rr = idx % big_r, col = idx / big_r;
+  const int64_t r = rr % rows + (src != nullptr ? src[rr / rows] * rows : 0);
   const float wv = w[r * n + col];
   e[idx] = static_cast<double>(dequant ? wv - dequant[idx] : wv);
 }
 
-// out [rows, cols] row-major = in [rows x cols] column-major, through 32 x 32 tiles.
+// out [rows, cols] row-major = in [rows x cols] column-major (leading dimension ld), through 32 x
+// 32 tiles.
 template <typename T>
-__global__ void to_row_major(T* out, const T* in, int64_t rows, int64_t cols) {
+__global__ void to_row_major(T* out, const T* in, int64_t rows, int64_t cols, int64_t ld) {
   __shared__ T tile[32][33];
   const int64_t r0 = blockIdx.y * int64_t{32}, c0 = blockIdx.x * int64_t{32};
   for (int k = threadIdx.y; k < 32; k += blockDim.y) {
     const int64_t r = r0 + threadIdx.x, c = c0 + k;
-    if (r < rows && c < cols) tile[k][threadIdx.x] = in[r + c * rows];
+    if (r < rows && c < cols) tile[k][threadIdx.x] = in[r + c * ld];
   }
   __syncthreads();
   for (int k = threadIdx.y; k < 32; k += blockDim.y) {
@@ -187,10 +193,10 @@ __global__ void to_row_major(T* out, const T* in, int64_t rows, int64_t cols) {
 
 template <typename T>
 void copy_row_major(T* host, const T* dev_col_major, int64_t rows, int64_t cols, DevBuf& tmp,
-                    cudaStream_t s) {
+                    cudaStream_t s, int64_t ld = 0) {
   T* t = tmp.as<T>(static_cast<size_t>(rows * cols));
   const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((rows + 31) / 32));
-  to_row_major<T><<<grid, dim3(32, 8), 0, s>>>(t, dev_col_major, rows, cols);
+  to_row_major<T><<<grid, dim3(32, 8), 0, s>>>(t, dev_col_major, rows, cols, ld > 0 ? ld : rows);
   GYRE_CUDA_LAUNCHED();
   GYRE_CUDA_CHECK(cudaMemcpyAsync(host, t, static_cast<size_t>(rows * cols) * sizeof(T),
                                   cudaMemcpyDeviceToHost, s));
@@ -218,16 +224,28 @@ struct Engine::Impl {
   DevBuf xf, xd, h, u, work1, work2, flag, order_d, pos_d, first_d[3], hdiag_d, dead_d, w_f, w_v, f,
       err, scale, minv, dequant, q, sets, sums, cross, chol;
   // The trellis LDLQ's: its words, the natural-order factor when set_input's order is not.
-  DevBuf words, order_nat, u_nat;
+  DevBuf words, order_nat, u_nat, src_d;
   bool u_nat_ready = false;
   int trellis_k = 0;
+  int count = 1;  // weights stacked by the last set_weights
+  // The last kept trellis stack: per candidate its position, K and words' offset.
+  std::vector<int> kept_pos, kept_k;
+  std::vector<int64_t> kept_words;
+  int64_t kept_big_r = 0;
   TrellisLdlqBuffers tbufs;
 
   void sync() { GYRE_CUDA_CHECK(cudaStreamSynchronize(s)); }
+  // The trellis LDLQ's factor and visiting order: natural, whatever set_input's order.
+  void natural_factor(const double*& u_out, const int*& order_out);
+  // The trellis LDLQ of candidates c < cands, weight src[c] (null: 0) at K = ks[c], stacked;
+  // errors into out (host).
+  void trellis_batch(const int* ks, const int* src, int cands, int group, double scale_fit,
+                     double* out);
   std::vector<double> run_batch(const std::vector<Setting>& settings, bool want_q);
   // out[c] = tr(E H E^T) of each candidate's E = W - dequant (column-major [cands * rows x n]);
   // w_scratch takes E. Asynchronous (out is host memory valid after sync()).
-  void output_errors(const float* dq, int cands, double* w_scratch, double* out);
+  void output_errors(const float* dq, int cands, double* w_scratch, double* out,
+                     const int* src = nullptr);
 };
 
 Engine::Engine(int ordinal) : impl_(std::make_unique<Impl>()) {
@@ -356,30 +374,44 @@ void Engine::corrected_target(const float* w, int rows, float* out) {
 }
 
 double Engine::set_weight(const float* w, int rows) {
+  return set_weights(&w, 1, rows)[0];
+}
+
+std::vector<double> Engine::set_weights(const float* const* ws, int count, int rows) {
   Impl& m = *impl_;
-  GYRE_CHECK(m.n > 0 && rows > 0, "internal: gptq device without input");
+  GYRE_CHECK(m.n > 0 && rows > 0 && count > 0, "internal: gptq device without input");
   m.rows = rows;
-  upload(m.w_f, w, static_cast<size_t>(rows) * m.n, m.s);
-  const int64_t big = int64_t{rows} * m.n;
+  m.count = count;
+  m.trellis_k = 0;
+  m.kept_pos.clear();
+  const int64_t big_r = int64_t{rows} * count, big = big_r * m.n, one_w = int64_t{rows} * m.n;
+  float* wf = m.w_f.as<float>(static_cast<size_t>(big));
+  for (int i = 0; i < count; ++i)
+    GYRE_CUDA_CHECK(cudaMemcpyAsync(wf + i * one_w, ws[i],
+                                    static_cast<size_t>(one_w) * sizeof(float),
+                                    cudaMemcpyHostToDevice, m.s));
   double* e = m.w_v.as<double>(static_cast<size_t>(big));
-  error_matrix<<<blocks_for(big, 256), 256, 0, m.s>>>(e, m.w_f.get<float>(), nullptr, rows, 1, m.n);
+  error_matrix<<<blocks_for(big, 256), 256, 0, m.s>>>(e, m.w_f.get<float>(), nullptr, big_r, 1,
+                                                      m.n);
   GYRE_CUDA_LAUNCHED();
   double* f = m.f.as<double>(static_cast<size_t>(big));
   const double one = 1.0, zero = 0.0;
-  GYRE_CUBLAS_CHECK(cublasDgemm(m.blas, CUBLAS_OP_N, CUBLAS_OP_N, rows, m.n, m.n, &one, e, rows,
-                                m.h.get<double>(), m.n, &zero, f, rows));
-  double* sums = m.sums.as<double>(1);
-  GYRE_CUDA_CHECK(cudaMemsetAsync(sums, 0, sizeof(double), m.s));
-  candidate_dot(e, f, rows, 1, m.n, sums, m.s);
-  double out = 0;
-  GYRE_CUDA_CHECK(cudaMemcpyAsync(&out, sums, sizeof(double), cudaMemcpyDeviceToHost, m.s));
+  GYRE_CUBLAS_CHECK(cublasDgemm(m.blas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(big_r), m.n, m.n,
+                                &one, e, static_cast<int>(big_r), m.h.get<double>(), m.n, &zero, f,
+                                static_cast<int>(big_r)));
+  double* sums = m.sums.as<double>(static_cast<size_t>(count));
+  GYRE_CUDA_CHECK(cudaMemsetAsync(sums, 0, sizeof(double) * count, m.s));
+  candidate_dot(e, f, rows, count, m.n, sums, m.s);
+  std::vector<double> out(static_cast<size_t>(count));
+  GYRE_CUDA_CHECK(
+      cudaMemcpyAsync(out.data(), sums, sizeof(double) * count, cudaMemcpyDeviceToHost, m.s));
   m.sync();
   return out;
 }
 
 std::vector<double> Engine::run(const std::vector<Setting>& settings, bool want_outputs) {
   Impl& m = *impl_;
-  GYRE_CHECK(m.rows > 0, "internal: gptq device without weight");
+  GYRE_CHECK(m.rows > 0 && m.count == 1, "internal: gptq device without (one) weight");
   GYRE_CHECK(!want_outputs || settings.size() == 1, "internal: outputs of one setting only");
   for (const Setting& st : settings)
     GYRE_CHECK((st.group == 32 || st.group == 64 || st.group == 128) && m.n % st.group == 0 &&
@@ -449,11 +481,12 @@ std::vector<double> Engine::Impl::run_batch(const std::vector<Setting>& settings
   return out;
 }
 
-void Engine::Impl::output_errors(const float* dq, int cands, double* w, double* out) {
+void Engine::Impl::output_errors(const float* dq, int cands, double* w, double* out,
+                                 const int* src) {
   const int64_t big_r = rows * cands, big = big_r * n;
   const int ldr = static_cast<int>(big_r);
   const double one = 1.0, zero = 0.0;
-  error_matrix<<<blocks_for(big, 256), 256, 0, s>>>(w, w_f.get<float>(), dq, rows, cands, n);
+  error_matrix<<<blocks_for(big, 256), 256, 0, s>>>(w, w_f.get<float>(), dq, rows, cands, n, src);
   GYRE_CUDA_LAUNCHED();
   double* fm = f.as<double>(static_cast<size_t>(big));
   GYRE_CUBLAS_CHECK(cublasDgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, ldr, n, n, &one, w, ldr,
@@ -464,48 +497,132 @@ void Engine::Impl::output_errors(const float* dq, int cands, double* w, double* 
   GYRE_CUDA_CHECK(cudaMemcpyAsync(out, sm, sizeof(double) * cands, cudaMemcpyDeviceToHost, s));
 }
 
+void Engine::Impl::natural_factor(const double*& u_out, const int*& order_out) {
+  u_out = u.get<double>();
+  order_out = order_d.get<int>();
+  if (std::is_sorted(order.begin(), order.end())) return;
+  // act_order: factor H as it is
+  std::vector<int> iota(static_cast<size_t>(n));
+  std::iota(iota.begin(), iota.end(), 0);
+  upload(order_nat, iota.data(), iota.size(), s);
+  if (!u_nat_ready) {
+    GYRE_CHECK(
+        inverse_factor_device(blas, s, h.get<double>(), n, order_nat.get<int>(),
+                              hdiag_d.get<double>(), damp_used * diag_mean,
+                              u_nat.as<double>(static_cast<size_t>(n) * n), work1, work2, flag),
+        "gptq: the Hessian does not factor in the natural order");
+    u_nat_ready = true;
+  }
+  sync();  // iota must outlive its copy
+  u_out = u_nat.get<double>();
+  order_out = order_nat.get<int>();
+}
+
+void Engine::Impl::trellis_batch(const int* ks, const int* src, int cands, int group,
+                                 double scale_fit, double* out) {
+  GYRE_CHECK(rows > 0, "internal: gptq device without weight");
+  const double* uf = nullptr;
+  const int* ord = nullptr;
+  natural_factor(uf, ord);
+  const int64_t big = rows * cands * n;
+  int64_t all_words = 0;
+  for (int c = 0; c < cands; ++c) all_words += rows * n / 256 * 8 * ks[c];
+  const int* src_dev = nullptr;
+  if (src != nullptr) {
+    upload(src_d, src, static_cast<size_t>(cands), s);
+    src_dev = src_d.get<int>();
+  }
+  double* w = w_v.as<double>(static_cast<size_t>(big));
+  stack_visiting<<<blocks_for(big, 256), 256, 0, s>>>(w, w_f.get<float>(), rows, cands, n, ord,
+                                                      dead_d.get<uint8_t>(), src_dev);
+  GYRE_CUDA_LAUNCHED();
+  int* bad = flag.as<int>(1);
+  GYRE_CUDA_CHECK(cudaMemsetAsync(bad, 0, sizeof(int), s));
+  float* dq = dequant.as<float>(static_cast<size_t>(big));
+  trellis_ldlq_device(blas, s, w, rows, cands, ks, n, uf, group, scale_fit, dq,
+                      scale.as<float>(static_cast<size_t>(n / group) * rows * cands),
+                      words.as<uint32_t>(static_cast<size_t>(all_words)), bad, tbufs);
+  output_errors(dq, cands, w, out, src_dev);
+  int bad_host = 0;
+  GYRE_CUDA_CHECK(cudaMemcpyAsync(&bad_host, bad, sizeof(int), cudaMemcpyDeviceToHost, s));
+  sync();
+  GYRE_CHECK(!bad_host, "trellis: a group's scale overflows f16");
+}
+
 double Engine::trellis(int k, int group, double scale_fit) {
   Impl& m = *impl_;
-  GYRE_CHECK(m.rows > 0, "internal: gptq device without weight");
-  const int n = m.n;
-  const double* u = m.u.get<double>();
-  const int* order = m.order_d.get<int>();
-  if (!std::is_sorted(m.order.begin(), m.order.end())) {  // act_order: factor H as it is
-    std::vector<int> iota(static_cast<size_t>(n));
-    std::iota(iota.begin(), iota.end(), 0);
-    upload(m.order_nat, iota.data(), iota.size(), m.s);
-    if (!m.u_nat_ready) {
-      GYRE_CHECK(inverse_factor_device(m.blas, m.s, m.h.get<double>(), n, m.order_nat.get<int>(),
-                                       m.hdiag_d.get<double>(), m.damp_used * m.diag_mean,
-                                       m.u_nat.as<double>(static_cast<size_t>(n) * n), m.work1,
-                                       m.work2, m.flag),
-                 "gptq: the Hessian does not factor in the natural order");
-      m.u_nat_ready = true;
-    }
-    m.sync();  // iota must outlive its copy
-    u = m.u_nat.get<double>();
-    order = m.order_nat.get<int>();
-  }
-  const int64_t big = m.rows * n;
-  double* w = m.w_v.as<double>(static_cast<size_t>(big));
-  stack_visiting<<<blocks_for(big, 256), 256, 0, m.s>>>(w, m.w_f.get<float>(), m.rows, 1, n, order,
-                                                        m.dead_d.get<uint8_t>());
-  GYRE_CUDA_LAUNCHED();
-  int* bad = m.flag.as<int>(1);
-  GYRE_CUDA_CHECK(cudaMemsetAsync(bad, 0, sizeof(int), m.s));
-  float* dq = m.dequant.as<float>(static_cast<size_t>(big));
-  trellis_ldlq_device(m.blas, m.s, w, m.rows, n, u, k, group, scale_fit, dq,
-                      m.scale.as<float>(static_cast<size_t>(n / group) * m.rows),
-                      m.words.as<uint32_t>(static_cast<size_t>(big / 256) * 8 * k), bad, m.tbufs);
+  GYRE_CHECK(m.count == 1, "internal: one weight for Engine::trellis");
   double out = 0.0;
-  m.output_errors(dq, 1, w, &out);
-  int bad_host = 0;
-  GYRE_CUDA_CHECK(cudaMemcpyAsync(&bad_host, bad, sizeof(int), cudaMemcpyDeviceToHost, m.s));
-  m.sync();
-  GYRE_CHECK(!bad_host, "trellis: a group's scale overflows f16");
+  m.trellis_k = 0;
+  m.trellis_batch(&k, nullptr, 1, group, scale_fit, &out);
   m.last_group = group;
   m.trellis_k = k;
   return out;
+}
+
+std::vector<double> Engine::trellis_stack(const std::vector<int>& ks,
+                                          const std::vector<int>& weight_of, int group,
+                                          double scale_fit, bool keep) {
+  Impl& m = *impl_;
+  GYRE_CHECK(m.rows > 0, "internal: gptq device without weight");
+  GYRE_CHECK(weight_of.size() == ks.size(), "internal: trellis stack sizes differ");
+  for (int wi : weight_of)
+    GYRE_CHECK(wi >= 0 && wi < m.count, "internal: trellis stack of a weight not set");
+  m.trellis_k = 0;  // the outputs are the stack's, not one setting's
+  m.kept_pos.clear();
+  // Ordered by K, so that each K's candidates share one encoder launch.
+  std::vector<int> by_k(ks.size());
+  std::iota(by_k.begin(), by_k.end(), 0);
+  std::stable_sort(by_k.begin(), by_k.end(), [&](int a, int b) { return ks[a] < ks[b]; });
+  std::vector<int> k_sorted, src_sorted;
+  for (int c : by_k) k_sorted.push_back(ks[c]), src_sorted.push_back(weight_of[c]);
+  // Bounded like run(): work weights, errors, dequantized values and the error products.
+  const double per_cand = static_cast<double>(m.rows) * m.n * 28.0;
+  const size_t batch =
+      std::max<size_t>(1, std::min({ks.size(), static_cast<size_t>(kMaxTrellisStack),
+                                    static_cast<size_t>(kBatchBytes / per_cand)}));
+  GYRE_CHECK(!keep || batch >= ks.size(), "internal: a kept trellis stack must fit one batch");
+  std::vector<double> sorted(ks.size()), out(ks.size());
+  for (size_t c0 = 0; c0 < ks.size(); c0 += batch)
+    m.trellis_batch(k_sorted.data() + c0, src_sorted.data() + c0,
+                    static_cast<int>(std::min(batch, ks.size() - c0)), group, scale_fit,
+                    sorted.data() + c0);
+  for (size_t i = 0; i < by_k.size(); ++i) out[by_k[i]] = sorted[i];
+  if (keep) {
+    m.last_group = group;
+    m.kept_big_r = m.rows * static_cast<int64_t>(ks.size());
+    m.kept_pos.assign(ks.size(), 0);
+    m.kept_k = ks;
+    m.kept_words.assign(ks.size(), 0);
+    int64_t off = 0;
+    for (size_t i = 0; i < by_k.size(); ++i) {
+      m.kept_pos[by_k[i]] = static_cast<int>(i);
+      m.kept_words[by_k[i]] = off;
+      off += m.rows * m.n / 256 * 8 * k_sorted[i];
+    }
+  }
+  return out;
+}
+
+std::vector<double> Engine::trellis_errors(const std::vector<int>& ks, int group,
+                                           double scale_fit) {
+  GYRE_CHECK(impl_->count == 1, "internal: one weight for Engine::trellis_errors");
+  return trellis_stack(ks, std::vector<int>(ks.size(), 0), group, scale_fit, false);
+}
+
+void Engine::fetch_trellis_of(int c, float* dequant_out, float* scales, uint32_t* words_out) {
+  Impl& m = *impl_;
+  GYRE_CHECK(c >= 0 && c < static_cast<int>(m.kept_pos.size()),
+             "internal: gptq device has no kept trellis candidate ", c);
+  const int64_t p = m.kept_pos[c], R = m.kept_big_r;
+  copy_row_major(dequant_out, m.dequant.get<float>() + p * m.rows, m.rows, m.n, m.f, m.s, R);
+  copy_row_major(scales, m.scale.get<float>() + p * m.rows, m.rows, m.n / m.last_group, m.f, m.s,
+                 R);
+  GYRE_CUDA_CHECK(
+      cudaMemcpyAsync(words_out, m.words.get<uint32_t>() + m.kept_words[c],
+                      static_cast<size_t>(m.rows * m.n / 256) * 8 * m.kept_k[c] * sizeof(uint32_t),
+                      cudaMemcpyDeviceToHost, m.s));
+  m.sync();
 }
 
 void Engine::fetch_trellis(float* dequant_out, float* scales, uint32_t* words) {

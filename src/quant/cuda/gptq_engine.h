@@ -30,6 +30,9 @@ class Engine {
   void corrected_target(const float* w, int rows, float* out);
   // Uploads w [rows, n]; returns tr(W H W^T).
   double set_weight(const float* w, int rows);
+  // Uploads `count` weights ws[i] [rows, n] (trellis_stack quantizes them together; run() and
+  // trellis() need one); tr(W H W^T) of each.
+  std::vector<double> set_weights(const float* const* ws, int count, int rows);
   // GPTQ of the weight at each setting (stacked, in batches bounded in memory); tr(E H E^T) of
   // each. With want_outputs (one setting), fetch() then gives its results.
   std::vector<double> run(const std::vector<Setting>& settings, bool want_outputs);
@@ -41,6 +44,16 @@ class Engine {
   // tr(E H E^T). fetch_trellis then gives row-major [rows, n] dequantized values, [rows, n /
   // group] scales and the tiles' words ([rows / 16][n / 16][8K]).
   double trellis(int k, int group, double scale_fit);
+  // tr(E H E^T) of the trellis LDLQ at each K of ks (as trellis(), the results of separate
+  // calls), stacked in one sweep so that a small weight still fills the GPU; no outputs to fetch.
+  std::vector<double> trellis_errors(const std::vector<int>& ks, int group, double scale_fit);
+  // Candidate c: weight weight_of[c] of the last set_weights at K = ks[c], all stacked in one
+  // sweep (as separate trellis() calls would give them); tr(E H E^T) of each. With keep (the
+  // stack must fit one batch), fetch_trellis_of(c) then gives candidate c's outputs as
+  // fetch_trellis does.
+  std::vector<double> trellis_stack(const std::vector<int>& ks, const std::vector<int>& weight_of,
+                                    int group, double scale_fit, bool keep);
+  void fetch_trellis_of(int c, float* dequant, float* scales, uint32_t* words);
   void fetch_trellis(float* dequant, float* scales, uint32_t* words);
 
  private:
