@@ -202,7 +202,8 @@ TEST(CudaGemv4, FusedNormAndAccumulateMatchFloat64) {
       Buf x(size_t(8) * cols), y(size_t(8) * rows), norm(cols);
       x.upload(xh);
       norm.upload(nh);
-      for (const Config& c : {Config{0, 0, 0, 0}, Config{4, 0, 4, 2}, Config{1, 0, 0, 0}}) {
+      for (const Config& c : {Config{0, 0, 0, 0, 0}, Config{4, 0, 4, 2, 0}, Config{4, 0, 4, 2, 1},
+                              Config{1, 0, 0, 0, 0}}) {
         set_config(c);
         for (int n = 1; n <= 8; ++n) {
           // The norm folds in where the stream GEMV is the default (n <= 2); beyond, asking
