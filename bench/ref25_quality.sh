@@ -6,6 +6,7 @@
 # carried; writes $OUT/quality.log.
 #   SET ref25 (default): gyre-ref-25M from .device/ref25/ref25.tar.xz, 14,000 evaluation bytes
 #     (3,347 tokens), --head-bits 0, scored in fp32 on the CPU.
+#   SET paired: gyre-ref-25M as ref25, GPTQ 4-bit, --hadamard 4.0, --trellis 4.0 and 3.0.
 #   SET trellis: gyre-ref-25M as ref25, the trellis-coded rows (session 8) and their baselines.
 #   SET smoltrellis: SmolLM2 as smol, the trellis rows.
 #   SET smol: SmolLM2-135M-Instruct from /tmp/smol.gguf (the reference: its Q4_1 GGUF), 100,000
@@ -36,7 +37,12 @@ conv() {  # name, then convert options
     > /tmp/kld_$name.json 2>/dev/null
   python3 -c "import json,sys; d=json.load(open('/tmp/kld_$name.json')); print({k: v for k, v in d.items() if k not in ('kld_percentiles', 'model', 'ref')})" >> "$LOG" 2>&1 || tail -c 400 /tmp/kld_$name.json >> "$LOG"
 }
-if [ "$SET" = trellis ]; then
+if [ "$SET" = paired ]; then  # session 9: the paired perplexity ratio of the 4.0 rows
+  conv gptq4_noclip --uniform 4:128 --no-clip-search --no-target-correction
+  conv g40_tc_h --bpw 4.0 --hadamard
+  conv t40 --bpw 4.0 --trellis
+  conv t30 --bpw 3.0 --trellis --measurement /tmp/q/t40/measurement.json
+elif [ "$SET" = trellis ]; then
   conv gptq4_noclip --uniform 4:128 --no-clip-search --no-target-correction
   conv g40_tc_h --bpw 4.0 --hadamard
   conv t40 --bpw 4.0 --trellis
