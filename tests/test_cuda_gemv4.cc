@@ -27,26 +27,22 @@ namespace {
 using namespace qtest;
 using Buf = DeviceHalves;
 
-// {kernel (0 auto, 1 register-fed, 4 stream), unused, blocks in flight per warp (stream), split-K,
-// scale groups per round-robin chunk of the stream kernel's split-K (0: contiguous ranges)};
+// {kernel (0 auto, 1 register-fed, 4 stream), unused, blocks in flight per warp (stream), split-K};
 // 0 = auto.
 struct Config {
-  int kernel, stage, depth, ksplit, chunk;
+  int kernel, stage, depth, ksplit;
   std::string name() const {
     return std::to_string(kernel) + "/" + std::to_string(stage) + "/" + std::to_string(depth) +
-           "/" + std::to_string(ksplit) + "/" + std::to_string(chunk);
+           "/" + std::to_string(ksplit);
   }
 };
-const Config kConfigs[] = {{0, 0, 0, 0, 0}, {1, 0, 0, 0, 0},   {1, 0, 0, 16, 0},  {4, 0, 8, 0, 0},
-                           {4, 0, 4, 1, 0}, {4, 0, 16, 16, 0}, {4, 0, 8, 2, 0},   {4, 0, 4, 8, 0},
-                           {4, 0, 4, 8, 1}, {4, 0, 8, 2, 2},   {4, 0, 16, 16, 1}, {4, 0, 4, 4, 3},
-                           {4, 0, 4, 0, 1}};
+const Config kConfigs[] = {{0, 0, 0, 0}, {1, 0, 0, 0},   {1, 0, 0, 16}, {4, 0, 8, 0},
+                           {4, 0, 4, 1}, {4, 0, 16, 16}, {4, 0, 8, 2},  {4, 0, 4, 8}};
 
 void set_config(const Config& c) {
   qlinear_detail::set_gemv_kernel(c.kernel);
   qlinear_detail::set_gemv_depth(c.depth);
   qlinear_detail::set_gemv_ksplit(c.ksplit);
-  qlinear_detail::set_stream_chunk_groups(c.chunk);
 }
 
 TEST(CudaGemv4, MatchesFloat64) {
@@ -94,7 +90,7 @@ TEST(CudaGemv4, MatchesFloat64) {
         }
         if (HasFatalFailure()) break;
       }
-      set_config({0, 0, 0, 0, 0});
+      set_config({0, 0, 0, 0});
       qweight_free(dw);
       if (HasFatalFailure()) return;
     }
@@ -173,7 +169,7 @@ TEST(CudaGemv4, SwigluAndSplitMatchFloat64) {
       }
       if (HasFatalFailure()) break;
     }
-    set_config({0, 0, 0, 0, 0});
+    set_config({0, 0, 0, 0});
     qweight_free(dw);
   }
 }
@@ -202,8 +198,7 @@ TEST(CudaGemv4, FusedNormAndAccumulateMatchFloat64) {
       Buf x(size_t(8) * cols), y(size_t(8) * rows), norm(cols);
       x.upload(xh);
       norm.upload(nh);
-      for (const Config& c : {Config{0, 0, 0, 0, 0}, Config{4, 0, 4, 2, 0}, Config{4, 0, 4, 2, 1},
-                              Config{1, 0, 0, 0, 0}}) {
+      for (const Config& c : {Config{0, 0, 0, 0}, Config{4, 0, 4, 2}, Config{1, 0, 0, 0}}) {
         set_config(c);
         for (int n = 1; n <= 8; ++n) {
           // The norm folds in where the stream GEMV is the default (n <= 2); beyond, asking
@@ -254,7 +249,7 @@ TEST(CudaGemv4, FusedNormAndAccumulateMatchFloat64) {
         }
         if (HasFatalFailure()) break;
       }
-      set_config({0, 0, 0, 0, 0});
+      set_config({0, 0, 0, 0});
       qweight_free(dw);
       if (HasFatalFailure()) return;
     }

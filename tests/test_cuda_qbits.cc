@@ -116,29 +116,6 @@ TEST(CudaQbits, MatmulMatchesFloat64AtEveryN) {
     }
 }
 
-// The stream kernel's round-robin split-K chunks (1 and 3 scale groups per chunk) on the same
-// awkward shapes, split-K included (2560 columns).
-TEST(CudaQbits, RoundRobinChunksMatchFloat64) {
-  if (!qtest::have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const int shapes[][2] = {{77, 1056}, {301, 2560}};
-  uint32_t seed = 900;
-  for (const int chunk : {1, 3}) {
-    qlinear_detail::set_stream_chunk_groups(chunk);
-    for (const Narrow& l : kLayouts)
-      for (const auto& s : shapes) {
-        if (s[1] % l.group != 0) continue;
-        const QWeightHost w = make_weight(l.bits, l.group, l.asym, l.perm, s[0], s[1], seed++);
-        for (const int n : {1, 8}) {
-          SCOPED_TRACE(std::to_string(l.bits) + "b g" + std::to_string(l.group) + " rows " +
-                       std::to_string(s[0]) + " cols " + std::to_string(s[1]) + " n " +
-                       std::to_string(n) + " chunk " + std::to_string(chunk));
-          check_matmul(w, n, seed++);
-        }
-      }
-  }
-  qlinear_detail::set_stream_chunk_groups(0);
-}
-
 // The host layout and its kernel (GYRE_CUDA_BITS_STREAM=0) on the same awkward shapes.
 TEST(CudaQbits, HostLayoutKernelMatchesFloat64) {
   if (!qtest::have_gpu()) GTEST_SKIP() << "no CUDA device";

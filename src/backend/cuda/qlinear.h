@@ -131,10 +131,6 @@ void set_gemv_unroll(int unroll);
 // and were removed in round 5: bench/qlinear_notes.md.)
 void set_gemv_kernel(int kernel);
 void set_gemv_depth(int depth);
-// Stream kernel split-K: each tile's warps take round-robin chunks of this many whole scale
-// groups (so they read neighbouring memory at any moment) instead of one contiguous range
-// each (0). Default from GYRE_CUDA_STREAM_CHUNK.
-void set_stream_chunk_groups(int groups);
 // Batch kernel: warps splitting the columns (1, 2, 4, 8; 0 = auto) and 16-row tiles per warp
 // (1 or 2; 0 = auto).
 void set_batch_ksplit(int ksplit);

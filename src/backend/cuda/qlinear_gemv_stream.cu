@@ -1,29 +1,13 @@
 // The 4-bit decode GEMV (n = 1..8, tiled layout of qlinear_tiled.cu) as a register pipeline: the
 // stream kernel of qlinear_stream.cuh (which says why and how) at 4 bits, ring depth 4, 8 or 16
 // (set_gemv_depth). Handles f16 scales only (f32-scale repacks stay on the register-fed kernel).
-#include <algorithm>
-#include <cstdlib>
-
 #include "backend/cuda/qlinear_stream.cuh"
 
 namespace gyre::qlinear_detail {
 
 namespace {
 int g_depth = 0, g_sms = 0, g_smem_optin = 0;
-int g_chunk_groups = -1;  // -1: not read yet
 }  // namespace
-
-int stream_chunk_groups() {
-  if (g_chunk_groups < 0) {
-    const char* e = std::getenv("GYRE_CUDA_STREAM_CHUNK");
-    g_chunk_groups = e != nullptr && *e != 0 ? std::max(0, std::atoi(e)) : 0;
-  }
-  return g_chunk_groups;
-}
-
-void set_stream_chunk_groups(int groups) {
-  g_chunk_groups = groups;
-}
 
 void stream_device_limits(int& sms, int& smem_optin) {
   if (g_sms == 0) {

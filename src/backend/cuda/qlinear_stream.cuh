@@ -32,7 +32,6 @@
 // partial sums meet in shared memory; the epilogue stores bias, split outputs, SwiGLU or adds into
 // y (reduce_store_gemv_tile). f16 scales only.
 #pragma once
-#include <algorithm>
 #include <string>
 
 #include "backend/cuda/hadamard_warp.cuh"
@@ -279,7 +278,7 @@ __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int 
 }
 
 template <int BITS, int S, int D, bool G32, bool ASYM>
-__global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per, int chunk) {
+__global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
   constexpr int kLo = StreamPlanes<BITS>::kLo, kHi = StreamPlanes<BITS>::kHi;
   constexpr int kPieceBytes = 128 * BITS * S, kGroupsPerBlock = G32 ? 2 : 1;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -290,22 +289,8 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per, int
   const int ks = warp % p.ksplit;
   const int tile_c = min(tile, p.tiles - 1);  // surplus warps compute a copy, store nothing
   const int pieces = p.kblocks / S;
-  // The warp's pieces: a contiguous range [i_begin, i_end) (chunk 0), or chunks of `chunk`
-  // consecutive pieces dealt round-robin to the tile's ksplit warps (chunk k to warp k % ksplit),
-  // so that at any moment the tile's warps read neighbouring chunks of its weights.
-  int i_begin = min(ks * per, pieces), np = min(i_begin + per, pieces) - i_begin;
-  int b_end = (i_begin + np) * S;
-  if (chunk > 0) {
-    const int chunks = (pieces + chunk - 1) / chunk;
-    const int owned = ks < chunks ? (chunks - 1 - ks) / p.ksplit + 1 : 0;
-    const bool has_last = owned > 0 && ks + (owned - 1) * p.ksplit == chunks - 1;
-    i_begin = 0;
-    np = owned * chunk - (has_last ? chunks * chunk - pieces : 0);
-    b_end = pieces * S;  // chunks end on group boundaries: only the tile's end needs this flush
-  }
-  auto piece = [&](int i) {
-    return chunk > 0 ? (ks + (i / chunk) * p.ksplit) * chunk + i % chunk : i_begin + i;
-  };
+  const int i_begin = min(ks * per, pieces), i_end = min(i_begin + per, pieces);
+  const int np = i_end - i_begin, b_end = i_end * S;
   const uint8_t* wbase = p.qweight + int64_t{tile_c} * pieces * kPieceBytes;
   const uint8_t* lo_ptr = wbase + lane * 4 * kLo * S;
   const uint8_t* hi_ptr = wbase + 128 * kLo * S + lane * 4 * (kHi > 0 ? kHi : 1) * S;
@@ -342,7 +327,7 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per, int
   StreamSlot<BITS, S, G32, ASYM> ring[D];
 #pragma unroll
   for (int u = 0; u < D; ++u)
-    if (u < np) fetch(piece(u), ring[u]);
+    if (u < np) fetch(i_begin + u, ring[u]);
   const int stride = p.kblocks * 64 + kStreamXPad;
   int8_t* signs = reinterpret_cast<int8_t*>(xs + p.n * stride);
   __half* norm_s = reinterpret_cast<__half*>(signs + p.cols);  // cols: a multiple of 32
@@ -403,8 +388,8 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per, int
     for (int u = 0; u < D; ++u) {
       const int i = i0 + u;
       if (i < np) {
-        compute(ring[u], piece(i));
-        if (i + D < np) fetch(piece(i + D), ring[u]);
+        compute(ring[u], i_begin + i);
+        if (i + D < np) fetch(i_begin + i + D, ring[u]);
       }
     }
   }
@@ -415,9 +400,6 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per, int
 
 // The device's SM count and opt-in shared memory per block (queried once; qlinear_gemv_stream.cu).
 void stream_device_limits(int& sms, int& smem_optin);
-// Whole scale groups per round-robin chunk of a split tile (0: contiguous ranges per warp);
-// GYRE_CUDA_STREAM_CHUNK, read once (qlinear_gemv_stream.cu).
-int stream_chunk_groups();
 
 // Lets `kernel` use the device's opt-in shared memory minus its static shared memory (the 48 KB
 // default counts static and dynamic together). Call once per kernel instantiation (a function
@@ -450,16 +432,12 @@ void launch_stream_kernel(const Params& p, int ksplit, int warp_budget, cudaStre
   }
   q.ksplit = ks;
   const int per = (pieces + ks - 1) / ks;
-  // Round-robin chunks (see the kernel) of whole scale groups, times stream_chunk_groups().
-  const int group_pieces = std::max(1, q.group / (64 * S));
-  const int mult = stream_chunk_groups();
-  const int chunk = mult > 0 && ks > 1 ? group_pieces * mult : 0;
   const int warps = ks > 8 ? ks : 8, tiles_per_block = warps / ks;
   const unsigned blocks = static_cast<unsigned>((q.tiles + tiles_per_block - 1) / tiles_per_block);
   auto kernel = gemv_stream_kernel<BITS, S, D, G32, ASYM>;
   static const bool raised = allow_optin_shared(kernel, optin, "gemv stream");
   (void)raised;
-  qlaunch(kernel, blocks, warps * 32, static_cast<size_t>(stream_smem(q)), stream, q, per, chunk);
+  qlaunch(kernel, blocks, warps * 32, static_cast<size_t>(stream_smem(q)), stream, q, per);
 }
 
 // The four scale variants (group 32 or larger, symmetric or not) of S and D.
