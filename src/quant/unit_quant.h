@@ -52,9 +52,7 @@ class UnitQuantizer {
   QuantizedWeight quantize_trellis(const std::vector<float>& w, const QuantSetting& st,
                                    double* rel_error);
   double trellis_error(const std::vector<float>& w, const QuantSetting& st);
-  // Mixed settings (per-group widths) have no GPU GPTQ: on the GPU path the CPU quantizes them
-  // from the device's Hessian, fetched once per input.
-  void ensure_cpu_prep();
+  // On the GPU path, the device's Hessian fetched once per input (for the scale refit).
   void ensure_host_hessian();
 
   // Rows of n_ values (a weight, or the unit's input tokens) as GPTQ sees them: m itself, or
