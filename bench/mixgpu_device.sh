@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Session 9's device runs for the GPU GPTQ of mixes of two widths (docs/quantization.md, "Mixes
 # of two widths"), in two calls on one warm machine (gyre + gyre_tests and gyre-ref-25M do not
-# fit one 64 MiB transfer with the repo):
-#   bench/mixgpu_device.sh tests    carries .device/lead/{gyre,gyre_tests}.xz and .device/libs
+# fit one 64 MiB transfer with the repo; the second call must come within the machine's 30 s
+# warm window, or it finds no binary and stops):
+#   bench/mixgpu_device.sh tests    carries .device/lead/{gyre,gyre_tests}.xz and the shared
+#                                   libraries the device lacks in .device/libs or .device/lead
 #                                   (unpacked into .device/bin, which stays for the next call):
 #                                   the quantizer's CUDA tests, then the conversion time of
 #                                   `convert --synthetic llama3-8b --synthetic-layers 4
 #                                   --head-bits 0 --bpw 4.0` with --no-mixes and without
 #   bench/mixgpu_device.sh quality  carries .device/ref25/ref25.tar.xz and .device/text/{calib,
 #                                   eval}.txt (the calibration and evaluation bytes of
-#                                   bench/ref25_quality.sh): gyre-ref-25M at 4.0 and 3.0 bpw
-#                                   from one GPU measurement, with and without its mixes
+#                                   bench/ref25_quality.sh; made from .device/shared's wikitext2
+#                                   when absent): gyre-ref-25M at 4.0 and 3.0 bpw from one GPU
+#                                   measurement, with and without its mixes
 # Logs land in $OUT.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -22,7 +25,7 @@ if [ -d .device/lead ]; then
       python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$f" "$b"
     chmod +x "$b"
   done
-  cp .device/libs/* .device/bin/ 2>/dev/null
+  cp .device/libs/* .device/lead/*.so* .device/bin/ 2>/dev/null
 fi
 [ -x .device/bin/gyre ] || { echo "no .device/bin/gyre (a fresh machine?)"; exit 3; }
 export LD_LIBRARY_PATH=$PWD/.device/bin:${LD_LIBRARY_PATH:-}
@@ -44,6 +47,12 @@ if [ "${1:-tests}" = tests ]; then
     grep -iE "measure|pass|seconds| s$|bpw|bits per weight|peak" "$OUT/syn_$mode.log" | tail -10 >>"$SUMMARY"
   done
 else
+  if [ ! -f .device/text/calib.txt ]; then
+    T=.device/shared/fixtures/text/wikitext2-test.txt
+    mkdir -p .device/text
+    head -c 200000 "$T" >.device/text/calib.txt
+    tail -c +700001 "$T" | head -c 14000 >.device/text/eval.txt
+  fi
   tar -C /tmp -xJf .device/ref25/ref25.tar.xz
   M=/tmp/gyre-ref-25M
   conv() {  # name, then convert options
