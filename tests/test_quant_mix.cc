@@ -28,6 +28,7 @@
 #include "quant/convert_pass.h"
 #include "quant/gptq.h"
 #include "quant/measure.h"
+#include "quant/synthetic.h"
 #include "quant_file_test_util.h"
 
 namespace gyre::quant {
@@ -317,6 +318,60 @@ TEST(QuantMix, OptimizerPicksAMixWhenItIsBetterPerBit) {
       EXPECT_GT(fours, 0);
     }
   }
+}
+
+// --no-mixes (QuantContext::mixes false) measures the one-width candidates alone, with the same
+// errors as a measurement that includes the mixes (candidates are independent).
+TEST(QuantMix, MeasurementWithoutMixesIsTheOneWidthPart) {
+  ModelConfig c;
+  c.arch = "llama";
+  c.dim = 128, c.hidden_dim = 256, c.n_layers = 1, c.n_heads = 4, c.n_kv_heads = 2;
+  c.head_dim = 32, c.vocab_size = 100, c.max_seq_len = 32, c.norm_eps = 1e-5f;
+  c.rope.rot_dim = 32;
+  LoadedModel lm;
+  lm.config = c;
+  QuantContext ctx;
+  ctx.model = &lm;
+  ctx.threads = 2;
+  ctx.progress = false;
+  std::mt19937 rng(5);
+  for (int r = 0; r < 4; ++r) {
+    std::vector<int> row;
+    for (int i = 0; i < 32; ++i) row.push_back(static_cast<int>(rng() % 100));
+    ctx.rows.push_back(row);
+  }
+  ctx.blocks = [&](int layer) { return synthetic_block(c, layer, 2); };
+  ctx.embed = [&](const std::vector<std::vector<int>>& rows) {
+    std::vector<float> out;
+    for (const auto& row : rows)
+      for (int id : row)
+        for (int k = 0; k < c.dim; ++k) out.push_back(std::sin(0.37f * id + 0.11f * k));
+    return out;
+  };
+  auto backend = make_cpu_backend(2);
+  ctx.backend = backend.get();
+  Measurement with, without;
+  measure(ctx, with, [](const Measurement&) {});
+  ctx.mixes = false;
+  measure(ctx, without, [](const Measurement&) {});
+  ASSERT_EQ(with.layers.size(), 7u);
+  ASSERT_EQ(without.layers.size(), 7u);
+  size_t mixes = 0;
+  for (size_t l = 0; l < with.layers.size(); ++l) {
+    const LayerErrors &a = with.layers[l], &b = without.layers[l];
+    std::vector<std::pair<QuantSetting, double>> one_width;
+    for (const auto& e : a.errors)
+      if (e.first.mixed())
+        ++mixes;
+      else
+        one_width.push_back(e);
+    ASSERT_EQ(one_width.size(), b.errors.size()) << a.name;
+    for (size_t i = 0; i < b.errors.size(); ++i) {
+      EXPECT_EQ(one_width[i].first, b.errors[i].first) << a.name;
+      EXPECT_EQ(one_width[i].second, b.errors[i].second) << a.name;
+    }
+  }
+  EXPECT_GT(mixes, 0u);  // 3-bit g64 mixes of the 128-wide layers, g128 ones of down_proj
 }
 
 }  // namespace

@@ -78,6 +78,8 @@ void add_convert_command(CLI::App& app) {
                   "baseline: every layer at BITS:GROUP[:asym], no measurement; "
                   "BITS:GROUP:sym|asym:MIXBITSxEIGHTHS mixes two widths");
   cmd->add_flag("--rtn", o->rtn, "baseline: round to nearest instead of GPTQ");
+  cmd->add_flag("!--no-mixes", o->mixes,
+                "measure one-width settings only (no mixes of two widths: a shorter measurement)");
   cmd->add_flag("!--no-act-order", o->act_order, "visit columns in their stored order");
   cmd->add_option("-t,--threads", o->threads, "CPU threads (default: all cores)");
   cmd->add_flag("!--no-progress", o->progress, "no progress bar on stderr");

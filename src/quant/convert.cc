@@ -179,6 +179,7 @@ void open_runtime(const ConvertOptions& o, QuantContext& ctx, QuantRuntime& rt) 
   ctx.damp = o.damp;
   ctx.act_order = o.act_order;
   ctx.rtn = o.rtn;
+  ctx.mixes = o.mixes;
   ctx.clip_search = o.clip_search;
   ctx.target_correction = o.target_correction;
   GYRE_CHECK(o.target_damp > 0.0 && o.target_damp <= 100.0,

@@ -45,7 +45,8 @@ struct ConvertOptions {
   // nearest instead of GPTQ.
   std::string uniform;
   bool rtn = false;
-  int threads = 0;  // <= 0: all cores
+  bool mixes = true;  // false: measure one-width candidates only (a shorter measurement)
+  int threads = 0;    // <= 0: all cores
   // "cpu", "cuda" or "cuda:N": where the block forward, Hessians and GPTQ run; empty: the GPU
   // when Gyre has CUDA and one is present (gptq_device.h), else the CPU.
   std::string device;

@@ -14,9 +14,13 @@ namespace gyre::quant {
 #ifdef GYRE_HAVE_CUDA
 namespace {
 
-cuda::Setting device_setting(const QuantSetting& st, int64_t cols) {
+// A mix's wide groups are chosen from the device Hessian's diagonal exactly as gptq_quantize
+// chooses them from GptqPrep::hdiag (the same values up to summation order).
+cuda::Setting device_setting(const QuantSetting& st, int64_t cols,
+                             const std::vector<double>& hdiag) {
   quant_setting_validate(st, cols, "quantize");
-  return {st.bits, st.group_size, st.sym ? 1 : 0};
+  return {st.bits, st.group_size, st.sym ? 1 : 0, st.mix_bits,
+          mix_hi_groups(st, hdiag.data(), cols)};
 }
 
 class CudaGptq final : public GptqDevice {
@@ -47,7 +51,7 @@ class CudaGptq final : public GptqDevice {
     // a vector quantizer per 16 columns, its own LDLQ sweep stacked with the others').
     std::vector<cuda::Setting> ds;
     for (const QuantSetting& st : settings)
-      if (!st.trellis) ds.push_back(device_setting(st, n_));
+      if (!st.trellis) ds.push_back(device_setting(st, n_, engine_.hessian_diagonal()));
     const double den = engine_.set_weight(w, rows);
     const std::vector<double> scalar = ds.empty() ? std::vector<double>{} : engine_.run(ds, false);
     std::vector<double> out(settings.size(), 0.0);
@@ -134,9 +138,11 @@ class CudaGptq final : public GptqDevice {
                            double* rel_error) override {
     if (st.trellis) return quantize_one_trellis(w, rows, st, rel_error);
     const double den = engine_.set_weight(w, rows);
-    const double num = engine_.run({device_setting(st, n_)}, true)[0];
+    cuda::Setting ds = device_setting(st, n_, engine_.hessian_diagonal());
+    const double num = engine_.run({ds}, true)[0];
     if (rel_error != nullptr) *rel_error = den > 0.0 ? num / den : 0.0;
     QuantizedWeight out = shell(rows, st);
+    out.hi_groups = std::move(ds.hi_groups);
     std::vector<uint8_t> q(out.dequant.size());
     std::vector<float> scales(out.scales.size()), mins(out.scales.size());
     engine_.fetch(out.dequant.data(), q.data(), scales.data(), mins.data());

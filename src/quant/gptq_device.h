@@ -20,7 +20,7 @@ class GptqDevice {
   // device for the weights that follow. Throws gyre::Error when H cannot be factored.
   virtual void set_input(const float* x, int64_t tokens, int n, double damp, bool act_order,
                          bool clip_search) = 0;
-  // [n x n]: for tests, and the CPU GPTQ of mixed settings (unit_quant.h)
+  // [n x n]: for tests and the scale refit (unit_quant.h)
   virtual std::vector<double> hessian() const = 0;
   virtual double damp_used() const = 0;
   // Target correction (target_correction.h) on the device: C = 2/N x_fp^T x_q from x_fp, the
@@ -32,7 +32,8 @@ class GptqDevice {
   virtual std::vector<double> cross_covariance() const = 0;  // C [n x n], for tests
   // W* [rows, n] = W (C + lambda I)(H + lambda I)^-1 of w [rows, n] (host floats).
   virtual std::vector<float> corrected_target(const float* w, int rows) = 0;
-  // tr(E H E^T) / tr(W H W^T) of GPTQ at each setting for w [rows, n] (host floats). A trellis
+  // tr(E H E^T) / tr(W H W^T) of GPTQ at each setting for w [rows, n] (host floats); a mix of two
+  // widths quantizes the groups mix_hi_groups picks from H's diagonal at mix_bits. A trellis
   // setting (st.trellis) runs the trellis LDLQ of quant/gptq_trellis.h instead, in the natural
   // column order whatever set_input's act_order (quant/cuda/trellis_ldlq.h).
   virtual std::vector<double> errors(const float* w, int rows,

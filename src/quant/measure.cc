@@ -209,10 +209,8 @@ void measure(const QuantContext& ctx, Measurement& m,
   const int rows = static_cast<int>(ctx.rows.size());
   const int length = static_cast<int>(ctx.rows[0].size());
   std::vector<QuantSetting> all = candidate_settings();
-  // Mixes choose their groups from the Hessian: GPTQ only. The GPU GPTQ has no per-group widths
-  // yet (the CPU would quantize every mix from the device's Hessian, hours at 8B): CPU path only.
-  if (ctx.rtn || ctx.gpu != nullptr)
-    std::erase_if(all, [](const QuantSetting& s) { return s.mixed(); });
+  // Mixes choose their groups from the Hessian: GPTQ only (on either device).
+  if (ctx.rtn || !ctx.mixes) std::erase_if(all, [](const QuantSetting& s) { return s.mixed(); });
   // A unit's candidates: with --trellis the trellis ones alone where the unit takes them (the
   // CPU encoder's cost is per candidate), else the scalar ones that fit its width.
   auto unit_cands = [&](Unit unit, int64_t cols) {

@@ -71,6 +71,7 @@ struct QuantContext {
   double damp = 0.01;
   bool act_order = true;
   bool rtn = false;          // round to nearest instead of GPTQ (a baseline)
+  bool mixes = true;         // mixes of two widths among the candidates (GPTQ only)
   bool clip_search = false;  // GPTQ group parameters by a clipping search (gptq.h)
   bool hadamard = false;     // rotate every decoder unit's input (quant/hadamard.h)
   // Trellis-coded candidates (gptq_trellis.h) instead of the scalar ones for every rotated unit

@@ -94,14 +94,6 @@ void UnitQuantizer::ensure_host_hessian() {
   if (h_.empty()) h_ = ctx_.gpu->hessian();
 }
 
-void UnitQuantizer::ensure_cpu_prep() {
-  if (prep_ready_) return;
-  ensure_host_hessian();
-  prep_ = gptq_prepare(h_, n_, ctx_.damp, ctx_.act_order);
-  prep_.clip_search = ctx_.clip_search;
-  prep_ready_ = true;
-}
-
 QuantizedWeight UnitQuantizer::quantize_cpu(const std::vector<float>& w,
                                             const QuantSetting& st) const {
   const int rows = static_cast<int>(static_cast<int64_t>(w.size()) / n_);
@@ -174,9 +166,9 @@ std::vector<double> UnitQuantizer::errors(const std::vector<float>& w_in,
   for (const QuantSetting& st : settings) all_trellis = all_trellis && st.trellis;
   const std::vector<float>& w = all_trellis ? w_in : in_rotated_space(w_in, rotated);
   const int rows = static_cast<int>(static_cast<int64_t>(w.size()) / n_);
-  // Scalar settings go to the GPU in one call when there is one, and so do the trellis settings
-  // (on their sample; stacked into one LDLQ sweep there); mixed settings (no GPU GPTQ) and, on
-  // the CPU, trellis settings are quantized here.
+  // Scalar settings (one width or a mix of two) go to the GPU in one call when there is one, and
+  // so do the trellis settings (on their sample; stacked into one LDLQ sweep there); on the CPU,
+  // trellis settings are quantized here.
   std::vector<double> out(settings.size(), 0.0);
   std::vector<QuantSetting> gpu_settings, gpu_trellis;
   std::vector<size_t> gpu_at, trellis_at;
@@ -193,11 +185,10 @@ std::vector<double> UnitQuantizer::errors(const std::vector<float>& w_in,
       } else {
         quantize_trellis(*sample, st, &out[i]);
       }
-    } else if (on_gpu() && !st.mixed()) {
+    } else if (on_gpu()) {
       gpu_settings.push_back(st);
       gpu_at.push_back(i);
     } else {
-      if (on_gpu()) ensure_cpu_prep();
       out[i] = relative_error(w.data(), quantize_cpu(w, st), h_, ctx_.threads);
     }
   }
@@ -231,10 +222,9 @@ QuantizedWeight UnitQuantizer::quantize(const std::vector<float>& w_in, const Qu
   QuantizedWeight q;
   if (st.trellis) {
     q = quantize_trellis(w, st, rel_error);
-  } else if (on_gpu() && !st.mixed()) {
+  } else if (on_gpu()) {
     q = ctx_.gpu->quantize(w.data(), rows, st, rel_error);
   } else {
-    if (on_gpu()) ensure_cpu_prep();
     q = quantize_cpu(w, st);
     if (rel_error != nullptr && !refit) *rel_error = relative_error(w.data(), q, h_, ctx_.threads);
   }

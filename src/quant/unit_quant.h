@@ -66,9 +66,7 @@ class UnitQuantizer {
   // sub) spread over the weight.
   const std::vector<float>& trellis_sample(const std::vector<float>& w,
                                            std::vector<float>& sub) const;
-  // Mixed settings (per-group widths) have no GPU GPTQ: on the GPU path the CPU quantizes them
-  // from the device's Hessian, fetched once per input.
-  void ensure_cpu_prep();
+  // On the GPU path, the device's Hessian fetched once per input (for the scale refit).
   void ensure_host_hessian();
 
   // Rows of n_ values (a weight, or the unit's input tokens) as GPTQ sees them: m itself, or

@@ -3,9 +3,10 @@
 // the columns (rows are independent), outside it one float64 GEMM per block applies the lazy
 // update. Every candidate setting of a measurement runs at once: the candidates' copies of the
 // weight are stacked as extra rows (R = candidates x rows), so U is read once per block for all.
-// Engine::trellis runs the trellis LDLQ (trellis_ldlq.cu) on the same Hessian, factor and error
-// measurement; Engine::trellis_errors stacks the candidate K of a measurement like the scalar
-// settings.
+// A mix of two widths quantizes each group at its own width (a per-group flag says which), as
+// gptq.cc does. Engine::trellis runs the trellis LDLQ (trellis_ldlq.cu) on the same Hessian,
+// factor and error measurement; Engine::trellis_errors stacks the candidate K of a measurement
+// like the scalar settings.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -26,7 +27,15 @@ constexpr int kMaxGroup = 128;
 // Bytes the stacked candidates may take (work weights, errors, dequantized values).
 constexpr double kBatchBytes = 24e9;
 
-using DevSetting = Setting;
+// A candidate on the device: a mix's groups at mix_bits are those g with hi[hi_at + g] != 0.
+struct DevSetting {
+  int bits, group, sym, mix_bits, hi_at;  // hi_at -1: one width
+};
+
+// The width one group is quantized at.
+struct Width {
+  int bits, sym;
+};
 
 struct GptqArgs {
   double* w;            // [R x n] column-major, visiting order (updated in place)
@@ -38,7 +47,8 @@ struct GptqArgs {
   const int* first[3];  // per group size 32/64/128: visiting position of each group's first column
   const double* hdiag;  // original order
   const DevSetting* settings;
-  float* scale;  // [n / 32 x R]: group g of row r at g * R + r
+  const uint8_t* hi;  // the mixes' per-group flags
+  float* scale;       // [n / 32 x R]: group g of row r at g * R + r
   float* minv;
   double* err;     // [R x kBlock]
   float* dequant;  // [R x n] column-major, original order
@@ -50,21 +60,21 @@ __device__ double round_f16(double x) {
   return __half2float(__float2half_rn(static_cast<float>(x)));
 }
 
-__device__ int quantize_value(double w, const DevSetting& st, float s, float m) {
+__device__ int quantize_value(double w, const Width& st, float s, float m) {
   const int offset = 1 << (st.bits - 1), qmax = (1 << st.bits) - 1;
   if (s == 0.0f) return st.sym ? offset : 0;
   const double q = st.sym ? rint(w / s) + offset : rint((w - m) / s);
   return static_cast<int>(fmin(fmax(q, 0.0), static_cast<double>(qmax)));
 }
 
-__device__ float dequant_value(const DevSetting& st, int q, float s, float m) {
+__device__ float dequant_value(const Width& st, int q, float s, float m) {
   if (st.sym) return s * static_cast<float>(q - (1 << (st.bits - 1)));
   return s * static_cast<float>(q) + m;
 }
 
 // choose_group_params(_clipped) of gptq.cc.
-__device__ void choose_params(const double* v, const double* h, int n, const DevSetting& st,
-                              bool clip, float& s, float& m, int* bad) {
+__device__ void choose_params(const double* v, const double* h, int n, const Width& st, bool clip,
+                              float& s, float& m, int* bad) {
   double lo = INFINITY, hi = -INFINITY, amax = 0.0;
   for (int i = 0; i < n; ++i) {
     lo = fmin(lo, v[i]);
@@ -115,6 +125,7 @@ __global__ void __launch_bounds__(kRowsPerCta) gptq_block(GptqArgs a) {
   double v[kMaxGroup];
   for (int j = a.i1; j < a.i2; ++j) {
     const int col = a.order[j], g = col / gs;
+    const Width wd{st.hi_at >= 0 && a.hi[st.hi_at + g] ? st.mix_bits : st.bits, st.sym};
     float s, m;
     if (first[g] == j) {  // first visit of this group: parameters from its current values
       for (int i = 0; i < gs; ++i) {
@@ -129,7 +140,7 @@ __global__ void __launch_bounds__(kRowsPerCta) gptq_block(GptqArgs a) {
         }
         v[i] = x;
       }
-      choose_params(v, a.hdiag + g * gs, gs, st, a.clip, s, m, a.bad);
+      choose_params(v, a.hdiag + g * gs, gs, wd, a.clip, s, m, a.bad);
       a.scale[g * a.big_r + r] = s;
       a.minv[g * a.big_r + r] = m;
     } else {
@@ -138,8 +149,8 @@ __global__ void __launch_bounds__(kRowsPerCta) gptq_block(GptqArgs a) {
     }
     const double* uj = a.u + int64_t{j} * a.n;
     const double wj = blk[(j - a.i1) * kRowsPerCta + t];
-    const int q = quantize_value(wj, st, s, m);
-    const float deq = dequant_value(st, q, s, m);
+    const int q = quantize_value(wj, wd, s, m);
+    const float deq = dequant_value(wd, q, s, m);
     const double e = (wj - deq) / uj[j];
     a.err[r + (j - a.i1) * a.big_r] = e;
     a.dequant[r + int64_t{col} * a.big_r] = deq;
@@ -220,9 +231,10 @@ struct Engine::Impl {
   double lambda = -1;    // target correction's; < 0 when not set for this input
   bool clip = false;
   std::vector<int> order;
+  std::vector<double> hdiag;  // host copy of hdiag_d
   int last_group = 0;
   DevBuf xf, xd, h, u, work1, work2, flag, order_d, pos_d, first_d[3], hdiag_d, dead_d, w_f, w_v, f,
-      err, scale, minv, dequant, q, sets, sums, cross, chol;
+      err, scale, minv, dequant, q, sets, hi, sums, cross, chol;
   // The trellis LDLQ's: its words, the natural-order factor when set_input's order is not.
   DevBuf words, order_nat, u_nat, src_d;
   bool u_nat_ready = false;
@@ -269,6 +281,10 @@ int device_count() {
 
 double Engine::damp_used() const {
   return impl_->damp_used;
+}
+
+const std::vector<double>& Engine::hessian_diagonal() const {
+  return impl_->hdiag;
 }
 
 std::vector<double> Engine::hessian() const {
@@ -327,6 +343,7 @@ void Engine::set_input(const float* x, int64_t tokens, int n, double damp, bool 
   upload(m.order_d, m.order.data(), m.order.size(), m.s);
   upload(m.pos_d, pos.data(), pos.size(), m.s);
   upload(m.hdiag_d, diag.data(), diag.size(), m.s);
+  m.hdiag = diag;
   upload(m.dead_d, dead.data(), dead.size(), m.s);
   double* u = m.u.as<double>(static_cast<size_t>(n) * n);
   for (double d = std::max(damp, 1e-6);; d *= 10.0) {
@@ -413,10 +430,15 @@ std::vector<double> Engine::run(const std::vector<Setting>& settings, bool want_
   Impl& m = *impl_;
   GYRE_CHECK(m.rows > 0 && m.count == 1, "internal: gptq device without (one) weight");
   GYRE_CHECK(!want_outputs || settings.size() == 1, "internal: outputs of one setting only");
-  for (const Setting& st : settings)
+  for (const Setting& st : settings) {
     GYRE_CHECK((st.group == 32 || st.group == 64 || st.group == 128) && m.n % st.group == 0 &&
                    st.bits >= 2 && st.bits <= 8,
                "gptq: the GPU supports groups of 32, 64 and 128 dividing the width");
+    GYRE_CHECK(st.hi_groups.empty() || (st.mix_bits >= 2 && st.mix_bits <= 8),
+               "internal: a mix's second width must be 2..8 bits");
+    for (int g : st.hi_groups)
+      GYRE_CHECK(g >= 0 && g < m.n / st.group, "internal: a mix's group is out of range");
+  }
   const double per_cand = static_cast<double>(m.rows) * m.n * 20.0;
   const size_t batch =
       std::max<size_t>(1, std::min(settings.size(), static_cast<size_t>(kBatchBytes / per_cand)));
@@ -434,7 +456,19 @@ std::vector<double> Engine::run(const std::vector<Setting>& settings, bool want_
 std::vector<double> Engine::Impl::run_batch(const std::vector<Setting>& settings, bool want_q) {
   const int cands = static_cast<int>(settings.size());
   const int64_t big_r = rows * cands, big = big_r * n;
-  upload(sets, settings.data(), settings.size(), s);
+  // The device settings, and one flag per group for each mix (the host vectors live until the
+  // sync below, so the asynchronous copies may read them).
+  std::vector<DevSetting> dev;
+  std::vector<uint8_t> flags(1, 0);  // never empty: an upload of nothing has no buffer
+  for (const Setting& st : settings) {
+    dev.push_back({st.bits, st.group, st.sym, st.mix_bits, -1});
+    if (st.hi_groups.empty()) continue;
+    dev.back().hi_at = static_cast<int>(flags.size());
+    flags.resize(flags.size() + static_cast<size_t>(n / st.group), 0);
+    for (int g : st.hi_groups) flags[static_cast<size_t>(dev.back().hi_at + g)] = 1;
+  }
+  upload(sets, dev.data(), dev.size(), s);
+  upload(hi, flags.data(), flags.size(), s);
   double* w = w_v.as<double>(static_cast<size_t>(big));
   stack_visiting<<<blocks_for(big, 256), 256, 0, s>>>(w, w_f.get<float>(), rows, cands, n,
                                                       order_d.get<int>(), dead_d.get<uint8_t>());
@@ -449,7 +483,8 @@ std::vector<double> Engine::Impl::run_batch(const std::vector<Setting>& settings
   a.pos = pos_d.get<int>();
   for (int k = 0; k < 3; ++k) a.first[k] = first_d[k].get<int>();
   a.hdiag = hdiag_d.get<double>();
-  a.settings = sets.get<Setting>();
+  a.settings = sets.get<DevSetting>();
+  a.hi = hi.get<uint8_t>();
   a.scale = scale.as<float>(static_cast<size_t>(n / 32) * big_r);
   a.minv = minv.as<float>(static_cast<size_t>(n / 32) * big_r);
   a.err = err.as<double>(static_cast<size_t>(big_r) * kBlock);

@@ -7,8 +7,12 @@
 
 namespace gyre::quant::cuda {
 
+// One candidate. A mix of two widths (model/gyre_qformat.h) names the groups quantized at
+// mix_bits instead of bits (the caller picks them: mix_hi_groups of hessian_diagonal()).
 struct Setting {
   int bits, group, sym;  // group 32, 64 or 128
+  int mix_bits = 0;      // 0: one width
+  std::vector<int> hi_groups;
 };
 
 class Engine {
@@ -21,6 +25,8 @@ class Engine {
   void set_input(const float* x, int64_t tokens, int n, double damp, bool act_order,
                  bool clip_search);
   std::vector<double> hessian() const;
+  // H's diagonal with a zero entry (a dead column) counted as 1, as GptqPrep::hdiag.
+  const std::vector<double>& hessian_diagonal() const;
   double damp_used() const;
   // Target correction (GptqDevice::set_target): C from x_fp and x_q (the input of the last
   // set_input), the factor of H + lambda I; returns lambda.
