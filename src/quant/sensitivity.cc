@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <future>
 #include <mutex>
+#include <string>
 
 #include "core/error.h"
 #include "engine/eval.h"
@@ -110,6 +111,9 @@ std::map<std::string, UnitSensitivity> measure_sensitivity(const QuantContext& c
   // the earlier units' states, probing (the partial forward, Hessian, GPTQ), the final logits and
   // KLs.
   double t_load = 0, t_carry = 0, t_probe = 0, t_kl = 0;
+  // The probes' parts: the reference forward keeping the units' inputs, Hessians and GPTQ
+  // (host rotations included), uploading the perturbed weights, the perturbed forwards.
+  double t_reference = 0, t_quantize = 0, t_upload = 0, t_forward = 0;
   int64_t carried = 0;
   auto clock = std::chrono::steady_clock::now();
   auto lap = [&](double& into) {
@@ -149,6 +153,7 @@ std::map<std::string, UnitSensitivity> measure_sensitivity(const QuantContext& c
       unit_inputs[static_cast<int>(at)] = x;
     });
     const int64_t tokens = ref.rows;
+    lap(t_reference);
     for (int u = 0; u < kUnits; ++u) {
       const Unit unit = static_cast<Unit>(u);
       const std::vector<float>& x = unit_inputs[u];
@@ -170,10 +175,17 @@ std::map<std::string, UnitSensitivity> measure_sensitivity(const QuantContext& c
         QuantizedWeight q = uq.quantize(w.t.at(name), st, &err);
         s.s.probe_error += err;
         dequant.push_back(std::move(q.dequant));
-        perturbed.t[name] = runner.upload_tensor(name, dequant.back());
       }
+      lap(t_quantize);
+      for (size_t i = 0; i < dequant.size(); ++i)
+        perturbed.t[unit_linears(unit)[i]] =
+            runner.upload_tensor(unit_linears(unit)[i], dequant[i]);
       Tensor h = runner.to_device(input);
+      runner.backend().synchronize();
+      lap(t_upload);
       runner.run(h, std::move(perturbed), nullptr);
+      runner.backend().synchronize();
+      lap(t_forward);
       bar.step();
       s.key = layer_tensor(b, unit_linears(unit)[0].c_str());
       const size_t bytes = h.row_bytes() * static_cast<size_t>(h.rows);
@@ -207,11 +219,19 @@ std::map<std::string, UnitSensitivity> measure_sensitivity(const QuantContext& c
   }
   lap(t_kl);
   bar.finish();
+  t_probe += t_reference + t_quantize + t_upload + t_forward;
+  std::string parts;
+  if (ctx.timings != nullptr)
+    parts = "of which Hessians " + std::to_string(ctx.timings->hessian) + " s, GPTQ " +
+            std::to_string(ctx.timings->gptq) + " s, " + timing_breakdown(*ctx.timings);
   std::fprintf(
       stderr,
       "sensitivity: %zu units; blocks loaded+uploaded %.1f s, %lld carried block forwards "
-      "%.1f s, probes %.1f s, logits+KL %.1f s (%s); %zu of them kept on the backend\n",
-      out.size(), t_load, static_cast<long long>(carried), t_carry, t_probe, t_kl,
+      "%.1f s, probes %.1f s (reference forwards %.1f, Hessians+GPTQ %.1f, uploads %.1f, "
+      "perturbed forwards %.1f; %s), logits+KL %.1f s (%s); %zu of them kept on the backend\n",
+      out.size(), t_load, static_cast<long long>(carried), t_carry, t_probe, t_reference,
+      t_quantize, t_upload, t_forward,
+      parts.c_str(), t_kl,
       runner.backend().name().c_str(),
       static_cast<size_t>(std::count_if(streams.begin(), streams.end(),
                                         [](const Stream& s) { return s.on_host.empty(); })));
