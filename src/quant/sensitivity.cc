@@ -230,9 +230,7 @@ std::map<std::string, UnitSensitivity> measure_sensitivity(const QuantContext& c
       "%.1f s, probes %.1f s (reference forwards %.1f, Hessians+GPTQ %.1f, uploads %.1f, "
       "perturbed forwards %.1f; %s), logits+KL %.1f s (%s); %zu of them kept on the backend\n",
       out.size(), t_load, static_cast<long long>(carried), t_carry, t_probe, t_reference,
-      t_quantize, t_upload, t_forward,
-      parts.c_str(), t_kl,
-      runner.backend().name().c_str(),
+      t_quantize, t_upload, t_forward, parts.c_str(), t_kl, runner.backend().name().c_str(),
       static_cast<size_t>(std::count_if(streams.begin(), streams.end(),
                                         [](const Stream& s) { return s.on_host.empty(); })));
   return out;
