@@ -18,6 +18,7 @@
 #include "backend/backend.h"
 #include "core/half.h"
 #include "core/mapped_file.h"
+#include "quant/gptq_device.h"
 #include "quant/sensitivity.h"
 #include "quant/synthetic.h"
 #include "quant/unit_quant.h"
@@ -249,6 +250,27 @@ TEST(QuantSensitivityCuda, GpuKlMatchesHostAndPassMatchesCpu) {
       EXPECT_NEAR(got.at(key).kl, w.kl, 0.1 * w.kl + 1e-5) << key;
       EXPECT_NEAR(got.at(key).probe_error, w.probe_error, 0.05 * w.probe_error) << key;
     }
+  }
+}
+
+// GPTQ probes on the GPU: the pass runs the units of a block at once, units 1.. on quantizers of
+// their own (GptqDevice::another) on other host threads; the numbers must be those of the
+// sequential per-unit recomputation on the one quantizer (the CPU backend's forwards, so only the
+// quantizers differ; their float64 sums may differ in order).
+TEST(QuantSensitivityCuda, ParallelGpuProbesEqualSequentialOnes) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  TinyModel t("cpu");
+  const std::unique_ptr<GptqDevice> gpu = make_gptq_device("cuda");
+  t.ctx.gpu = gpu.get();
+  const QuantSetting probe{3, 32, true};
+  const auto want = recompute(t.ctx, probe, t.norm, t.head);
+  const auto got = measure_sensitivity(t.ctx, probe, 8);
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [key, w] : want) {
+    ASSERT_TRUE(got.count(key)) << key;
+    EXPECT_GT(w.kl, 1e-6) << key;
+    EXPECT_NEAR(got.at(key).kl, w.kl, 1e-9 * w.kl) << key;
+    EXPECT_NEAR(got.at(key).probe_error, w.probe_error, 1e-9 * w.probe_error) << key;
   }
 }
 #endif

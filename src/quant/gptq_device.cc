@@ -25,21 +25,30 @@ cuda::Setting device_setting(const QuantSetting& st, int64_t cols,
 
 class CudaGptq final : public GptqDevice {
  public:
-  explicit CudaGptq(int ordinal) : engine_(ordinal) {}
+  explicit CudaGptq(int ordinal) : engine_(ordinal), ordinal_(ordinal) {}
+  std::unique_ptr<GptqDevice> another() const override {
+    return std::make_unique<CudaGptq>(ordinal_);
+  }
   void set_input(const float* x, int64_t tokens, int n, double damp, bool act_order,
                  bool clip_search) override {
+    engine_.make_current();
     engine_.set_input(x, tokens, n, damp, act_order, clip_search);
     n_ = n;
   }
-  std::vector<double> hessian() const override { return engine_.hessian(); }
+  std::vector<double> hessian() const override {
+    engine_.make_current();
+    return engine_.hessian();
+  }
   double damp_used() const override { return engine_.damp_used(); }
 
   double set_target(const float* x_fp, const float* x_q, int64_t tokens,
                     double target_damp) override {
+    engine_.make_current();
     return engine_.set_target(x_fp, x_q, tokens, target_damp);
   }
   std::vector<double> cross_covariance() const override { return engine_.cross(); }
   std::vector<float> corrected_target(const float* w, int rows) override {
+    engine_.make_current();
     std::vector<float> out(static_cast<size_t>(rows) * n_);
     engine_.corrected_target(w, rows, out.data());
     return out;
@@ -47,6 +56,7 @@ class CudaGptq final : public GptqDevice {
 
   std::vector<double> errors(const float* w, int rows,
                              const std::vector<QuantSetting>& settings) override {
+    engine_.make_current();
     // Scalar settings run stacked at once, and so do trellis ones of one group (each of those
     // a vector quantizer per 16 columns, its own LDLQ sweep stacked with the others').
     std::vector<cuda::Setting> ds;
@@ -82,6 +92,7 @@ class CudaGptq final : public GptqDevice {
   std::vector<std::vector<double>> trellis_errors(
       const std::vector<const float*>& ws, int rows,
       const std::vector<QuantSetting>& settings) override {
+    engine_.make_current();
     GYRE_CHECK(!ws.empty() && !settings.empty(), "internal: empty trellis stack");
     std::vector<int> ks, of;
     for (size_t i = 0; i < ws.size(); ++i)
@@ -105,6 +116,7 @@ class CudaGptq final : public GptqDevice {
   std::vector<QuantizedWeight> quantize_trellis(const std::vector<const float*>& ws, int rows,
                                                 const std::vector<QuantSetting>& settings,
                                                 std::vector<double>* rel_errors) override {
+    engine_.make_current();
     GYRE_CHECK(!ws.empty() && ws.size() == settings.size(), "internal: trellis stack sizes differ");
     std::vector<int> ks, of;
     for (size_t i = 0; i < ws.size(); ++i) {
@@ -136,6 +148,7 @@ class CudaGptq final : public GptqDevice {
 
   QuantizedWeight quantize(const float* w, int rows, const QuantSetting& st,
                            double* rel_error) override {
+    engine_.make_current();
     if (st.trellis) return quantize_one_trellis(w, rows, st, rel_error);
     const double den = engine_.set_weight(w, rows);
     cuda::Setting ds = device_setting(st, n_, engine_.hessian_diagonal());
@@ -192,6 +205,7 @@ class CudaGptq final : public GptqDevice {
   }
 
   cuda::Engine engine_;
+  int ordinal_ = 0;
   int n_ = 0;
 };
 

@@ -16,6 +16,9 @@ namespace gyre::quant {
 class GptqDevice {
  public:
   virtual ~GptqDevice() = default;
+  // A second quantizer on the same GPU with its own stream and buffers, for work on another host
+  // thread (each device object is used by one thread at a time).
+  virtual std::unique_ptr<GptqDevice> another() const = 0;
   // The unit's input x [tokens, n] (host floats): its Hessian and GPTQ's factor, kept on the
   // device for the weights that follow. Throws gyre::Error when H cannot be factored.
   virtual void set_input(const float* x, int64_t tokens, int n, double damp, bool act_order,

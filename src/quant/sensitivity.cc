@@ -5,12 +5,14 @@
 #include <cmath>
 #include <cstdio>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <string>
 
 #include "core/error.h"
 #include "engine/eval.h"
 #include "quant/gptq.h"
+#include "quant/gptq_device.h"
 #include "quant/linalg.h"
 #include "quant/progress.h"
 #include "quant/unit_quant.h"
@@ -54,6 +56,25 @@ struct Stream {
   Tensor on_backend;
   std::vector<float> on_host;
 };
+
+// One unit's probe in a block: its setting (the probe's group narrowed to fit), the dequantized
+// weights of its linears in order, their summed relative error and its quantizer's seconds.
+struct UnitProbe {
+  QuantSetting setting;
+  bool skipped = false;  // no group size fits the unit's width
+  std::vector<std::vector<float>> dequant;
+  double error = 0;
+  QuantTimings timings;
+};
+
+void add_timings(QuantTimings& into, const QuantTimings& t) {
+  into.hessian += t.hessian;
+  into.gptq += t.gptq;
+  into.rotate += t.rotate;
+  into.target += t.target;
+  into.weights += t.weights;
+  into.write += t.write;
+}
 
 // The mean KL of logits against the reference: on the GPU when the backend left FP16 logits on
 // one, else on the host in float64 (ref_host is the reference's host copy, made once).
@@ -122,6 +143,11 @@ std::map<std::string, UnitSensitivity> measure_sensitivity(const QuantContext& c
     clock = now;
   };
   Tensor ref = runner.to_device(embed_rows(sub));  // the unquantized hidden states
+  // Units 1.. get quantizers of their own on the GPU (their buffers, ~3 n^2 float64 for a unit
+  // of width n, stay for the pass): up to the 8B-class widths; wider models probe one unit at
+  // a time in the memory the measurement needed.
+  const bool parallel = ctx.gpu != nullptr && !ctx.rtn && c.hidden_dim <= 16384;
+  std::vector<std::unique_ptr<GptqDevice>> lanes(kUnits);
   Progress bar("sensitivity", int64_t{c.n_layers} * kUnits * 2, ctx.progress);
   // The next block is loaded (read from the mapped file, or generated) on another thread while
   // this one's forwards and probes run; the backend is only used from this thread.
@@ -154,32 +180,65 @@ std::map<std::string, UnitSensitivity> measure_sensitivity(const QuantContext& c
     });
     const int64_t tokens = ref.rows;
     lap(t_reference);
+    // The probes (GPTQ of a unit's weights at the probe setting, from its input) are independent
+    // of one another, so on the GPU the units run at once, each on its own quantizer and host
+    // thread: a GPTQ of one setting has one GPU thread per weight row walking the columns in
+    // order, which leaves most of the GPU idle. Each unit's numbers are those of a sequential run.
+    std::vector<UnitProbe> probes(kUnits);
+    for (int u = 0; u < kUnits; ++u) {
+      const int in = static_cast<int>(static_cast<int64_t>(unit_inputs[u].size()) / tokens);
+      QuantSetting& st = probes[u].setting;  // the widest group up to the probe's that fits
+      st = probe;
+      while (st.group_size > 32 && in % st.group_size != 0) st.group_size /= 2;
+      probes[u].skipped = in % st.group_size != 0;
+    }
+    auto run_probe = [&](int u, GptqDevice* gpu) {
+      UnitProbe& p = probes[u];
+      QuantContext own = ctx;  // its own quantizer and timings
+      own.gpu = gpu;
+      own.timings = ctx.timings != nullptr ? &p.timings : nullptr;
+      const Unit unit = static_cast<Unit>(u);
+      UnitQuantizer uq(own);
+      uq.set_input(unit_inputs[u], tokens, layer_tensor(b, unit_linears(unit)[0].c_str()));
+      for (const std::string& name : unit_linears(unit)) {
+        double err = 0;
+        QuantizedWeight q = uq.quantize(w.t.at(name), p.setting, &err);
+        p.error += err;
+        p.dequant.push_back(std::move(q.dequant));
+      }
+    };
+    {
+      // Declared after `probes`: on an exception the futures (which wait for their tasks) go
+      // first.
+      std::vector<std::future<void>> running;
+      for (int u = 1; u < kUnits; ++u) {
+        if (probes[u].skipped) continue;
+        if (!parallel) {  // the CPU's GPTQ is threaded already
+          run_probe(u, nullptr);
+          continue;
+        }
+        if (lanes[u] == nullptr) lanes[u] = ctx.gpu->another();
+        running.push_back(std::async(std::launch::async, run_probe, u, lanes[u].get()));
+      }
+      if (!probes[0].skipped) run_probe(0, ctx.gpu);
+      for (std::future<void>& f : running) f.get();
+    }
+    for (const UnitProbe& p : probes)
+      if (ctx.timings != nullptr) add_timings(*ctx.timings, p.timings);
+    lap(t_quantize);
     for (int u = 0; u < kUnits; ++u) {
       const Unit unit = static_cast<Unit>(u);
-      const std::vector<float>& x = unit_inputs[u];
-      const int in = static_cast<int>(static_cast<int64_t>(x.size()) / tokens);
-      QuantSetting st = probe;  // the widest group up to the probe's that fits this width
-      while (st.group_size > 32 && in % st.group_size != 0) st.group_size /= 2;
-      if (in % st.group_size != 0) {
+      if (probes[u].skipped) {
         bar.step(2);
         continue;
       }
       Stream s;
+      s.s.probe_error = probes[u].error;
       DeviceBlock perturbed = dev;
-      std::vector<std::vector<float>> dequant;  // read in place by the CPU backend during run
-      dequant.reserve(unit_linears(unit).size());
-      UnitQuantizer uq(ctx);
-      uq.set_input(x, tokens, layer_tensor(b, unit_linears(unit)[0].c_str()));
-      for (const std::string& name : unit_linears(unit)) {
-        double err = 0;
-        QuantizedWeight q = uq.quantize(w.t.at(name), st, &err);
-        s.s.probe_error += err;
-        dequant.push_back(std::move(q.dequant));
-      }
-      lap(t_quantize);
-      for (size_t i = 0; i < dequant.size(); ++i)
+      // (the CPU backend reads probes[u].dequant in place during run)
+      for (size_t i = 0; i < probes[u].dequant.size(); ++i)
         perturbed.t[unit_linears(unit)[i]] =
-            runner.upload_tensor(unit_linears(unit)[i], dequant[i]);
+            runner.upload_tensor(unit_linears(unit)[i], probes[u].dequant[i]);
       Tensor h = runner.to_device(input);
       runner.backend().synchronize();
       lap(t_upload);

@@ -221,6 +221,7 @@ unsigned blocks_for(int64_t count, int threads) {
 }  // namespace
 
 struct Engine::Impl {
+  int ordinal = 0;
   cudaStream_t s = nullptr;
   cublasHandle_t blas = nullptr;
   int n = 0;
@@ -261,12 +262,17 @@ struct Engine::Impl {
 };
 
 Engine::Engine(int ordinal) : impl_(std::make_unique<Impl>()) {
+  impl_->ordinal = ordinal;
   GYRE_CUDA_CHECK(cudaSetDevice(ordinal));
   GYRE_CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->s, cudaStreamNonBlocking));
   GYRE_CUBLAS_CHECK(cublasCreate(&impl_->blas));
   GYRE_CUBLAS_CHECK(cublasSetStream(impl_->blas, impl_->s));
   GYRE_CUDA_CHECK(cudaFuncSetAttribute(gptq_block, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        kBlock * kRowsPerCta * sizeof(double)));
+}
+
+void Engine::make_current() const {
+  GYRE_CUDA_CHECK(cudaSetDevice(impl_->ordinal));
 }
 
 Engine::~Engine() {

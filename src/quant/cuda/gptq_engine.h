@@ -21,6 +21,9 @@ class Engine {
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
+  // Makes the engine's GPU the calling host thread's current device (cudaSetDevice is per
+  // thread): an engine used from a thread other than its creator's calls this first.
+  void make_current() const;
   // See GptqDevice::set_input.
   void set_input(const float* x, int64_t tokens, int n, double damp, bool act_order,
                  bool clip_search);
