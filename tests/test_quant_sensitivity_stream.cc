@@ -273,6 +273,40 @@ TEST(QuantSensitivityCuda, ParallelGpuProbesEqualSequentialOnes) {
     EXPECT_NEAR(got.at(key).probe_error, w.probe_error, 1e-9 * w.probe_error) << key;
   }
 }
+
+// The measurement with trellis candidates on the GPU measures a block's units at once (units 1..
+// on quantizers of their own, host threads, the forward going on meanwhile); the same numbers as
+// one unit at a time (QuantContext::parallel_units false), in the same order.
+TEST(QuantSensitivityCuda, ParallelTrellisMeasurementEqualsSequential) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  TinyModel t("cuda");
+  const std::unique_ptr<GptqDevice> gpu = make_gptq_device("cuda");
+  t.ctx.gpu = gpu.get();
+  t.ctx.hadamard = t.ctx.trellis = true;
+  Measurement seq, par;
+  t.ctx.parallel_units = false;
+  measure(t.ctx, seq, [](const Measurement&) {});
+  t.ctx.parallel_units = true;
+  measure(t.ctx, par, [](const Measurement&) {});
+  ASSERT_EQ(par.layers.size(), seq.layers.size());
+  ASSERT_EQ(seq.layers.size(), static_cast<size_t>(t.c.n_layers) * 7);
+  int trellis = 0;
+  for (size_t i = 0; i < seq.layers.size(); ++i) {
+    const LayerErrors &a = seq.layers[i], &b = par.layers[i];
+    ASSERT_EQ(a.name, b.name);
+    EXPECT_EQ(a.rows, b.rows);
+    EXPECT_EQ(a.cols, b.cols);
+    ASSERT_EQ(a.errors.size(), b.errors.size()) << a.name;
+    for (size_t k = 0; k < a.errors.size(); ++k) {
+      EXPECT_EQ(a.errors[k].first.bits, b.errors[k].first.bits);
+      EXPECT_EQ(a.errors[k].first.trellis, b.errors[k].first.trellis);
+      trellis += a.errors[k].first.trellis ? 1 : 0;
+      EXPECT_GT(a.errors[k].second, 0.0) << a.name;
+      EXPECT_NEAR(b.errors[k].second, a.errors[k].second, 1e-9 * a.errors[k].second) << a.name;
+    }
+  }
+  EXPECT_GT(trellis, 0);  // the trellis path ran
+}
 #endif
 
 }  // namespace

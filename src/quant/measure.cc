@@ -4,9 +4,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <future>
+#include <memory>
 
 #include "core/error.h"
 #include "quant/gptq.h"
+#include "quant/gptq_device.h"
 #include "quant/gptq_trellis.h"
 #include "quant/linalg.h"
 #include "quant/progress.h"
@@ -136,6 +139,15 @@ std::string timing_breakdown(const QuantTimings& t) {
   return buf;
 }
 
+void add_timings(QuantTimings& into, const QuantTimings& t) {
+  into.hessian += t.hessian;
+  into.gptq += t.gptq;
+  into.rotate += t.rotate;
+  into.target += t.target;
+  into.weights += t.weights;
+  into.write += t.write;
+}
+
 BlockWeights block_of(const QuantContext& ctx, int layer) {
   if (ctx.blocks) return ctx.blocks(layer);
   return block_weights_from(ctx.model->weights, ctx.model->config, layer);
@@ -228,7 +240,23 @@ void measure(const QuantContext& ctx, Measurement& m,
   Progress bar("measuring", steps * (c.n_layers - m.blocks_done), ctx.progress);
   BlockRunner runner(*ctx.backend, c, rows, length);
   std::vector<float> hidden = embed_rows(ctx);
-  UnitQuantizer uq(ctx);
+  // With trellis candidates on the GPU the units of a block are measured at once, each on its own
+  // quantizer and host thread, while this thread runs the forward: a unit's Hessian and LDLQ
+  // column sweeps leave the GPU mostly idle between its encoder launches (the stacks are
+  // 256-row samples). The scalar candidates' stacks are large (GiBs of float64 per quantizer):
+  // one unit at a time there, and for models wider than the 8B class.
+  const bool parallel =
+      ctx.parallel_units && ctx.trellis && ctx.gpu != nullptr && !ctx.rtn && c.hidden_dim <= 16384;
+  std::vector<std::unique_ptr<GptqDevice>> lanes(kUnits);  // unit 0 uses ctx.gpu
+  std::vector<QuantContext> lane_ctx(kUnits, ctx);
+  std::vector<QuantTimings> lane_timings(kUnits);
+  std::vector<std::unique_ptr<UnitQuantizer>> lane_uq(kUnits);
+  for (int u = 0; u < kUnits; ++u) {
+    if (parallel && u > 0) lanes[u] = ctx.gpu->another();
+    if (parallel) lane_ctx[u].gpu = u > 0 ? lanes[u].get() : ctx.gpu;
+    if (ctx.timings != nullptr) lane_ctx[u].timings = &lane_timings[u];
+    lane_uq[u] = std::make_unique<UnitQuantizer>(lane_ctx[u]);
+  }
   BlockPrefetch blocks(ctx, 0, c.n_layers);
   for (int b = 0; b < c.n_layers; ++b) {
     BlockWeights w = blocks.next();
@@ -237,29 +265,60 @@ void measure(const QuantContext& ctx, Measurement& m,
       continue;
     }
     const auto t0 = std::chrono::steady_clock::now();
-    // Measured on the unquantized model: each block sees the float outputs of those before it.
-    runner.run(hidden, w,
-               [&](Unit unit, const std::vector<float>& x, int64_t tokens, BlockWeights& bw) {
-                 const int in = static_cast<int>(static_cast<int64_t>(x.size()) / tokens);
-                 const std::vector<QuantSetting> cands = unit_cands(unit, in);
-                 if (cands.empty()) return;
-                 uq.set_input(x, tokens, layer_tensor(b, unit_linears(unit)[0].c_str()));
-                 // The unit's layers together: on the GPU their trellis candidates share
-                 // one stacked LDLQ sweep.
-                 std::vector<const std::vector<float>*> ws;
-                 for (const std::string& s : unit_linears(unit)) ws.push_back(&bw.t[s]);
-                 const std::vector<std::vector<double>> errs = uq.errors_many(ws, cands);
-                 for (size_t l = 0; l < ws.size(); ++l) {
-                   LayerErrors le;
-                   le.name = layer_tensor(b, unit_linears(unit)[l].c_str());
-                   le.cols = in;
-                   le.rows = static_cast<int64_t>(ws[l]->size()) / in;
-                   for (size_t i = 0; i < cands.size(); ++i)
-                     le.errors.emplace_back(cands[i], errs[l][i]);
-                   bar.step(static_cast<int64_t>(cands.size()));
-                   m.layers.push_back(std::move(le));
-                 }
-               });
+    // Per unit: its layers' names and columns and each layer's errors at each candidate.
+    struct UnitResult {
+      std::vector<QuantSetting> cands;
+      int in = 0;
+      std::vector<std::vector<double>> errs;
+    };
+    std::vector<UnitResult> results(kUnits);
+    auto measure_unit = [&w, &results, &lane_uq, b](int u, const std::vector<float>& x,
+                                                    int64_t tokens) {
+      const Unit unit = static_cast<Unit>(u);
+      UnitQuantizer& q = *lane_uq[u];
+      q.set_input(x, tokens, layer_tensor(b, unit_linears(unit)[0].c_str()));
+      // The unit's layers together: on the GPU their trellis candidates share one stacked
+      // LDLQ sweep.
+      std::vector<const std::vector<float>*> ws;
+      for (const std::string& s : unit_linears(unit)) ws.push_back(&w.t.at(s));
+      results[u].errs = q.errors_many(ws, results[u].cands);
+    };
+    {
+      // Declared after `results`: on an exception the futures (which wait for their tasks) go
+      // first.
+      std::vector<std::future<void>> running;
+      // Measured on the unquantized model: each block sees the float outputs of those before it.
+      runner.run(
+          hidden, w, [&](Unit unit, const std::vector<float>& x, int64_t tokens, BlockWeights&) {
+            const int u = static_cast<int>(unit);
+            results[u].in = static_cast<int>(static_cast<int64_t>(x.size()) / tokens);
+            results[u].cands = unit_cands(unit, results[u].in);
+            if (results[u].cands.empty()) return;
+            if (!parallel) return measure_unit(u, x, tokens);
+            running.push_back(std::async(
+                std::launch::async, [&measure_unit, u, x, tokens] { measure_unit(u, x, tokens); }));
+          });
+      for (std::future<void>& f : running) f.get();
+    }
+    for (int u = 0; u < kUnits; ++u) {
+      const UnitResult& r = results[u];
+      for (size_t l = 0; l < r.errs.size(); ++l) {
+        const std::string s = unit_linears(static_cast<Unit>(u))[l];
+        LayerErrors le;
+        le.name = layer_tensor(b, s.c_str());
+        le.cols = r.in;
+        le.rows = static_cast<int64_t>(w.t.at(s).size()) / r.in;
+        for (size_t i = 0; i < r.cands.size(); ++i)
+          le.errors.emplace_back(r.cands[i], r.errs[l][i]);
+        bar.step(static_cast<int64_t>(r.cands.size()));
+        m.layers.push_back(std::move(le));
+      }
+    }
+    if (ctx.timings != nullptr)
+      for (QuantTimings& t : lane_timings) {
+        add_timings(*ctx.timings, t);
+        t = QuantTimings{};
+      }
     m.blocks_done = b + 1;
     save(m);
     char line[80];

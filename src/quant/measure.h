@@ -63,6 +63,7 @@ struct QuantTimings {
 
 // "rotations R s, target correction setup T s, ..." of a phase's timings (for its log line).
 std::string timing_breakdown(const QuantTimings& t);
+void add_timings(QuantTimings& into, const QuantTimings& t);
 
 struct QuantContext {
   const LoadedModel* model = nullptr;
@@ -85,6 +86,10 @@ struct QuantContext {
   int scale_refit = 0;
   int threads = 1;
   bool progress = true;
+  // On the GPU, the measurement (with trellis) and the sensitivity pass work on the units of a
+  // block at once, units on quantizers of their own (GptqDevice::another) on other host threads;
+  // false: one unit at a time (the same numbers, up to float64 summation order).
+  bool parallel_units = true;
   GptqDevice* gpu = nullptr;        // not null: GPTQ and Hessians on this GPU (not for rtn)
   QuantTimings* timings = nullptr;  // not null: accumulates the linear algebra's seconds
   // A model without weight files (synthetic): each block's weights and the embedding rows of

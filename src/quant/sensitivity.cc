@@ -67,15 +67,6 @@ struct UnitProbe {
   QuantTimings timings;
 };
 
-void add_timings(QuantTimings& into, const QuantTimings& t) {
-  into.hessian += t.hessian;
-  into.gptq += t.gptq;
-  into.rotate += t.rotate;
-  into.target += t.target;
-  into.weights += t.weights;
-  into.write += t.write;
-}
-
 // The mean KL of logits against the reference: on the GPU when the backend left FP16 logits on
 // one, else on the host in float64 (ref_host is the reference's host copy, made once).
 double kl_against(BlockRunner& runner, const Tensor& ref, const std::vector<float>& ref_host,
@@ -146,7 +137,8 @@ std::map<std::string, UnitSensitivity> measure_sensitivity(const QuantContext& c
   // Units 1.. get quantizers of their own on the GPU (their buffers, ~3 n^2 float64 for a unit
   // of width n, stay for the pass): up to the 8B-class widths; wider models probe one unit at
   // a time in the memory the measurement needed.
-  const bool parallel = ctx.gpu != nullptr && !ctx.rtn && c.hidden_dim <= 16384;
+  const bool parallel =
+      ctx.parallel_units && ctx.gpu != nullptr && !ctx.rtn && c.hidden_dim <= 16384;
   std::vector<std::unique_ptr<GptqDevice>> lanes(kUnits);
   Progress bar("sensitivity", int64_t{c.n_layers} * kUnits * 2, ctx.progress);
   // The next block is loaded (read from the mapped file, or generated) on another thread while
