@@ -16,10 +16,21 @@
 // no backpointers. Pass 2 (constrained) writes each step's argmins, K bits per group packed into
 // one u32 per thread, to global memory (1 MB per tile in flight at most) and one thread traces
 // back.
+//
+// Speed (the fast kernel; GYRE_TRELLIS_ENCODER_OLD=1 selects the first version, kept for A/B).
+// The step is issue-bound (~9.5 instructions per state in the old SASS, 3 of them the code:
+// IADD, IDP4A, FADD). A thread evaluates the same 64 states (K <= 6) at every step, so their
+// codes are computed once per kernel and kept in 32 half2 registers (integers in [-512, 508]
+// are exact in fp16; one HADD2.F32 per use). Pass 1 needs no argmin before position 128
+// (labels start there), so those steps keep only the minimum. The tail runs on the whole block:
+// the words are packed one per thread from the states, and the error is a block reduction.
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "backend/cpu/trellis.h"
@@ -63,6 +74,42 @@ __device__ __forceinline__ uint32_t state_at(const uint32_t* words, int k, int p
   const uint64_t win = words[w] | (static_cast<uint64_t>(words[(w + 1) % nwords]) << 32);
   return static_cast<uint32_t>(win >> sh) & 0xFFFFu;
 }
+
+// The codes of the states a thread evaluates at every step of forward_fast, state
+// (group_j << K) | low with group_j = u' of its output j: two per half2 when they fit 32
+// registers, else (K = 8) recomputed from the state as the old kernel does.
+template <int K>
+struct Codes {
+  using S = Shape<K>;
+  static constexpr int kStates = S::kOutputs * S::kFan;
+  static constexpr bool kCached = kStates <= 64;
+  // The first kKept states' codes stay in registers, the others are recomputed. ptxas converts
+  // the kept halves to floats once, outside the step loop, so each costs a register: all 64
+  // spill at 64 registers (1024-thread blocks); 32 do not (K = 5, fan 32 unrolled: 8).
+  static constexpr int kKept = !kCached ? 0 : K == 5 ? 8 : 32;
+  __half2 h[kKept > 0 ? kKept / 2 : 1];
+
+  __device__ static uint32_t group_of(int j) {
+    const int o = j * S::kThreads + static_cast<int>(threadIdx.x);
+    return static_cast<uint32_t>(((o & (S::kFan - 1)) << S::kVBits) | (o >> K));
+  }
+  __device__ static float compute(int j, int low) {
+    return code_of(((group_of(j) << K) | static_cast<uint32_t>(low)) * kTrellisMul + kTrellisAdd);
+  }
+  __device__ void init() {
+    if constexpr (kCached) {
+#pragma unroll
+      for (int n = 0; n < kKept; n += 2)
+        h[n / 2] = __floats2half2_rn(compute(n / S::kFan, n % S::kFan),
+                                     compute(n / S::kFan, n % S::kFan + 1));
+    }
+  }
+  __device__ __forceinline__ float get(int j, int low, uint32_t x0) const {
+    const int n = j * S::kFan + low;
+    if (kCached && n < kKept) return (n & 1) ? __high2float(h[n / 2]) : __low2float(h[n / 2]);
+    return code_of(x0 + static_cast<uint32_t>(low) * kTrellisMul);
+  }
+};
 
 struct Smem {
   float *b, *t, *sc, *red_c;
@@ -127,6 +174,80 @@ __device__ void forward(const Smem& m, int shift, int overlap, bool labels, uint
         lnxt[group] = i == kSteps / 2 ? static_cast<uint16_t>(p0 + arg) : lcur[p0 + arg];
     }
     if (bp != nullptr) bp[static_cast<size_t>(i) * S::kThreads + tid] = packed;
+    __syncthreads();
+  }
+}
+
+// One step of forward_fast for a thread's outputs: the same expressions and tie-break as
+// forward. kArg: the argmins are needed (packed into the return value, and the labels written
+// when `labels`); without them only the minima are kept.
+template <int K, bool kArg>
+__device__ __forceinline__ uint32_t relax(const Codes<K>& codes, const float* cur, float* nxt,
+                                          const uint16_t* lcur, uint16_t* lnxt, float tv, float s,
+                                          bool first_label, bool labels) {
+  using S = Shape<K>;
+  // Cached codes index registers, so their loops must unroll fully (K = 8: 64 float4 reads).
+  constexpr int kUnroll = Codes<K>::kCached ? S::kFan / 4 : 4;
+  uint32_t packed = 0;
+#pragma unroll
+  for (int j = 0; j < S::kOutputs; ++j) {
+    const int o = j * S::kThreads + static_cast<int>(threadIdx.x);
+    const int hi = o & (S::kFan - 1), v = o >> K;
+    const int group = (hi << S::kVBits) | v;  // u'
+    const int p0 = v << K;                    // a multiple of 4: float4-aligned
+    const uint32_t x0 = (static_cast<uint32_t>(group) << K) * kTrellisMul + kTrellisAdd;
+    const float4* prev = reinterpret_cast<const float4*>(cur + p0);
+    float best = 0.0f;
+    int arg = 0;
+#pragma unroll kUnroll
+    for (int q = 0; q < S::kFan / 4; ++q) {
+      const float4 b4 = prev[q];
+      const float bq[4] = {b4.x, b4.y, b4.z, b4.w};
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int low = 4 * q + r;
+        const float e = tv - s * codes.get(j, low, x0);
+        const float c = bq[r] + e * e;
+        if constexpr (kArg) {
+          if (low == 0 || c < best) best = c, arg = low;
+        } else {
+          best = (low == 0 || c < best) ? c : best;
+        }
+      }
+    }
+    nxt[group] = best;
+    if constexpr (kArg) {
+      packed |= static_cast<uint32_t>(arg) << (j * K);
+      if (labels) lnxt[group] = first_label ? static_cast<uint16_t>(p0 + arg) : lcur[p0 + arg];
+    }
+  }
+  return packed;
+}
+
+// forward with the codes of `codes` and float4 reads of the minima; the same contract.
+template <int K>
+__device__ void forward_fast(const Smem& m, const Codes<K>& codes, int shift, int overlap,
+                             bool labels, uint32_t* bp) {
+  using S = Shape<K>;
+  const int tid = threadIdx.x;
+  for (int u = tid; u < S::kGroups; u += S::kThreads)
+    m.b[u] = (overlap < 0 || u == overlap) ? 0.0f : INFINITY;
+  __syncthreads();
+  for (int i = 0; i < kSteps - 1; ++i) {
+    const int pos = (i + shift) & (kSteps - 1);
+    const float tv = m.t[pos], s = m.sc[pos];
+    const float* cur = m.b + (i & 1) * S::kGroups;
+    float* nxt = m.b + ((i + 1) & 1) * S::kGroups;
+    const uint16_t* lcur = m.label + (i & 1) * S::kGroups;
+    uint16_t* lnxt = m.label + ((i + 1) & 1) * S::kGroups;
+    const bool lab = labels && i >= kSteps / 2;
+    if (bp == nullptr && !lab) {
+      relax<K, false>(codes, cur, nxt, lcur, lnxt, tv, s, false, false);
+    } else {
+      const uint32_t packed =
+          relax<K, true>(codes, cur, nxt, lcur, lnxt, tv, s, i == kSteps / 2, lab);
+      if (bp != nullptr) bp[static_cast<size_t>(i) * S::kThreads + tid] = packed;
+    }
     __syncthreads();
   }
 }
@@ -215,7 +336,75 @@ __device__ void finish_tile(const Smem& m, int overlap, const uint32_t* bp, uint
   if (err_out != nullptr) *err_out = err;
 }
 
+// finish_tile on the whole block: thread 0 finds the final state and traces back (as
+// finish_tile), then thread w < 8K packs word w from the states (bit b of the stream is bit
+// b - K p of its last writer p in set_bits' order) and threads p < 256 sum the error by a
+// block reduction (another order than finish_tile's sum: equal up to double rounding).
 template <int K>
+__device__ void finish_tile_fast(const Smem& m, int overlap, const uint32_t* bp,
+                                 uint32_t* words_out, double* err_out) {
+  using S = Shape<K>;
+  constexpr int kMask = S::kGroups - 1, kNbits = kSteps * K, kWords = 8 * K;
+  static_assert(S::kThreads >= kSteps, "a thread per position");
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    const float tv = m.t[kSteps - 1], s = m.sc[kSteps - 1];
+    float best = 0.0f;
+    uint32_t st = 0;
+    for (int low = 0; low < S::kFan; ++low) {
+      const uint32_t cand = (static_cast<uint32_t>(overlap) << K) | static_cast<uint32_t>(low);
+      const float e = tv - s * code_of(cand * kTrellisMul + kTrellisAdd);
+      const float c = m.b[S::kGroups + (cand & kMask)] + e * e;
+      if (low == 0 || c < best) best = c, st = cand;
+    }
+    m.states[kSteps - 1] = st;
+    for (int i = kSteps - 1; i > 0; --i) {
+      const uint32_t u = st & kMask;
+      const uint32_t o = ((u & ((1u << S::kVBits) - 1)) << K) | (u >> S::kVBits);
+      const uint32_t packed = bp[static_cast<size_t>(i - 1) * S::kThreads + o % S::kThreads];
+      const uint32_t arg = (packed >> ((o / S::kThreads) * K)) & (S::kFan - 1);
+      st = ((st << K) & 0xFFFFu) | arg;
+      m.states[i - 1] = st;
+    }
+  }
+  __syncthreads();
+  uint32_t word = 0;
+  if (tid < kWords) {
+    for (int i = 0; i < 32; ++i) {
+      const int b = 32 * tid + i;
+      // set_bits writes bits [0, 16) from state 0, then bits [K p + 16 - K, K p + 16) mod
+      // kNbits from state p = 1..255; those wrap onto bits [0, 16 - K), last.
+      int p = 0, sh = b;
+      if (b >= 16) {
+        p = (b - 16) / K + 1, sh = b - K * p;
+      } else if (b < 16 - K) {
+        p = (b + kNbits - 16) / K + 1, sh = b + kNbits - K * p;
+      }
+      word |= ((m.states[p] >> sh) & 1u) << i;
+    }
+    m.words[tid] = word;
+  }
+  __syncthreads();
+  double err = 0.0;
+  if (tid < kSteps) {
+    const float e =
+        m.t[tid] - m.sc[tid] * code_of(state_at(m.words, K, tid) * kTrellisMul + kTrellisAdd);
+    err = static_cast<double>(e) * e;
+  }
+  for (int off = 16; off > 0; off >>= 1) err += __shfl_down_sync(0xFFFFFFFFu, err, off);
+  double* red = reinterpret_cast<double*>(m.red_c);  // 8-byte aligned, 16 doubles of room
+  if (tid < kSteps && (tid & 31) == 0) red[tid >> 5] = err;
+  __syncthreads();
+  if (tid == 0 && err_out != nullptr) {
+    double sum = 0.0;
+    for (int w = 0; w < kSteps / 32; ++w) sum += red[w];
+    *err_out = sum;
+  }
+  if (tid < kWords) words_out[tid] = word;
+}
+
+// kFast: forward_fast and finish_tile_fast; else the first version (forward, finish_tile).
+template <int K, bool kFast>
 __global__ void __launch_bounds__(Shape<K>::kThreads)
     viterbi_tiles(const float* t, const float* sc, int64_t tiles, uint32_t* words, double* err,
                   uint32_t* bp_all) {
@@ -223,38 +412,55 @@ __global__ void __launch_bounds__(Shape<K>::kThreads)
   extern __shared__ __align__(16) unsigned char raw[];
   const Smem m = carve<K>(raw);
   uint32_t* bp = bp_all + static_cast<size_t>(blockIdx.x) * (kSteps - 1) * S::kThreads;
+  Codes<K> codes;
+  if constexpr (kFast) codes.init();
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     for (int p = threadIdx.x; p < kSteps; p += S::kThreads) {
       m.t[p] = t[tile * kSteps + p];
       m.sc[p] = sc[tile * kSteps + p];
     }
     // (forward's first __syncthreads publishes t and sc)
-    forward<K>(m, kSteps / 2, -1, true, nullptr);
-    const int overlap = best_label<K>(m, kSteps / 2);
-    forward<K>(m, 0, overlap, false, bp);
-    if (threadIdx.x == 0)
-      finish_tile<K>(m, overlap, bp, words + tile * 8 * K, err != nullptr ? err + tile : nullptr);
+    double* err_tile = err != nullptr ? err + tile : nullptr;
+    if constexpr (kFast) {
+      forward_fast<K>(m, codes, kSteps / 2, -1, true, nullptr);
+      const int overlap = best_label<K>(m, kSteps / 2);
+      forward_fast<K>(m, codes, 0, overlap, false, bp);
+      finish_tile_fast<K>(m, overlap, bp, words + tile * 8 * K, err_tile);
+    } else {
+      forward<K>(m, kSteps / 2, -1, true, nullptr);
+      const int overlap = best_label<K>(m, kSteps / 2);
+      forward<K>(m, 0, overlap, false, bp);
+      if (threadIdx.x == 0) finish_tile<K>(m, overlap, bp, words + tile * 8 * K, err_tile);
+    }
     __syncthreads();  // t, sc and the buffers are reused by the next tile
   }
 }
 
-template <int K>
+// GYRE_TRELLIS_ENCODER_OLD=1: the first kernel (A/B of the same binary).
+bool old_encoder() {
+  static const bool old = [] {
+    const char* v = std::getenv("GYRE_TRELLIS_ENCODER_OLD");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return old;
+}
+
+template <int K, bool kFast>
 void launch(const float* t, const float* sc, int64_t tiles, uint32_t* words, double* err,
             DevBuf& workspace, cudaStream_t stream) {
   using S = Shape<K>;
   const size_t smem = smem_bytes<K>();
-  GYRE_CUDA_CHECK(
-      cudaFuncSetAttribute(viterbi_tiles<K>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const auto kernel = viterbi_tiles<K, kFast>;
+  GYRE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int device = 0, sms = 0, per_sm = 0;
   GYRE_CUDA_CHECK(cudaGetDevice(&device));
   GYRE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   GYRE_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, viterbi_tiles<K>, S::kThreads, smem));
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, S::kThreads, smem));
   GYRE_CHECK(per_sm > 0, "trellis encoder: the kernel does not fit this GPU");
   const int64_t grid = std::min<int64_t>(tiles, int64_t{sms} * per_sm);
   uint32_t* bp = workspace.as<uint32_t>(static_cast<size_t>(grid) * (kSteps - 1) * S::kThreads);
-  viterbi_tiles<K>
-      <<<static_cast<unsigned>(grid), S::kThreads, smem, stream>>>(t, sc, tiles, words, err, bp);
+  kernel<<<static_cast<unsigned>(grid), S::kThreads, smem, stream>>>(t, sc, tiles, words, err, bp);
   GYRE_CUDA_LAUNCHED();
 }
 
@@ -266,19 +472,26 @@ void trellis_encode_tiles_device(const float* t, const float* sc, int64_t tiles,
   if (tiles <= 0) return;
   DevBuf& ws = *static_cast<DevBuf*>(workspace);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const bool fast = !old_encoder();
   switch (k) {
     case 2:
-      return launch<2>(t, sc, tiles, words, err, ws, s);
+      return fast ? launch<2, true>(t, sc, tiles, words, err, ws, s)
+                  : launch<2, false>(t, sc, tiles, words, err, ws, s);
     case 3:
-      return launch<3>(t, sc, tiles, words, err, ws, s);
+      return fast ? launch<3, true>(t, sc, tiles, words, err, ws, s)
+                  : launch<3, false>(t, sc, tiles, words, err, ws, s);
     case 4:
-      return launch<4>(t, sc, tiles, words, err, ws, s);
+      return fast ? launch<4, true>(t, sc, tiles, words, err, ws, s)
+                  : launch<4, false>(t, sc, tiles, words, err, ws, s);
     case 5:
-      return launch<5>(t, sc, tiles, words, err, ws, s);
+      return fast ? launch<5, true>(t, sc, tiles, words, err, ws, s)
+                  : launch<5, false>(t, sc, tiles, words, err, ws, s);
     case 6:
-      return launch<6>(t, sc, tiles, words, err, ws, s);
+      return fast ? launch<6, true>(t, sc, tiles, words, err, ws, s)
+                  : launch<6, false>(t, sc, tiles, words, err, ws, s);
     default:
-      return launch<8>(t, sc, tiles, words, err, ws, s);
+      return fast ? launch<8, true>(t, sc, tiles, words, err, ws, s)
+                  : launch<8, false>(t, sc, tiles, words, err, ws, s);
   }
 }
 
