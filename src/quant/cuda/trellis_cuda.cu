@@ -56,7 +56,7 @@ struct Shape {
 template <int K>
 size_t smem_bytes() {
   const size_t g = Shape<K>::kGroups;
-  return 2 * g * sizeof(float) + (2 * kSteps + 32) * sizeof(float) +
+  return 2 * g * sizeof(float) + (4 * kSteps + 32) * sizeof(float) +
          (kSteps + 64 + 32 + 4) * sizeof(uint32_t) + 2 * g * sizeof(uint16_t);
 }
 
@@ -112,7 +112,7 @@ struct Codes {
 };
 
 struct Smem {
-  float *b, *t, *sc, *red_c;
+  float *b, *t, *sc, *red_c, *tp, *scp;  // tp, scp: the previous tile's t, sc (fast kernel)
   uint32_t *states, *words, *red_s;
   int* misc;
   uint16_t* label;
@@ -130,7 +130,9 @@ __device__ Smem carve(unsigned char* raw) {
   m.words = m.states + kSteps;
   m.red_s = m.words + 64;
   m.misc = reinterpret_cast<int*>(m.red_s + 32);
-  m.label = reinterpret_cast<uint16_t*>(m.misc + 4);
+  m.tp = reinterpret_cast<float*>(m.misc + 4);
+  m.scp = m.tp + kSteps;
+  m.label = reinterpret_cast<uint16_t*>(m.scp + kSteps);
   return m;
 }
 
@@ -224,10 +226,23 @@ __device__ __forceinline__ uint32_t relax(const Codes<K>& codes, const float* cu
   return packed;
 }
 
-// forward with the codes of `codes` and float4 reads of the minima; the same contract.
+// The group minimum of pass 2 that a state's predecessor argmin is stored under: its thread
+// (o % threads) and field (o / threads) of the packed u32.
+template <int K>
+__device__ __forceinline__ uint32_t out_index(uint32_t st) {
+  using S = Shape<K>;
+  const uint32_t u = st & (S::kGroups - 1);
+  return ((u & ((1u << S::kVBits) - 1)) << K) | (u >> S::kVBits);
+}
+
+// forward with the codes of `codes` and float4 reads of the minima; the same contract. With
+// trace_bp (pass 1 only), thread 0 also runs the previous tile's traceback from trace_st, one
+// step per step: the load issued before the step's work and used after it hides its latency.
+// Step i stores states[254 - i]; after the pass, states[0..255] are the previous tile's.
 template <int K>
 __device__ void forward_fast(const Smem& m, const Codes<K>& codes, int shift, int overlap,
-                             bool labels, uint32_t* bp) {
+                             bool labels, uint32_t* bp, const uint32_t* trace_bp,
+                             uint32_t& trace_st) {
   using S = Shape<K>;
   const int tid = threadIdx.x;
   for (int u = tid; u < S::kGroups; u += S::kThreads)
@@ -241,12 +256,23 @@ __device__ void forward_fast(const Smem& m, const Codes<K>& codes, int shift, in
     const uint16_t* lcur = m.label + (i & 1) * S::kGroups;
     uint16_t* lnxt = m.label + ((i + 1) & 1) * S::kGroups;
     const bool lab = labels && i >= kSteps / 2;
+    const bool tracing = trace_bp != nullptr && tid == 0;
+    uint32_t pending = 0;
+    if (tracing)
+      pending = trace_bp[static_cast<size_t>(kSteps - 2 - i) * S::kThreads +
+                         out_index<K>(trace_st) % S::kThreads];
     if (bp == nullptr && !lab) {
       relax<K, false>(codes, cur, nxt, lcur, lnxt, tv, s, false, false);
     } else {
       const uint32_t packed =
           relax<K, true>(codes, cur, nxt, lcur, lnxt, tv, s, i == kSteps / 2, lab);
       if (bp != nullptr) bp[static_cast<size_t>(i) * S::kThreads + tid] = packed;
+    }
+    if (tracing) {
+      const uint32_t o = out_index<K>(trace_st);
+      trace_st =
+          ((trace_st << K) & 0xFFFFu) | ((pending >> ((o / S::kThreads) * K)) & (S::kFan - 1));
+      m.states[kSteps - 2 - i] = trace_st;
     }
     __syncthreads();
   }
@@ -336,38 +362,46 @@ __device__ void finish_tile(const Smem& m, int overlap, const uint32_t* bp, uint
   if (err_out != nullptr) *err_out = err;
 }
 
-// finish_tile on the whole block: thread 0 finds the final state and traces back (as
-// finish_tile), then thread w < 8K packs word w from the states (bit b of the stream is bit
-// b - K p of its last writer p in set_bits' order) and threads p < 256 sum the error by a
-// block reduction (another order than finish_tile's sum: equal up to double rounding).
+// Pass 2's end on thread 0: the best admissible final state (as finish_tile), stored as
+// states[255] and returned (the start of the traceback).
 template <int K>
-__device__ void finish_tile_fast(const Smem& m, int overlap, const uint32_t* bp,
-                                 uint32_t* words_out, double* err_out) {
+__device__ uint32_t final_state(const Smem& m, int overlap) {
   using S = Shape<K>;
-  constexpr int kMask = S::kGroups - 1, kNbits = kSteps * K, kWords = 8 * K;
+  const float tv = m.t[kSteps - 1], s = m.sc[kSteps - 1];
+  float best = 0.0f;
+  uint32_t st = 0;
+  for (int low = 0; low < S::kFan; ++low) {
+    const uint32_t cand = (static_cast<uint32_t>(overlap) << K) | static_cast<uint32_t>(low);
+    const float e = tv - s * code_of(cand * kTrellisMul + kTrellisAdd);
+    const float c = m.b[S::kGroups + (cand & (S::kGroups - 1))] + e * e;
+    if (low == 0 || c < best) best = c, st = cand;
+  }
+  m.states[kSteps - 1] = st;
+  return st;
+}
+
+// The last tile's traceback on thread 0 (the others are traced during the next tile's pass 1).
+template <int K>
+__device__ void trace_back(const Smem& m, const uint32_t* bp, uint32_t st) {
+  using S = Shape<K>;
+  for (int i = kSteps - 1; i > 0; --i) {
+    const uint32_t o = out_index<K>(st);
+    const uint32_t packed = bp[static_cast<size_t>(i - 1) * S::kThreads + o % S::kThreads];
+    st = ((st << K) & 0xFFFFu) | ((packed >> ((o / S::kThreads) * K)) & (S::kFan - 1));
+    m.states[i - 1] = st;
+  }
+}
+
+// The previous tile's output from states[] (visible to all: the caller synchronised) and its
+// tp, scp: thread w < 8K packs word w (bit b of the stream is bit b - K p of its last writer p in
+// set_bits' order), threads p < 256 sum the error by a block reduction (another order than
+// finish_tile's sum: equal up to double rounding). Ends synchronised.
+template <int K>
+__device__ void pack_tile(const Smem& m, uint32_t* words_out, double* err_out) {
+  using S = Shape<K>;
+  constexpr int kNbits = kSteps * K, kWords = 8 * K;
   static_assert(S::kThreads >= kSteps, "a thread per position");
   const int tid = threadIdx.x;
-  if (tid == 0) {
-    const float tv = m.t[kSteps - 1], s = m.sc[kSteps - 1];
-    float best = 0.0f;
-    uint32_t st = 0;
-    for (int low = 0; low < S::kFan; ++low) {
-      const uint32_t cand = (static_cast<uint32_t>(overlap) << K) | static_cast<uint32_t>(low);
-      const float e = tv - s * code_of(cand * kTrellisMul + kTrellisAdd);
-      const float c = m.b[S::kGroups + (cand & kMask)] + e * e;
-      if (low == 0 || c < best) best = c, st = cand;
-    }
-    m.states[kSteps - 1] = st;
-    for (int i = kSteps - 1; i > 0; --i) {
-      const uint32_t u = st & kMask;
-      const uint32_t o = ((u & ((1u << S::kVBits) - 1)) << K) | (u >> S::kVBits);
-      const uint32_t packed = bp[static_cast<size_t>(i - 1) * S::kThreads + o % S::kThreads];
-      const uint32_t arg = (packed >> ((o / S::kThreads) * K)) & (S::kFan - 1);
-      st = ((st << K) & 0xFFFFu) | arg;
-      m.states[i - 1] = st;
-    }
-  }
-  __syncthreads();
   uint32_t word = 0;
   if (tid < kWords) {
     for (int i = 0; i < 32; ++i) {
@@ -388,7 +422,7 @@ __device__ void finish_tile_fast(const Smem& m, int overlap, const uint32_t* bp,
   double err = 0.0;
   if (tid < kSteps) {
     const float e =
-        m.t[tid] - m.sc[tid] * code_of(state_at(m.words, K, tid) * kTrellisMul + kTrellisAdd);
+        m.tp[tid] - m.scp[tid] * code_of(state_at(m.words, K, tid) * kTrellisMul + kTrellisAdd);
     err = static_cast<double>(e) * e;
   }
   for (int off = 16; off > 0; off >>= 1) err += __shfl_down_sync(0xFFFFFFFFu, err, off);
@@ -401,9 +435,11 @@ __device__ void finish_tile_fast(const Smem& m, int overlap, const uint32_t* bp,
     *err_out = sum;
   }
   if (tid < kWords) words_out[tid] = word;
+  __syncthreads();  // red (red_c) and words are reused
 }
 
-// kFast: forward_fast and finish_tile_fast; else the first version (forward, finish_tile).
+// kFast: forward_fast, tile n's traceback during tile n + 1's pass 1 and pack_tile after it;
+// else the first version (forward, finish_tile).
 template <int K, bool kFast>
 __global__ void __launch_bounds__(Shape<K>::kThreads)
     viterbi_tiles(const float* t, const float* sc, int64_t tiles, uint32_t* words, double* err,
@@ -414,6 +450,8 @@ __global__ void __launch_bounds__(Shape<K>::kThreads)
   uint32_t* bp = bp_all + static_cast<size_t>(blockIdx.x) * (kSteps - 1) * S::kThreads;
   Codes<K> codes;
   if constexpr (kFast) codes.init();
+  int64_t prev = -1;      // the tile whose traceback is pending (fast kernel)
+  uint32_t trace_st = 0;  // thread 0: its final state, then the traceback's current state
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     for (int p = threadIdx.x; p < kSteps; p += S::kThreads) {
       m.t[p] = t[tile * kSteps + p];
@@ -422,10 +460,13 @@ __global__ void __launch_bounds__(Shape<K>::kThreads)
     // (forward's first __syncthreads publishes t and sc)
     double* err_tile = err != nullptr ? err + tile : nullptr;
     if constexpr (kFast) {
-      forward_fast<K>(m, codes, kSteps / 2, -1, true, nullptr);
+      forward_fast<K>(m, codes, kSteps / 2, -1, true, nullptr, prev >= 0 ? bp : nullptr, trace_st);
+      if (prev >= 0) pack_tile<K>(m, words + prev * 8 * K, err != nullptr ? err + prev : nullptr);
       const int overlap = best_label<K>(m, kSteps / 2);
-      forward_fast<K>(m, codes, 0, overlap, false, bp);
-      finish_tile_fast<K>(m, overlap, bp, words + tile * 8 * K, err_tile);
+      forward_fast<K>(m, codes, 0, overlap, false, bp, nullptr, trace_st);
+      if (threadIdx.x == 0) trace_st = final_state<K>(m, overlap);
+      for (int p = threadIdx.x; p < kSteps; p += S::kThreads) m.tp[p] = m.t[p], m.scp[p] = m.sc[p];
+      prev = tile;
     } else {
       forward<K>(m, kSteps / 2, -1, true, nullptr);
       const int overlap = best_label<K>(m, kSteps / 2);
@@ -433,6 +474,13 @@ __global__ void __launch_bounds__(Shape<K>::kThreads)
       if (threadIdx.x == 0) finish_tile<K>(m, overlap, bp, words + tile * 8 * K, err_tile);
     }
     __syncthreads();  // t, sc and the buffers are reused by the next tile
+  }
+  if constexpr (kFast) {
+    if (prev >= 0) {
+      if (threadIdx.x == 0) trace_back<K>(m, bp, trace_st);
+      __syncthreads();
+      pack_tile<K>(m, words + prev * 8 * K, err != nullptr ? err + prev : nullptr);
+    }
   }
 }
 
