@@ -458,7 +458,6 @@ __global__ void __launch_bounds__(Shape<K>::kThreads)
       m.sc[p] = sc[tile * kSteps + p];
     }
     // (forward's first __syncthreads publishes t and sc)
-    double* err_tile = err != nullptr ? err + tile : nullptr;
     if constexpr (kFast) {
       forward_fast<K>(m, codes, kSteps / 2, -1, true, nullptr, prev >= 0 ? bp : nullptr, trace_st);
       if (prev >= 0) pack_tile<K>(m, words + prev * 8 * K, err != nullptr ? err + prev : nullptr);
@@ -471,7 +470,8 @@ __global__ void __launch_bounds__(Shape<K>::kThreads)
       forward<K>(m, kSteps / 2, -1, true, nullptr);
       const int overlap = best_label<K>(m, kSteps / 2);
       forward<K>(m, 0, overlap, false, bp);
-      if (threadIdx.x == 0) finish_tile<K>(m, overlap, bp, words + tile * 8 * K, err_tile);
+      if (threadIdx.x == 0)
+        finish_tile<K>(m, overlap, bp, words + tile * 8 * K, err != nullptr ? err + tile : nullptr);
     }
     __syncthreads();  // t, sc and the buffers are reused by the next tile
   }
@@ -484,13 +484,11 @@ __global__ void __launch_bounds__(Shape<K>::kThreads)
   }
 }
 
-// GYRE_TRELLIS_ENCODER_OLD=1: the first kernel (A/B of the same binary).
+// GYRE_TRELLIS_ENCODER_OLD=1: the first kernel (A/B of the same binary; read at every call so
+// that a test can compare both).
 bool old_encoder() {
-  static const bool old = [] {
-    const char* v = std::getenv("GYRE_TRELLIS_ENCODER_OLD");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
-  return old;
+  const char* v = std::getenv("GYRE_TRELLIS_ENCODER_OLD");
+  return v != nullptr && std::strcmp(v, "1") == 0;
 }
 
 template <int K, bool kFast>
