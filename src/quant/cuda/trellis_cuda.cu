@@ -98,7 +98,9 @@ __device__ __forceinline__ uint32_t relax(const Codes<K>& codes, const float* cu
         if constexpr (kArg) {
           if (low == 0 || c < best) best = c, arg = low;
         } else {
-          best = (low == 0 || c < best) ? c : best;
+          // One FMNMX instead of FSETP + FSEL: the same minimum unless a cost is NaN (then the
+          // CPU's std::min and the argmin branch above disagree with each other anyway).
+          best = low == 0 ? c : fminf(best, c);
         }
       }
     }
