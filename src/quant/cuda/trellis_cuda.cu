@@ -39,8 +39,8 @@ struct Codes {
   static constexpr bool kCached = kStates <= 64;
   // The first kKept states' codes stay in registers, the others are recomputed. ptxas converts
   // the kept halves to floats once, outside the step loop, so each costs a register: all 64
-  // spill at 64 registers (1024-thread blocks); 32 do not (K = 5, fan 32 unrolled: 8).
-  static constexpr int kKept = !kCached ? 0 : K == 5 ? 8 : 32;
+  // spill at 64 registers (1024-thread blocks), 32 do not (ptxas -v, every K).
+  static constexpr int kKept = kCached ? 32 : 0;
   __half2 h[kKept > 0 ? kKept / 2 : 1];
 
   __device__ static uint32_t group_of(int j) {
