@@ -4,10 +4,11 @@
 // Speed (the fast kernel; GYRE_TRELLIS_ENCODER_OLD=1 selects the first version, kept for A/B).
 // The step is issue-bound: ~9.5 instructions per state in the old SASS (K = 4), 3 of them the
 // code (IADD, IDP4A, FADD). A thread evaluates the same 64 states (K <= 6) at every step, so
-// half of their codes (Codes::kKept) are computed once per kernel and stay in registers (all 64
-// spill at the 64 registers of a 1024-thread block); the minima are read as float4; pass 1
-// needs no argmin before position 128 (labels start there), so those steps keep only the
-// minimum: ~6-7 instructions per state. The tail no longer idles the block: tile n's traceback
+// their codes are computed once per kernel: 16-32 kept in registers (as many as fit without
+// spills), the others (K >= 3) as fp16 in shared memory, 8 per LDS.128 (integers in
+// [-512, 508] are exact in fp16); the minima are read as float4; pass 1 needs no argmin before
+// position 128 (labels start there), so those steps keep only the minimum (FMNMX): ~5.5-6
+// instructions per state in the SASS. The tail no longer idles the block: tile n's traceback
 // runs on thread 0 during tile n + 1's pass 1 (its dependent loads hidden behind the steps),
 // then the whole block packs the words (one per thread) and sums the error (a reduction).
 #include <cuda_fp16.h>
@@ -29,18 +30,28 @@ namespace {
 
 using namespace trellis_gpu;  // NOLINT: this file is its only user
 
-// The codes of the states a thread evaluates at every step of forward_fast, state
-// (group_j << K) | low with group_j = u' of its output j: two per half2 when they fit 32
-// registers, else (K = 8) recomputed from the state as the old kernel does.
+extern __shared__ __align__(16) unsigned char trellis_smem[];  // both kernels' dynamic smem
+
+// The codes of the states a thread evaluates at every step of forward_fast, state n = j fan + low
+// = (group_j << K) | low with group_j = u' of its output j: for K <= 6 (64 states) in registers
+// and shared memory, for K = 8 (256 states) recomputed from the state as the old kernel does.
 template <int K>
 struct Codes {
   using S = Shape<K>;
   static constexpr int kStates = S::kOutputs * S::kFan;
   static constexpr bool kCached = kStates <= 64;
-  // The first kKept states' codes stay in registers, the others are recomputed. ptxas converts
-  // the kept halves to floats once, outside the step loop, so each costs a register: all 64
-  // spill at 64 registers (1024-thread blocks), 32 do not (ptxas -v, every K).
-  static constexpr int kKept = kCached ? 32 : 0;
+  // The first kKept states' codes stay in registers. ptxas converts the kept halves to floats
+  // once, outside the step loop, so each costs a register: all 64 spill at the 64 registers of
+  // a 1024-thread block; these counts do not (ptxas -v).
+  static constexpr int kKept = !kCached ? 0 : K == 3 ? 16 : K >= 4 ? 24 : 32;
+  // K >= 3: the others in shared memory after smem_bytes (K = 2 lacks the room and recomputes
+  // them), as chunks of 8 halves per thread, chunk c of thread x at uint4 c * threads + x (a
+  // warp's LDS.128 reads 512 contiguous bytes): one read and 8 conversions instead of 24
+  // instructions (IADD, IDP4A, FADD per code).
+  static constexpr bool kSmem = kCached && K >= 3;
+  static constexpr int kChunks = kSmem ? (kStates - kKept) / 8 : 0;
+  static constexpr size_t kSmemBytes = static_cast<size_t>(kChunks) * S::kThreads * sizeof(uint4);
+  static_assert(kKept % 8 == 0 && smem_bytes<K>() % 16 == 0, "chunks: 8 states, 16 bytes");
   __half2 h[kKept > 0 ? kKept / 2 : 1];
 
   __device__ static uint32_t group_of(int j) {
@@ -50,6 +61,17 @@ struct Codes {
   __device__ static float compute(int j, int low) {
     return code_of(((group_of(j) << K) | static_cast<uint32_t>(low)) * kTrellisMul + kTrellisAdd);
   }
+  __device__ static uint32_t pair(int n) {  // the codes of states n, n + 1 as half2 bits
+    const __half2 p =
+        __floats2half2_rn(compute(n / S::kFan, n % S::kFan), compute(n / S::kFan, n % S::kFan + 1));
+    return *reinterpret_cast<const uint32_t*>(&p);
+  }
+  // The chunks (kSmemBytes) follow the layout of carve; each thread writes and reads only its
+  // own, so no barrier is needed. (Addressed from the shared array itself, not a pointer member,
+  // so that ptxas keeps a 32-bit shared address and no extra registers.)
+  __device__ static uint4* chunks() {
+    return reinterpret_cast<uint4*>(trellis_smem + smem_bytes<K>()) + threadIdx.x;
+  }
   __device__ void init() {
     if constexpr (kCached) {
 #pragma unroll
@@ -57,6 +79,20 @@ struct Codes {
         h[n / 2] = __floats2half2_rn(compute(n / S::kFan, n % S::kFan),
                                      compute(n / S::kFan, n % S::kFan + 1));
     }
+    if constexpr (kSmem) {
+      for (int c = 0; c < kChunks; ++c) {
+        const int n = kKept + 8 * c;
+        chunks()[c * S::kThreads] = make_uint4(pair(n), pair(n + 2), pair(n + 4), pair(n + 6));
+      }
+    }
+  }
+  __device__ __forceinline__ static uint4 chunk(int c) {
+    return chunks()[c * S::kThreads];
+  }
+  // Half k (0..7) of a chunk as a float.
+  __device__ __forceinline__ static float half_at(const uint4& w, int k) {
+    const uint32_t word = k < 2 ? w.x : k < 4 ? w.y : k < 6 ? w.z : w.w;
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(word >> (16 * (k & 1)))));
   }
   __device__ __forceinline__ float get(int j, int low, uint32_t x0) const {
     const int n = j * S::kFan + low;
@@ -86,6 +122,7 @@ __device__ __forceinline__ uint32_t relax(const Codes<K>& codes, const float* cu
     const float4* prev = reinterpret_cast<const float4*>(cur + p0);
     float best = 0.0f;
     int arg = 0;
+    uint4 ch = make_uint4(0, 0, 0, 0);  // the current shared-memory chunk (Codes::kSmem)
 #pragma unroll kUnroll
     for (int q = 0; q < S::kFan / 4; ++q) {
       const float4 b4 = prev[q];
@@ -93,7 +130,17 @@ __device__ __forceinline__ uint32_t relax(const Codes<K>& codes, const float* cu
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int low = 4 * q + r;
-        const float e = tv - s * codes.get(j, low, x0);
+        // n (compile-time once unrolled) picks the code's home; a chunk never straddles two j
+        // (fan >= 8 when kSmem, and kKept is a multiple of 8).
+        const int n = j * S::kFan + low;
+        float code;
+        if (Codes<K>::kSmem && n >= Codes<K>::kKept) {
+          if ((n - Codes<K>::kKept) % 8 == 0) ch = codes.chunk((n - Codes<K>::kKept) / 8);
+          code = Codes<K>::half_at(ch, (n - Codes<K>::kKept) % 8);
+        } else {
+          code = codes.get(j, low, x0);
+        }
+        const float e = tv - s * code;
         const float c = bq[r] + e * e;
         if constexpr (kArg) {
           if (low == 0 || c < best) best = c, arg = low;
@@ -248,8 +295,7 @@ __global__ void __launch_bounds__(Shape<K>::kThreads)
     viterbi_tiles(const float* t, const float* sc, int64_t tiles, uint32_t* words, double* err,
                   uint32_t* bp_all) {
   using S = Shape<K>;
-  extern __shared__ __align__(16) unsigned char raw[];
-  const Smem m = carve<K>(raw);
+  const Smem m = carve<K>(trellis_smem);
   uint32_t* bp = bp_all + static_cast<size_t>(blockIdx.x) * (kSteps - 1) * S::kThreads;
   Codes<K> codes;
   if constexpr (kFast) codes.init();
@@ -298,7 +344,7 @@ template <int K, bool kFast>
 void launch(const float* t, const float* sc, int64_t tiles, uint32_t* words, double* err,
             DevBuf& workspace, cudaStream_t stream) {
   using S = Shape<K>;
-  const size_t smem = smem_bytes<K>();
+  const size_t smem = smem_bytes<K>() + (kFast ? Codes<K>::kSmemBytes : 0);
   const auto kernel = viterbi_tiles<K, kFast>;
   GYRE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int device = 0, sms = 0, per_sm = 0;
