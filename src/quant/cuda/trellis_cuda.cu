@@ -44,12 +44,13 @@ struct Codes {
   // once, outside the step loop, so each costs a register: all 64 spill at the 64 registers of
   // a 1024-thread block; these counts do not (ptxas -v).
   static constexpr int kKept = !kCached ? 0 : K == 3 ? 16 : K >= 4 ? 24 : 32;
-  // K >= 3: the others in shared memory after smem_bytes (K = 2 lacks the room and recomputes
-  // them), as chunks of 8 halves per thread, chunk c of thread x at uint4 c * threads + x (a
-  // warp's LDS.128 reads 512 contiguous bytes): one read and 8 conversions instead of 24
-  // instructions (IADD, IDP4A, FADD per code).
-  static constexpr bool kSmem = kCached && K >= 3;
-  static constexpr int kChunks = kSmem ? (kStates - kKept) / 8 : 0;
+  // The others in shared memory after smem_bytes (K = 2 has room for 8 of them only, 16 KB next
+  // to its 198 KB, and recomputes the rest), as chunks of 8 halves per thread, chunk c of thread
+  // x at uint4 c * threads + x (a warp's LDS.128 reads 512 contiguous bytes): one read and 8
+  // conversions instead of 24 instructions (IADD, IDP4A, FADD per code).
+  static constexpr bool kSmem = kCached;
+  static constexpr int kChunks = !kSmem ? 0 : K == 2 ? 1 : (kStates - kKept) / 8;
+  static constexpr int kInSmem = kKept + 8 * kChunks;  // states kKept..kInSmem - 1
   static constexpr size_t kSmemBytes = static_cast<size_t>(kChunks) * S::kThreads * sizeof(uint4);
   static_assert(kKept % 8 == 0 && smem_bytes<K>() % 16 == 0, "chunks: 8 states, 16 bytes");
   __half2 h[kKept > 0 ? kKept / 2 : 1];
@@ -112,6 +113,7 @@ __device__ __forceinline__ uint32_t relax(const Codes<K>& codes, const float* cu
   // Cached codes index registers, so their loops must unroll fully (K = 8: 64 float4 reads).
   constexpr int kUnroll = Codes<K>::kCached ? S::kFan / 4 : 4;
   uint32_t packed = 0;
+  uint4 ch = make_uint4(0, 0, 0, 0);  // the current shared-memory chunk (Codes::kSmem)
 #pragma unroll
   for (int j = 0; j < S::kOutputs; ++j) {
     const int o = j * S::kThreads + static_cast<int>(threadIdx.x);
@@ -122,7 +124,6 @@ __device__ __forceinline__ uint32_t relax(const Codes<K>& codes, const float* cu
     const float4* prev = reinterpret_cast<const float4*>(cur + p0);
     float best = 0.0f;
     int arg = 0;
-    uint4 ch = make_uint4(0, 0, 0, 0);  // the current shared-memory chunk (Codes::kSmem)
 #pragma unroll kUnroll
     for (int q = 0; q < S::kFan / 4; ++q) {
       const float4 b4 = prev[q];
@@ -130,11 +131,11 @@ __device__ __forceinline__ uint32_t relax(const Codes<K>& codes, const float* cu
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int low = 4 * q + r;
-        // n (compile-time once unrolled) picks the code's home; a chunk never straddles two j
-        // (fan >= 8 when kSmem, and kKept is a multiple of 8).
+        // n (compile-time once unrolled) picks the code's home; a chunk is read at its first
+        // state (kKept is a multiple of 8) and may span two j (K = 2: fan 4).
         const int n = j * S::kFan + low;
         float code;
-        if (Codes<K>::kSmem && n >= Codes<K>::kKept) {
+        if (Codes<K>::kSmem && n >= Codes<K>::kKept && n < Codes<K>::kInSmem) {
           if ((n - Codes<K>::kKept) % 8 == 0) ch = codes.chunk((n - Codes<K>::kKept) / 8);
           code = Codes<K>::half_at(ch, (n - Codes<K>::kKept) % 8);
         } else {
