@@ -5,9 +5,11 @@
 // (TRELLIS.md) on top of the CPU encoder, with no lazy blocks. Skipped without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -99,6 +101,34 @@ TEST(QuantTrellisCuda, EncoderMatchesTheCpuViterbi) {
   }
 }
 
+// The fast kernel (the default) against the first one (GYRE_TRELLIS_ENCODER_OLD=1): the same
+// decisions, so the same words; errors equal up to the summation order. Many tiles per block, so
+// that the fast kernel's traceback during the next tile's pass 1 is exercised.
+TEST(QuantTrellisCuda, FastEncoderMatchesTheOldOne) {
+  SKIP_WITHOUT_GPU();
+  constexpr int64_t kTiles = 2500;
+  for (int k : {2, 3, 4, 5, 6, 8}) {
+    std::vector<float> t, sc;
+    random_tiles(kTiles, 200 + k, t, sc);
+    std::vector<uint32_t> fast_words, old_words;
+    std::vector<double> fast_err, old_err;
+    gpu_encode(t, sc, kTiles, k, fast_words, fast_err);
+    setenv("GYRE_TRELLIS_ENCODER_OLD", "1", 1);
+    gpu_encode(t, sc, kTiles, k, old_words, old_err);
+    unsetenv("GYRE_TRELLIS_ENCODER_OLD");
+    const int w = trellis_tile_words(k);
+    int64_t same = 0;
+    for (int64_t i = 0; i < kTiles; ++i) {
+      same += std::equal(old_words.begin() + i * w, old_words.begin() + (i + 1) * w,
+                         fast_words.begin() + i * w);
+      EXPECT_NEAR(fast_err[i], old_err[i], 1e-9 * old_err[i]) << "K=" << k << " tile " << i;
+    }
+    EXPECT_EQ(same, kTiles) << "K=" << k;
+    std::printf("K=%d: %lld of %lld fast streams equal to the old kernel's\n", k,
+                static_cast<long long>(same), static_cast<long long>(kTiles));
+  }
+}
+
 TEST(QuantTrellisCuda, RepresentableStreamsAreRecovered) {
   SKIP_WITHOUT_GPU();
   constexpr int64_t kTiles = 16;
@@ -142,10 +172,18 @@ TEST(QuantTrellisCuda, Throughput) {
     for (float& s : sc) s = float(1.0 / kTrellisCodeRms);
     std::vector<uint32_t> words;
     std::vector<double> err;
+    // The old kernel first (GYRE_TRELLIS_ENCODER_OLD=1), for comparison; then the default.
+    setenv("GYRE_TRELLIS_ENCODER_OLD", "1", 1);
     gpu_encode(t, sc, 64, k, words, err);  // warm-up (module load)
-    const auto t0 = std::chrono::steady_clock::now();
+    auto t0 = std::chrono::steady_clock::now();
     gpu_encode(t, sc, kTiles, k, words, err);
-    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    unsetenv("GYRE_TRELLIS_ENCODER_OLD");
+    std::printf("trellis GPU encoder K=%d, old kernel: %.0f tiles/s\n", k, double(kTiles) / sec);
+    gpu_encode(t, sc, 64, k, words, err);  // warm-up (module load)
+    t0 = std::chrono::steady_clock::now();
+    gpu_encode(t, sc, kTiles, k, words, err);
+    sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     double total = 0.0;
     for (double e : err) total += e;
     const double mse = total / double(t.size());
