@@ -14,6 +14,7 @@
 #include "model/gyre_quant_loader.h"
 #include "model/safetensors.h"
 #include "quant/calibration.h"
+#include "quant/convert_job.h"
 #include "quant/convert_pass.h"
 #include "quant/gguf_source.h"
 #include "quant/gptq.h"
@@ -35,15 +36,6 @@ namespace {
 
 // Fixed, so a conversion with --rotate is reproducible (and resumable).
 constexpr uint64_t kRotationSeed = 20261122;
-
-nlohmann::json read_json_file(const std::string& path) {
-  const std::string text = read_text_file(path);
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail("malformed JSON in '", path, "': ", e.what());
-  }
-}
 
 // BITS:GROUP[:sym|asym[:MIXBITSxEIGHTHS]], e.g. 3:128:sym:4x2 (a quarter of the groups at 4 bits).
 QuantSetting parse_uniform(const std::string& s) {
@@ -202,6 +194,37 @@ void open_runtime(const ConvertOptions& o, QuantContext& ctx, QuantRuntime& rt) 
   ctx.backend = rt.backend.get();
 }
 
+nlohmann::json read_json_file(const std::string& path) {
+  const std::string text = read_text_file(path);
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail("malformed JSON in '", path, "': ", e.what());
+  }
+}
+
+nlohmann::json job_options(const ConvertOptions& o) {
+  return {{"bpw", o.bpw},
+          {"head_bits", o.head_bits},
+          {"rows", o.rows},
+          {"length", o.length},
+          {"damp", o.damp},
+          {"act_order", o.act_order},
+          {"uniform", o.uniform},
+          {"rtn", o.rtn},
+          {"mixes", o.mixes},
+          {"measurement", o.measurement},
+          {"chooser", o.chooser},
+          {"sensitivity_rows", o.sensitivity_rows},
+          {"rotate", o.rotate},
+          {"hadamard", o.hadamard},
+          {"trellis", o.trellis},
+          {"clip_search", o.clip_search},
+          {"target_correction", o.target_correction},
+          {"target_damp", o.target_damp},
+          {"scale_refit", o.scale_refit}};
+}
+
 int resolved_head_bits(const ConvertOptions& o) {
   if (o.head_bits >= 0) return o.head_bits;
   const double bits = o.uniform.empty() ? o.bpw : parse_uniform(o.uniform).bits;
@@ -272,26 +295,9 @@ void convert_model(const ConvertOptions& o_in) {
   std::error_code ec;
   fs::create_directories(job, ec);
   GYRE_CHECK(!ec, "cannot create '", job, "': ", ec.message());
-  nlohmann::json sig = {{"model", fs::absolute(o.model).lexically_normal().string()},
-                        {"bpw", o.bpw},
-                        {"head_bits", o.head_bits},
-                        {"rows", o.rows},
-                        {"length", o.length},
-                        {"damp", o.damp},
-                        {"act_order", o.act_order},
-                        {"uniform", o.uniform},
-                        {"rtn", o.rtn},
-                        {"measurement", o.measurement},
-                        {"chooser", o.chooser},
-                        {"sensitivity_rows", o.sensitivity_rows},
-                        {"rotate", o.rotate},
-                        {"hadamard", o.hadamard},
-                        {"trellis", o.trellis},
-                        {"clip_search", o.clip_search},
-                        {"target_correction", o.target_correction},
-                        {"target_damp", o.target_damp},
-                        {"scale_refit", o.scale_refit},
-                        {"calibration_hash", std::to_string(std::hash<std::string>{}(text))}};
+  nlohmann::json sig = job_options(o);
+  sig["model"] = fs::absolute(o.model).lexically_normal().string();
+  sig["calibration_hash"] = std::to_string(std::hash<std::string>{}(text));
   if (file_exists(job + "/job.json")) {
     GYRE_CHECK(read_json_file(job + "/job.json") == sig, "'", job,
                "' belongs to a conversion with other options; delete it or pick another output");

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include "backend/cpu/trellis.h"
 #include "core/error.h"
@@ -49,7 +50,7 @@ std::map<std::string, std::vector<float>> load_job_file(const std::string& path,
   nlohmann::json cfg;
   cfg["quantization_config"] = {{"quant_method", "gyre"},
                                 {"version", plan_format_version(part, hadamard)},
-                                {"layers", plan_layers_json(part, m.weights, hadamard)}};
+                                {"layers", plan_layers_json(part, m, hadamard)}};
   gyre_quant_load(cfg, raw, out, path);
   std::map<std::string, std::vector<float>> floats;
   for (const auto& [name, st] : part) floats[name] = tensor_to_f32(out.get(name + ".weight"));
@@ -139,23 +140,33 @@ std::vector<StTensor> pack_tensors(const QuantizedWeight& q, const std::string& 
   return out;
 }
 
-nlohmann::json plan_layers_json(const Plan& plan, const WeightSet& w, bool hadamard) {
+nlohmann::json plan_layers_json(const Plan& plan, const LoadedModel& m, bool hadamard) {
+  const WeightSet& w = m.weights;
+  // [rows, cols] of a planned layer: its tensor's, or by the config for a model whose blocks are
+  // made on the fly (QuantContext::blocks: the synthetic ones).
+  auto shape = [&](const std::string& name) -> std::pair<int64_t, int64_t> {
+    if (name == kHead || w.has(name + ".weight")) {
+      const TensorView& t = name != kHead             ? w.get(name + ".weight")
+                            : w.has("lm_head.weight") ? w.get("lm_head.weight")
+                                                      : w.get("model.embed_tokens.weight");
+      return {t.rows(), t.cols()};
+    }
+    const size_t at = name.find('.', std::string("model.layers.").size());
+    GYRE_CHECK(name.rfind("model.layers.", 0) == 0 && at != std::string::npos,
+               "internal: no tensor for planned layer ", name);
+    const std::string suffix = name.substr(at + 1);
+    return {linear_rows(m.config, suffix), linear_cols(m.config, suffix)};
+  };
   nlohmann::json j = nlohmann::json::object();
   for (const auto& [name, st] : plan) {
-    const TensorView& t = name == kHead
-                              ? (w.has("lm_head.weight") ? w.get("lm_head.weight")
-                                                         : w.get("model.embed_tokens.weight"))
-                              : w.get(name + ".weight");
-    j[name] = {{"bits", st.bits},
-               {"group_size", st.group_size},
-               {"sym", st.sym},
-               {"shape", {t.rows(), t.cols()}}};
-    if (st.mixed())
-      j[name]["mix"] = {{"bits", st.mix_bits}, {"hi_groups", st.mix_groups(t.cols())}};
+    const auto [rows, cols] = shape(name);
+    j[name] = {
+        {"bits", st.bits}, {"group_size", st.group_size}, {"sym", st.sym}, {"shape", {rows, cols}}};
+    if (st.mixed()) j[name]["mix"] = {{"bits", st.mix_bits}, {"hi_groups", st.mix_groups(cols)}};
     if (st.trellis) j[name]["trellis"] = true;
     // The decoder's layers are rotated (quant/hadamard.h), the LM head is not.
-    if (hadamard && name != kHead && hadamard_block_for(t.cols()) != 0)
-      j[name]["hadamard"] = hadamard_block_for(t.cols());
+    if (hadamard && name != kHead && hadamard_block_for(cols) != 0)
+      j[name]["hadamard"] = hadamard_block_for(cols);
   }
   return j;
 }
@@ -347,7 +358,7 @@ void write_output(const QuantContext& ctx, const ConvertOptions& o, const Plan& 
                        {"scale_refit", o.scale_refit},
                        {"calibration_rows", ctx.rows.size()},
                        {"calibration_length", ctx.rows[0].size()},
-                       {"layers", plan_layers_json(plan, m.weights, ctx.hadamard)}};
+                       {"layers", plan_layers_json(plan, m, ctx.hadamard)}};
   cfg["quantization_config"] = qc;
   write_file_atomic(o.out + "/config.json", cfg.dump(2));
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model",

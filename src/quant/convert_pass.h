@@ -28,8 +28,9 @@ int plan_format_version(const Plan& plan, bool hadamard);
 std::vector<StTensor> pack_tensors(const QuantizedWeight& q, const std::string& name);
 
 // quantization_config.layers: {name: {bits, group_size, sym, shape}} (+ "hadamard": B for the
-// decoder's layers when `hadamard`, "trellis": true for trellis-coded ones).
-nlohmann::json plan_layers_json(const Plan& plan, const WeightSet& w, bool hadamard = false);
+// decoder's layers when `hadamard`, "trellis": true for trellis-coded ones); shapes from m's
+// tensors, or from its config for layers it has no tensor of (synthetic blocks).
+nlohmann::json plan_layers_json(const Plan& plan, const LoadedModel& m, bool hadamard = false);
 
 // Quantizes block by block into OUT/.gyre-job/block_N.safetensors (existing files are reused:
 // resume), then the LM head (head_bits 0: none) into head.safetensors.

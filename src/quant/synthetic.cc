@@ -13,6 +13,7 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "core/mapped_file.h"
+#include "quant/convert_job.h"
 #include "quant/convert_pass.h"
 #include "quant/gptq_device.h"
 #include "quant/linalg.h"
@@ -182,13 +183,27 @@ void convert_synthetic(const ModelConfig& c, const std::string& name, const Conv
   const std::string job = o.out + "/.gyre-job";
   fs::create_directories(job, ec);
   GYRE_CHECK(!ec, "cannot create '", job, "': ", ec.message());
-
+  // Resumable like a real conversion (a run longer than one sitting is timed in parts): the
+  // measurement block by block, the sensitivity pass whole, the quantization block by block.
+  nlohmann::json sig = job_options(o);
+  sig["model"] = lm.path;
+  sig["layers"] = c.n_layers;
+  const bool resumed = file_exists(job + "/job.json");
+  if (resumed) {
+    GYRE_CHECK(read_json_file(job + "/job.json") == sig, "'", job,
+               "' belongs to a conversion with other options; delete it or pick another output");
+    std::fprintf(stderr, "convert: resuming the job in %s\n", job.c_str());
+  } else {
+    write_file_atomic(job + "/job.json", sig.dump(2));
+  }
+  const std::string mpath = job + "/measurement.json";
   Measurement meas;
+  if (file_exists(mpath)) meas = Measurement::from_json(read_json_file(mpath), mpath);
   meas.meta = {{"model", lm.path}, {"rows", o.rows},           {"length", o.length},
                {"damp", o.damp},   {"act_order", o.act_order}, {"method", o.rtn ? "rtn" : "gptq"},
                {"device", device}};
   auto t0 = std::chrono::steady_clock::now();
-  measure(ctx, meas, [](const Measurement&) {});
+  measure(ctx, meas, [&](const Measurement& m) { write_file_atomic(mpath, m.to_json().dump(1)); });
   const double t_measure = seconds_since(t0);
   const QuantTimings measure_la = timings;
   // Each phase's time as soon as it ends, so a run cut short still tells how far it got.
@@ -198,10 +213,11 @@ void convert_synthetic(const ModelConfig& c, const std::string& name, const Conv
                timing_breakdown(measure_la).c_str());
   double t_sensitivity = 0;
   QuantTimings sensitivity_la;
-  if (o.chooser == "kl") {
+  if (o.chooser == "kl" && meas.sensitivity.empty()) {
     t0 = std::chrono::steady_clock::now();
     timings = QuantTimings{};
     meas.sensitivity = measure_sensitivity(ctx, kSensitivityProbe, o.sensitivity_rows);
+    write_file_atomic(mpath, meas.to_json().dump(1));
     t_sensitivity = seconds_since(t0);
     sensitivity_la = timings;
     std::fprintf(stderr,
@@ -224,7 +240,9 @@ void convert_synthetic(const ModelConfig& c, const std::string& name, const Conv
     numel += n;
   }
   const double total = seconds_since(start);
+  // With `resumed` the seconds are this run's: the phases done before it count 0 here.
   nlohmann::json summary = {{"synthetic", name},
+                            {"resumed", resumed},
                             {"device", device},
                             {"rows", o.rows},
                             {"length", o.length},
