@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_file.h"
 #include "core/mapped_file.h"
 #include "model/exl2.h"
 #include "model/gguf_loader.h"
@@ -16,15 +17,6 @@ namespace gyre {
 namespace fs = std::filesystem;
 
 namespace {
-
-nlohmann::json read_json(const std::string& path) {
-  const std::string text = read_text_file(path);
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail("malformed JSON in '", path, "': ", e.what());
-  }
-}
 
 bool is_gguf(const std::string& path) {
   return fs::is_regular_file(path) && path.size() > 5 && path.substr(path.size() - 5) == ".gguf";
@@ -39,7 +31,7 @@ std::vector<std::string> shard_files(const std::string& dir) {
                "' has neither model.safetensors nor model.safetensors.index.json");
     return {single};
   }
-  const nlohmann::json j = read_json(index);
+  const nlohmann::json j = read_json_file(index);
   GYRE_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), "'", index,
              "' has no weight_map object");
   std::vector<std::string> files;
@@ -82,10 +74,10 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path) {
   m->format = "hf";
   const std::string cfg_path = path + "/config.json";
   GYRE_CHECK(file_exists(cfg_path), "'", path, "' has no config.json");
-  const nlohmann::json cfg = read_json(cfg_path);
+  const nlohmann::json cfg = read_json_file(cfg_path);
   nlohmann::json gen;
   const bool has_gen = file_exists(path + "/generation_config.json");
-  if (has_gen) gen = read_json(path + "/generation_config.json");
+  if (has_gen) gen = read_json_file(path + "/generation_config.json");
   m->config = config_from_hf_json(cfg, has_gen ? &gen : nullptr);
   // Gyre's own format and EXL2 first: the GPTQ reader rejects every other quantization_config.
   GptqConfig gptq;
@@ -114,7 +106,7 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path) {
   weights_validate(m->weights, m->config);
   m->tokenizer = Tokenizer::from_folder(path);
   if (file_exists(path + "/tokenizer_config.json"))
-    m->chat_template = chat_template_from(read_json(path + "/tokenizer_config.json"));
+    m->chat_template = chat_template_from(read_json_file(path + "/tokenizer_config.json"));
   if (m->config.eos_ids.empty())
     for (int e : m->tokenizer->eos_ids()) m->config.eos_ids.push_back(e);
   return m;

@@ -194,15 +194,6 @@ void open_runtime(const ConvertOptions& o, QuantContext& ctx, QuantRuntime& rt) 
   ctx.backend = rt.backend.get();
 }
 
-nlohmann::json read_json_file(const std::string& path) {
-  const std::string text = read_text_file(path);
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail("malformed JSON in '", path, "': ", e.what());
-  }
-}
-
 nlohmann::json job_options(const ConvertOptions& o) {
   return {{"bpw", o.bpw},
           {"head_bits", o.head_bits},

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "core/json_file.h"
 #include "quant/convert.h"
 
 namespace gyre::quant {
@@ -11,8 +12,5 @@ namespace gyre::quant {
 // Every option of o that changes the measurement, the choice or the quantized weights (the
 // caller adds what names the model and its calibration text).
 nlohmann::json job_options(const ConvertOptions& o);
-
-// The JSON of a file; gyre::Error naming the file when it is not JSON.
-nlohmann::json read_json_file(const std::string& path);
 
 }  // namespace gyre::quant
