@@ -96,6 +96,10 @@ struct PagedBatch {
 // tables); throws gyre::Error naming the problem. Returns the sequence of every row (padding rows
 // of a bucketed step: seqs, seqs + 1, ... after the real ones).
 std::vector<int32_t> check_paged_batch(const PagedBatch& batch, int num_pages, int page_size);
+// Checks that attention params p fit a paged cache of n_kv_heads heads of head_dim and n_layers
+// layers, and that layer is one of them.
+void check_paged_heads(const AttentionParams& p, int n_kv_heads, int head_dim, int n_layers,
+                       int layer);
 
 // Per-row settings of Backend::sample. The semantics (order of the filters, tie rules) are the
 // host reference in backend/sample_host.h; engine/sampler.h documents them for users.

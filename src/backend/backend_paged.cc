@@ -35,6 +35,18 @@ void Backend::rope_attention_paged(Tensor& out, Tensor& q, Tensor& k, const Tens
   attention_paged(out, q, k, v, cache, layer, batch, p);
 }
 
+void check_paged_heads(const AttentionParams& p, int n_kv_heads, int head_dim, int n_layers,
+                       int layer) {
+  GYRE_CHECK(p.n_heads > 0 && p.n_kv_heads > 0 && p.n_heads % p.n_kv_heads == 0,
+             "paged attention: ", p.n_heads, " query heads cannot share ", p.n_kv_heads,
+             " KV heads");
+  GYRE_CHECK(p.n_kv_heads == n_kv_heads && p.head_dim == head_dim,
+             "paged attention: ", p.n_kv_heads, " KV heads of ", p.head_dim,
+             " do not match the cache's ", n_kv_heads, " of ", head_dim);
+  GYRE_CHECK(layer >= 0 && layer < n_layers, "paged attention: layer ", layer, " out of ",
+             n_layers);
+}
+
 std::vector<int32_t> check_paged_batch(const PagedBatch& b, int num_pages, int ps) {
   GYRE_CHECK(b.rows >= 0 && b.seqs >= 0 && b.max_pages >= 0, "paged attention: negative sizes");
   GYRE_CHECK(b.seqs == 0 || (b.seq_starts && b.context_lens && b.page_tables),

@@ -132,14 +132,7 @@ void cpu_attention_paged(ThreadPool& pool, Tensor& out, const Tensor& q, const T
                          const Tensor& v, PagedKvCache& cache, int layer, const PagedBatch& b,
                          const AttentionParams& p) {
   CpuPagedKvCache& c = cpu_cache(cache);
-  GYRE_CHECK(p.n_heads > 0 && p.n_kv_heads > 0 && p.n_heads % p.n_kv_heads == 0,
-             "paged attention: ", p.n_heads, " query heads cannot share ", p.n_kv_heads,
-             " KV heads");
-  GYRE_CHECK(p.n_kv_heads == c.n_kv_heads && p.head_dim == c.head_dim,
-             "paged attention: ", p.n_kv_heads, " KV heads of ", p.head_dim,
-             " do not match the cache's ", c.n_kv_heads, " of ", c.head_dim);
-  GYRE_CHECK(layer >= 0 && layer < c.n_layers, "paged attention: layer ", layer, " out of ",
-             c.n_layers);
+  check_paged_heads(p, c.n_kv_heads, c.head_dim, c.n_layers, layer);
   const int64_t n = b.rows, hd = p.head_dim;
   const int64_t q_cols = static_cast<int64_t>(p.n_heads) * hd;
   const int64_t kv_cols = static_cast<int64_t>(p.n_kv_heads) * hd;
