@@ -27,6 +27,15 @@ int g_stream = -1;      // -1: GYRE_CUDA_BITS_STREAM (default on)
 int g_pieces = 0;       // blocks per piece of new uploads: 0 = by width
 int g_warp_budget = 0;  // 0 = by width and n
 int g_chunk = 0;        // tokens per pass: 0 = by shape
+int g_decode = -1;      // -1: GYRE_CUDA_BITS_DECODE (default new: the in-place arrangement)
+
+bool bits_decode_new() {
+  if (g_decode < 0) {
+    const char* e = std::getenv("GYRE_CUDA_BITS_DECODE");
+    g_decode = e != nullptr && std::string(e) == "old" ? 0 : 1;
+  }
+  return g_decode == 1;
+}
 
 // Low-plane bits of a width (the host split planes, qlinear_ref.h).
 __host__ __device__ constexpr int low_bits(int bits) {
@@ -45,18 +54,13 @@ __device__ uint32_t host_plane_value(const uint32_t* src, int rows, int cols, in
   return (src[word] >> ((e % 2) * 16 + pbits * (e / 2))) & ((1u << pbits) - 1);
 }
 
-// Row and first column of pair k (0..15) of lane (g, t) in tile T, block b.
-__host__ __device__ inline void pair_position(int tile, int b, int lane, int k, int& row,
-                                              int& col) {
-  const int g = lane / 4, t = lane % 4, j = k / 4, r = k % 4;
-  row = 16 * tile + g + 8 * (r % 2);
-  col = 64 * b + 32 * (j / 2) + 8 * t + 4 * (j % 2) + 2 * (r / 2);
-}
-
 // One thread per device word: word w of piece (tile, i) is low-plane word w % (S lo) of lane
 // w / (S lo) (w < 32 S lo), else a high-plane word; a lane's plane words are its blocks' in turn.
+// inplace (3 bits): the words hold the in-place arrangement (qlinear_inplace.h), a block's
+// low-plane words being its words 0 and 1 and its high-plane word its word 2; at 2 bits the
+// in-place arrangement is the planes' one.
 __global__ void tile_bits_kernel(const uint32_t* src, uint32_t* dst, int rows, int cols, int bits,
-                                 int kblocks, int pieces_s, int64_t words) {
+                                 int kblocks, int pieces_s, bool inplace, int64_t words) {
   const int64_t o = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (o >= words) return;
   const int lo = low_bits(bits), hi = bits - lo, per_piece = 32 * bits * pieces_s;
@@ -68,6 +72,15 @@ __global__ void tile_bits_kernel(const uint32_t* src, uint32_t* dst, int rows, i
   const int pbits = high ? hi : lo, wl = high ? w - 32 * lo * pieces_s : w;
   const int lane = wl / (pbits * pieces_s), in_lane = wl % (pbits * pieces_s);
   const int b = piece * pieces_s + in_lane / pbits, word = in_lane % pbits, pairs = 16 / pbits;
+  if (inplace && bits == 3) {
+    dst[o] = inplace_word<3>(high ? lo + word : word, [&](int k, int second) {
+      int row = 0, col = 0;
+      pair_position(tile, b, lane, k, row, col);
+      return host_plane_value(src, rows, cols, bits, false, row, col + second) |
+             host_plane_value(src, rows, cols, bits, true, row, col + second) << lo;
+    });
+    return;
+  }
   uint32_t v = 0;
   for (int i = 0; i < pairs; ++i) {
     const int k = word * pairs + i;
@@ -101,7 +114,16 @@ __global__ void dequant_tiled_bits_kernel(Params p, int pieces_s, __half* out) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     uint32_t a[4];
-    narrow_to_fragment<BITS>(q, q + kLo, j, base, a);
+    if constexpr (BITS <= 3) {
+      if (p.inplace && p.asym)
+        inplace_to_fragment<BITS, 0>(q, q + kLo, j, a);
+      else if (p.inplace)
+        inplace_to_fragment<BITS, 1u << (BITS - 1)>(q, q + kLo, j, a);
+      else
+        narrow_to_fragment<BITS>(q, q + kLo, j, base, a);
+    } else {
+      narrow_to_fragment<BITS>(q, q + kLo, j, base, a);
+    }
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       memcpy(&v[r % 2][j / 2][4 * (j % 2) + 2 * (r / 2)], &a[r], 4);
@@ -144,13 +166,20 @@ __global__ void dequant_tiled_bits_kernel(Params p, int pieces_s, __half* out) {
 }
 
 // Ring depth by piece size: 4 pieces of 1 or 2 blocks, 2 of 4 or 8 (8: 2 bits only).
+template <int BITS, bool INPLACE>
+void launch_decode(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
+  if constexpr (BITS == 2)
+    if (pieces_s == 8) return launch_stream_variant<BITS, 8, 2, INPLACE>(p, 0, budget, stream);
+  if (pieces_s == 4) return launch_stream_variant<BITS, 4, 2, INPLACE>(p, 0, budget, stream);
+  if (pieces_s == 2) return launch_stream_variant<BITS, 2, 4, INPLACE>(p, 0, budget, stream);
+  launch_stream_variant<BITS, 1, 4, INPLACE>(p, 0, budget, stream);
+}
+
 template <int BITS>
 void launch_width(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
-  if constexpr (BITS == 2)
-    if (pieces_s == 8) return launch_stream_variant<BITS, 8, 2>(p, 0, budget, stream);
-  if (pieces_s == 4) return launch_stream_variant<BITS, 4, 2>(p, 0, budget, stream);
-  if (pieces_s == 2) return launch_stream_variant<BITS, 2, 4>(p, 0, budget, stream);
-  launch_stream_variant<BITS, 1, 4>(p, 0, budget, stream);
+  if constexpr (BITS <= 3)
+    if (p.inplace) return launch_decode<BITS, true>(p, pieces_s, budget, stream);
+  launch_decode<BITS, false>(p, pieces_s, budget, stream);
 }
 
 void launch_chunk(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
@@ -183,6 +212,11 @@ void set_bits_stream(int mode) {
   g_stream = mode;
 }
 
+void set_bits_decode(int mode) {
+  GYRE_CHECK(mode >= -1 && mode <= 1, "qlinear: bits decode mode must be -1, 0 or 1");
+  g_decode = mode;
+}
+
 void set_bits_stream_pieces(int pieces) {
   GYRE_CHECK(pieces == 0 || pieces == 1 || pieces == 2 || pieces == 4 || pieces == 8,
              "qlinear: blocks per piece must be 0, 1, 2, 4 or 8 (8: 2 bits only)");
@@ -213,6 +247,10 @@ int bits_tiled_layout(const QWeightDesc& d) {
   return d.bits == 2 ? 4 : d.bits == 5 ? 1 : 2;
 }
 
+bool bits_inplace_layout(const QWeightDesc& d) {
+  return (d.bits == 2 || d.bits == 3) && bits_tiled_layout(d) > 0 && bits_decode_new();
+}
+
 void tile_bits_upload(const QWeightHost& w, const Params& p, int pieces_s, uint8_t* dst_q,
                       uint8_t* dst_scales, uint8_t* dst_mins) {
   {
@@ -222,7 +260,7 @@ void tile_bits_upload(const QWeightHost& w, const Params& p, int pieces_s, uint8
     const int64_t words = int64_t{p.tiles} * p.kblocks * 32 * p.bits;
     tile_bits_kernel<<<static_cast<unsigned>((words + 255) / 256), 256>>>(
         reinterpret_cast<const uint32_t*>(stage.p), reinterpret_cast<uint32_t*>(dst_q), p.rows,
-        p.cols, p.bits, p.kblocks, pieces_s, words);
+        p.cols, p.bits, p.kblocks, pieces_s, p.inplace, words);
     check_cuda(cudaGetLastError(), "tile_bits launch");
     check_cuda(cudaDeviceSynchronize(), "narrow weight tiling");
   }

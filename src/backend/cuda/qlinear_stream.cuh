@@ -35,6 +35,7 @@
 #include <string>
 
 #include "backend/cuda/hadamard_warp.cuh"
+#include "backend/cuda/qlinear_inplace.cuh"
 #include "backend/cuda/qlinear_kernels.cuh"
 
 namespace gyre::qlinear_detail {
@@ -277,7 +278,8 @@ __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int 
   }
 }
 
-template <int BITS, int S, int D, bool G32, bool ASYM>
+// INPLACE (2/3 bits): the in-place word arrangement (qlinear_inplace.cuh), else the split planes'.
+template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE>
 __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
   constexpr int kLo = StreamPlanes<BITS>::kLo, kHi = StreamPlanes<BITS>::kHi;
   constexpr int kPieceBytes = 128 * BITS * S, kGroupsPerBlock = G32 ? 2 : 1;
@@ -361,6 +363,8 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
       uint32_t a[4];
       if constexpr (BITS == 4)
         int4_word_to_fragment(lo[j], lo_base, hi_base, a);
+      else if constexpr (INPLACE)
+        inplace_to_fragment<BITS, kOffset>(lo, hi, j, a);
       else
         narrow_to_fragment<BITS>(lo, hi, j, lo_base, a);
       mma_16816(cg, a, xv[2 * j], xv[2 * j + 1]);
@@ -419,7 +423,7 @@ bool allow_optin_shared(Kernel kernel, int optin, const char* what) {
 // opt-in limit, kblocks a multiple of S). ksplit 0 = auto: the largest split-K that keeps
 // tiles x ksplit within warp_budget warps per SM on average (32 measured best at 4 bits on
 // every Llama shape, round 5: one resident wave of 64-register warps).
-template <int BITS, int S, int D, bool G32, bool ASYM>
+template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE>
 void launch_stream_kernel(const Params& p, int ksplit, int warp_budget, cudaStream_t stream) {
   int sms = 0, optin = 0;
   stream_device_limits(sms, optin);
@@ -434,22 +438,24 @@ void launch_stream_kernel(const Params& p, int ksplit, int warp_budget, cudaStre
   const int per = (pieces + ks - 1) / ks;
   const int warps = ks > 8 ? ks : 8, tiles_per_block = warps / ks;
   const unsigned blocks = static_cast<unsigned>((q.tiles + tiles_per_block - 1) / tiles_per_block);
-  auto kernel = gemv_stream_kernel<BITS, S, D, G32, ASYM>;
+  auto kernel = gemv_stream_kernel<BITS, S, D, G32, ASYM, INPLACE>;
   static const bool raised = allow_optin_shared(kernel, optin, "gemv stream");
   (void)raised;
   qlaunch(kernel, blocks, warps * 32, static_cast<size_t>(stream_smem(q)), stream, q, per);
 }
 
 // The four scale variants (group 32 or larger, symmetric or not) of S and D.
-template <int BITS, int S, int D>
+template <int BITS, int S, int D, bool INPLACE = false>
 void launch_stream_variant(const Params& p, int ksplit, int warp_budget, cudaStream_t stream) {
   const bool g32 = p.group == 32;
   if (p.asym) {
-    if (g32) return launch_stream_kernel<BITS, S, D, true, true>(p, ksplit, warp_budget, stream);
-    return launch_stream_kernel<BITS, S, D, false, true>(p, ksplit, warp_budget, stream);
+    if (g32)
+      return launch_stream_kernel<BITS, S, D, true, true, INPLACE>(p, ksplit, warp_budget, stream);
+    return launch_stream_kernel<BITS, S, D, false, true, INPLACE>(p, ksplit, warp_budget, stream);
   }
-  if (g32) return launch_stream_kernel<BITS, S, D, true, false>(p, ksplit, warp_budget, stream);
-  return launch_stream_kernel<BITS, S, D, false, false>(p, ksplit, warp_budget, stream);
+  if (g32)
+    return launch_stream_kernel<BITS, S, D, true, false, INPLACE>(p, ksplit, warp_budget, stream);
+  return launch_stream_kernel<BITS, S, D, false, false, INPLACE>(p, ksplit, warp_budget, stream);
 }
 
 }  // namespace gyre::qlinear_detail
