@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "backend/cuda/qlinear.h"
@@ -96,10 +95,11 @@ int tune(const __half* x, __half* y, bool verify) {
 
 // `qlinear_bits_bench decode`: the 2/3-bit decodes at the default pieces, "dec_new" (the in-place
 // arrangement, qlinear_inplace.h: the default) against "dec_old" (the split planes',
-// set_bits_decode (0)), n = 1, 2, 8 on the five shapes, the in-place decode at the other piece
-// sizes at n = 1, 2
-// ("new_sS"), asymmetric at 4096x4096, and the 4-bit stream GEMV ("4bit"); then the Llama-3-8B
-// layer sum (QKV 6144 + o 4096 + gate/up 28672 + down 4096x14336) at n = 1 per decode.
+// set_bits_decode(0)), n = 1, 2, 8 on the five shapes; the in-place decode at the other piece
+// sizes ("new_sS"), and at 3 bits with 2 blocks per piece the ring of 4 ("s2d4", 77 registers)
+// alone and with a warp budget of 48 ("s2d4w48": one resident wave of 24 warps per SM), n = 1, 2;
+// asymmetric at 4096x4096; the 4-bit stream GEMV ("4bit"); then the Llama-3-8B layer sum (QKV
+// 6144 + o 4096 + gate/up 28672 + down 4096x14336) at n = 1 per decode.
 template <typename Row>
 int decode_ab(const __half* x, __half* y, Row&& row) {
   const int shapes[][2] = {{4096, 4096}, {6144, 4096}, {14336, 4096}, {4096, 14336}, {28672, 4096}};
@@ -118,12 +118,23 @@ int decode_ab(const __half* x, __half* y, Row&& row) {
         d.cols = sh[1];
         const double bytes = double(d.qweight_bytes()) + d.scale_count() * (asym ? 4.0 : 2.0);
         const int copies = std::max(1, int(std::ceil(300e6 / bytes)));
-        // decode 0 / 1 at the default pieces, then 1 at other pieces (n <= 2 only)
-        std::vector<std::pair<int, int>> configs = {{0, 0}, {1, 0}};
-        if (bits == 4) configs = {{1, 0}};
-        if (bits == 2 && !asym) configs.insert(configs.end(), {{1, 1}, {1, 2}, {1, 8}});
-        if (bits == 3 && !asym) configs.insert(configs.end(), {{1, 1}, {1, 4}});
-        for (const auto& [decode, pieces] : configs) {
+        // decode 0 / 1 at the default pieces, then 1 at other pieces, depth, budget (n <= 2)
+        struct Config {
+          int decode, pieces, depth, budget;
+          const char* name;
+        };
+        std::vector<Config> configs = {{0, 0, 0, 0, "dec_old"}, {1, 0, 0, 0, "dec_new"}};
+        if (bits == 4) configs = {{1, 0, 0, 0, "4bit"}};
+        if (bits == 2 && !asym)
+          configs.insert(configs.end(),
+                         {{1, 1, 0, 0, "new_s1"}, {1, 2, 0, 0, "new_s2"}, {1, 8, 0, 0, "new_s8"}});
+        if (bits == 3 && !asym)
+          configs.insert(configs.end(), {{1, 1, 0, 0, "new_s1"},
+                                         {1, 4, 0, 0, "new_s4"},
+                                         {1, 2, 4, 0, "s2d4"},
+                                         {1, 2, 4, 48, "s2d4w48"}});
+        for (const Config& cf : configs) {
+          const int decode = cf.decode, pieces = cf.pieces;
           qlinear_detail::set_bits_decode(decode);
           qlinear_detail::set_bits_stream_pieces(pieces);
           std::vector<Weight> ws;
@@ -134,21 +145,19 @@ int decode_ab(const __half* x, __half* y, Row&& row) {
             std::printf("unexpected layout for %dx%d\n", sh[0], sh[1]);
             return 1;
           }
+          const bool is_default = pieces == 0 && cf.depth == 0;
+          qlinear_detail::set_bits_stream_depth(cf.depth);
+          qlinear_detail::set_bits_stream_warps(cf.budget);
           for (const int n : {1, 2, 8}) {
-            if (pieces != 0 && n == 8) continue;
+            if (!is_default && n == 8) continue;
             const float ms = time_ms(
                 [&](int i) { qlinear_matmul(ws[i % copies].w, x, y, n, nullptr, nullptr); }, 40);
-            char name[16];
-            if (bits == 4)
-              std::snprintf(name, sizeof(name), "4bit");
-            else if (pieces == 0)
-              std::snprintf(name, sizeof(name), "dec_%s", decode ? "new" : "old");
-            else
-              std::snprintf(name, sizeof(name), "new_s%d", ws[0].w.narrow_tiled);
-            row(sh, bits, asym, n, name, ms, bytes);
-            if (n == 1 && pieces == 0 && !asym)
+            row(sh, bits, asym, n, cf.name, ms, bytes);
+            if (n == 1 && is_default && !asym)
               layer[bits == 4 ? 0 : bits - 1][decode] += layer_weight[si] * ms * 1e3;
           }
+          qlinear_detail::set_bits_stream_depth(0);
+          qlinear_detail::set_bits_stream_warps(0);
           CK(cudaGetLastError());
           for (auto& w : ws) CK(cudaFree(w.mem));
         }

@@ -146,7 +146,7 @@ TEST(CudaQbits, InplaceArrangementOnTheHost) {
 
 // The 2/3-bit decodes, in-place (the default) and the split planes' (set_bits_decode(0)), at
 // every group size, symmetric and not, with and without act-order, every piece size (block
-// counts padded), n = 1, 2, 8, and the FP16 dequantization of each.
+// counts padded), n = 1, 2, 8 (3 bits: both ring depths), and the FP16 dequantization of each.
 TEST(CudaQbits, OldAndNewDecodeMatchFloat64) {
   if (!qtest::have_gpu()) GTEST_SKIP() << "no CUDA device";
   uint32_t seed = 2000;
@@ -168,19 +168,24 @@ TEST(CudaQbits, OldAndNewDecodeMatchFloat64) {
             qlinear_detail::set_bits_decode(-1);
             ASSERT_GT(dw.narrow_tiled, 0);
             ASSERT_EQ(dw.narrow_inplace, decode == 1);
-            for (const int n : {1, 2, 8}) {
-              const int cols = w.desc.cols, rows = w.desc.rows;
-              const std::vector<uint16_t> xh = random_halves(size_t(n) * cols, 1.0f, seed++);
-              const std::vector<uint16_t> bh = random_halves(rows, 0.5f, seed++);
-              Halves x(size_t(n) * cols), y(size_t(n) * rows), b(rows);
-              x.upload(xh);
-              b.upload(bh);
-              y.poison();
-              qlinear_matmul(dw, x.p, y.p, n, b.p, nullptr);
-              CUDA_OK(cudaDeviceSynchronize());
-              expect_close(w, xh, bh, y.download(), n, &ref);
-              if (HasFatalFailure()) break;
-            }
+            // 3 bits, 2 blocks per piece: the default ring and the ring of 4 (in-place only)
+            for (const int depth : {0, 4})
+              for (const int n : {1, 2, 8}) {
+                if (depth == 4 && (bits != 3 || decode != 1)) continue;
+                qlinear_detail::set_bits_stream_depth(depth);
+                const int cols = w.desc.cols, rows = w.desc.rows;
+                const std::vector<uint16_t> xh = random_halves(size_t(n) * cols, 1.0f, seed++);
+                const std::vector<uint16_t> bh = random_halves(rows, 0.5f, seed++);
+                Halves x(size_t(n) * cols), y(size_t(n) * rows), b(rows);
+                x.upload(xh);
+                b.upload(bh);
+                y.poison();
+                qlinear_matmul(dw, x.p, y.p, n, b.p, nullptr);
+                qlinear_detail::set_bits_stream_depth(0);
+                CUDA_OK(cudaDeviceSynchronize());
+                expect_close(w, xh, bh, y.download(), n, &ref);
+                if (HasFatalFailure()) break;
+              }
             Halves out(size_t(77) * 1152);
             out.poison();
             qlinear_dequantize(dw, out.p, nullptr);

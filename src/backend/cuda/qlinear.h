@@ -172,6 +172,8 @@ void set_bits_stream_chunk(int tokens);
 // or uploaded from now on (1), the split planes' arrangement and decode (0), or
 // GYRE_CUDA_BITS_DECODE (-1, the default: new unless "old").
 void set_bits_decode(int mode);
+// The in-place 3-bit stream GEMV's ring depth at 2 blocks per piece (0: the default, 2; or 4).
+void set_bits_stream_depth(int depth);
 // Rotated layers (qlinear_fuses_rotation): the rotation fused into the stream GEMV's staging (1),
 // never (0: the caller's separate rotation everywhere), or GYRE_CUDA_FUSED_ROTATION (-1, the
 // default: off unless "1"; fused decode measured 8% slower than the separate warp-shuffle

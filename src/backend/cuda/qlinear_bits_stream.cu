@@ -28,6 +28,7 @@ int g_pieces = 0;       // blocks per piece of new uploads: 0 = by width
 int g_warp_budget = 0;  // 0 = by width and n
 int g_chunk = 0;        // tokens per pass: 0 = by shape
 int g_decode = -1;      // -1: GYRE_CUDA_BITS_DECODE (default new: the in-place arrangement)
+int g_depth = 0;        // ring depth of the in-place 3-bit kernel at 2 blocks per piece: 0 = 2
 
 bool bits_decode_new() {
   if (g_decode < 0) {
@@ -165,9 +166,20 @@ __global__ void dequant_tiled_bits_kernel(Params p, int pieces_s, __half* out) {
   }
 }
 
-// Ring depth by piece size: 4 pieces of 1 or 2 blocks, 2 of 4 or 8 (8: 2 bits only).
+// Ring depth by piece size: 4 pieces of 1 or 2 blocks, 2 of 4 or 8 (8: 2 bits only). The
+// symmetric in-place 3-bit kernel at 2 blocks per piece takes 2 (64 registers, no spills, ptxas
+// -v; at 4 it takes 77: 3 blocks of 8 warps per SM where the split-K sizing assumes 4, so most
+// Llama shapes would run in two waves; capped at 64 it spills 48 bytes; asymmetric at 2 it
+// spills). set_bits_stream_depth(4): the A/B.
 template <int BITS, bool INPLACE>
 void launch_decode(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
+  if constexpr (BITS == 3 && INPLACE) {
+    if (pieces_s == 2 && g_depth != 4 && !p.asym) {
+      if (p.group == 32)
+        return launch_stream_kernel<3, 2, 2, true, false, true>(p, 0, budget, stream);
+      return launch_stream_kernel<3, 2, 2, false, false, true>(p, 0, budget, stream);
+    }
+  }
   if constexpr (BITS == 2)
     if (pieces_s == 8) return launch_stream_variant<BITS, 8, 2, INPLACE>(p, 0, budget, stream);
   if (pieces_s == 4) return launch_stream_variant<BITS, 4, 2, INPLACE>(p, 0, budget, stream);
@@ -226,6 +238,11 @@ void set_bits_stream_pieces(int pieces) {
 void set_bits_stream_warps(int budget) {
   GYRE_CHECK(budget >= 0 && budget <= 128, "qlinear: warp budget must be 0..128");
   g_warp_budget = budget;
+}
+
+void set_bits_stream_depth(int depth) {
+  GYRE_CHECK(depth == 0 || depth == 2 || depth == 4, "qlinear: ring depth must be 0, 2 or 4");
+  g_depth = depth;
 }
 
 void set_bits_stream_chunk(int tokens) {
