@@ -97,7 +97,7 @@ int tune(const __half* x, __half* y, bool verify) {
 // arrangement, qlinear_inplace.h: the default) against "dec_old" (the split planes',
 // set_bits_decode(0)), n = 1, 2, 8 on the five shapes; the in-place decode at the other piece
 // sizes ("new_sS"), and at 3 bits with 2 blocks per piece the ring of 4 ("s2d4", 77 registers)
-// alone and with a warp budget of 48 ("s2d4w48": one resident wave of 24 warps per SM), n = 1, 2;
+// alone and with a warp budget of 32 ("s2d4w32": half the split-K of n <= 2), n = 1, 2;
 // asymmetric at 4096x4096; the 4-bit stream GEMV ("4bit"); then the Llama-3-8B layer sum (QKV
 // 6144 + o 4096 + gate/up 28672 + down 4096x14336) at n = 1 per decode.
 template <typename Row>
@@ -132,7 +132,7 @@ int decode_ab(const __half* x, __half* y, Row&& row) {
           configs.insert(configs.end(), {{1, 1, 0, 0, "new_s1"},
                                          {1, 4, 0, 0, "new_s4"},
                                          {1, 2, 4, 0, "s2d4"},
-                                         {1, 2, 4, 48, "s2d4w48"}});
+                                         {1, 2, 4, 32, "s2d4w32"}});
         for (const Config& cf : configs) {
           const int decode = cf.decode, pieces = cf.pieces;
           qlinear_detail::set_bits_decode(decode);

@@ -7,7 +7,9 @@
 // that kernel stayed at 25-45% of copy bandwidth (bench/qlinear_notes.md, round 4). In 16-row
 // tiles a block of 64 columns is one contiguous 128 * bits-byte piece, read with one or two
 // vector loads per lane and decoded straight into A fragments, so the narrow widths stream like
-// the 4-bit kernel. GYRE_CUDA_BITS_STREAM=0 keeps the host layout and the old kernel (A/B).
+// the 4-bit kernel. GYRE_CUDA_BITS_STREAM=0 keeps the host layout and the old kernel (A/B);
+// GYRE_CUDA_BITS_DECODE=old keeps the split planes' bit arrangement at 2/3 bits instead of the
+// in-place one (qlinear_inplace.h: fewer decode instructions).
 #include <algorithm>
 #include <cstdlib>
 #include <string>
@@ -168,9 +170,9 @@ __global__ void dequant_tiled_bits_kernel(Params p, int pieces_s, __half* out) {
 
 // Ring depth by piece size: 4 pieces of 1 or 2 blocks, 2 of 4 or 8 (8: 2 bits only). The
 // symmetric in-place 3-bit kernel at 2 blocks per piece takes 2 (64 registers, no spills, ptxas
-// -v; at 4 it takes 77: 3 blocks of 8 warps per SM where the split-K sizing assumes 4, so most
-// Llama shapes would run in two waves; capped at 64 it spills 48 bytes; asymmetric at 2 it
-// spills). set_bits_stream_depth(4): the A/B.
+// -v; at 4 it takes 77, so 3 blocks of 8 warps (1 of 16) fit an SM instead of 4 (2) and the n <= 2
+// split-K grids of the Llama shapes need more waves, bench/qlinear_notes.md session 11; capped at
+// 64 it spills 48 bytes; asymmetric at 2 it spills). set_bits_stream_depth(4): the A/B.
 template <int BITS, bool INPLACE>
 void launch_decode(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
   if constexpr (BITS == 3 && INPLACE) {
