@@ -12,7 +12,9 @@
 // in-place one (qlinear_inplace.h: fewer decode instructions).
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/qlinear.h"
 #include "backend/cuda/qlinear_stream.cuh"
@@ -46,26 +48,25 @@ __host__ __device__ constexpr int low_bits(int bits) {
 }
 
 // The P-bit plane part of packed column c of row r in the host layout; 0 for padding.
-__device__ uint32_t host_plane_value(const uint32_t* src, int rows, int cols, int bits, bool high,
-                                     int r, int c) {
+__host__ __device__ uint32_t host_plane_value(const uint32_t* src, int rows, int cols, int bits,
+                                              bool high, int r, int c) {
   if (r >= rows || c >= cols) return 0;
   const int lo = low_bits(bits), pbits = high ? bits - lo : lo, per_word = 32 / pbits;
   const int units = cols / 32, unit = c / 32, in_unit = c % 32;
-  const int tile = unit / 32, u = unit % 32, m = min(32, units - 32 * tile);
+  const int tile = unit / 32, u = unit % 32, m = units - 32 * tile < 32 ? units - 32 * tile : 32;
   const int j = (high ? lo : 0) + in_unit / per_word, e = in_unit % per_word;
   const int64_t word = int64_t{r} * units * bits + 32 * bits * tile + j * m + u;
   return (src[word] >> ((e % 2) * 16 + pbits * (e / 2))) & ((1u << pbits) - 1);
 }
 
-// One thread per device word: word w of piece (tile, i) is low-plane word w % (S lo) of lane
-// w / (S lo) (w < 32 S lo), else a high-plane word; a lane's plane words are its blocks' in turn.
-// inplace (3 bits): the words hold the in-place arrangement (qlinear_inplace.h), a block's
-// low-plane words being its words 0 and 1 and its high-plane word its word 2; at 2 bits the
-// in-place arrangement is the planes' one.
-__global__ void tile_bits_kernel(const uint32_t* src, uint32_t* dst, int rows, int cols, int bits,
-                                 int kblocks, int pieces_s, bool inplace, int64_t words) {
-  const int64_t o = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (o >= words) return;
+// Device word o of the tiled layout from the host layout src: word w of piece (tile, i) is
+// low-plane word w % (S lo) of lane w / (S lo) (w < 32 S lo), else a high-plane word; a lane's
+// plane words are its blocks' in turn. inplace (3 bits): the words hold the in-place arrangement
+// (qlinear_inplace.h), a block's low-plane words being its words 0 and 1 and its high-plane word
+// its word 2; at 2 bits the in-place arrangement is the planes' one. Host and device: the test
+// hook tile_bits_on_host runs it on the CPU.
+__host__ __device__ uint32_t tile_bits_word(const uint32_t* src, int rows, int cols, int bits,
+                                            int kblocks, int pieces_s, bool inplace, int64_t o) {
   const int lo = low_bits(bits), hi = bits - lo, per_piece = 32 * bits * pieces_s;
   const int w = static_cast<int>(o % per_piece);
   const int64_t ti = o / per_piece;
@@ -76,13 +77,12 @@ __global__ void tile_bits_kernel(const uint32_t* src, uint32_t* dst, int rows, i
   const int lane = wl / (pbits * pieces_s), in_lane = wl % (pbits * pieces_s);
   const int b = piece * pieces_s + in_lane / pbits, word = in_lane % pbits, pairs = 16 / pbits;
   if (inplace && bits == 3) {
-    dst[o] = inplace_word<3>(high ? lo + word : word, [&](int k, int second) {
+    return inplace_word<3>(high ? lo + word : word, [&](int k, int second) {
       int row = 0, col = 0;
       pair_position(tile, b, lane, k, row, col);
       return host_plane_value(src, rows, cols, bits, false, row, col + second) |
              host_plane_value(src, rows, cols, bits, true, row, col + second) << lo;
     });
-    return;
   }
   uint32_t v = 0;
   for (int i = 0; i < pairs; ++i) {
@@ -92,7 +92,14 @@ __global__ void tile_bits_kernel(const uint32_t* src, uint32_t* dst, int rows, i
     v |= host_plane_value(src, rows, cols, bits, high, row, col) << (pbits * i);
     v |= host_plane_value(src, rows, cols, bits, high, row, col + 1) << (16 + pbits * i);
   }
-  dst[o] = v;
+  return v;
+}
+
+// One thread per device word.
+__global__ void tile_bits_kernel(const uint32_t* src, uint32_t* dst, int rows, int cols, int bits,
+                                 int kblocks, int pieces_s, bool inplace, int64_t words) {
+  const int64_t o = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (o < words) dst[o] = tile_bits_word(src, rows, cols, bits, kblocks, pieces_s, inplace, o);
 }
 
 // One thread per (tile, block, lane): its 32 values scaled to FP16 at their (row, column), in
@@ -284,6 +291,19 @@ void tile_bits_upload(const QWeightHost& w, const Params& p, int pieces_s, uint8
     check_cuda(cudaDeviceSynchronize(), "narrow weight tiling");
   }
   tile_scales_upload(w.scales.data(), p.asym ? w.mins.data() : nullptr, p, dst_scales, dst_mins);
+}
+
+std::vector<uint32_t> tile_bits_on_host(const QWeightHost& w, int pieces_s, bool inplace) {
+  const QWeightDesc& d = w.desc;
+  GYRE_CHECK(d.narrow() && !d.trellis && w.qweight.size() % 4 == 0, "tile_bits_on_host: layout");
+  std::vector<uint32_t> src(w.qweight.size() / 4);
+  memcpy(src.data(), w.qweight.data(), w.qweight.size());
+  const int kblocks = ((d.cols + 63) / 64 + pieces_s - 1) / pieces_s * pieces_s;
+  std::vector<uint32_t> out(static_cast<size_t>((d.rows + 15) / 16) * kblocks * 32 * d.bits);
+  for (size_t o = 0; o < out.size(); ++o)
+    out[o] = tile_bits_word(src.data(), d.rows, d.cols, d.bits, kblocks, pieces_s, inplace,
+                            static_cast<int64_t>(o));
+  return out;
 }
 
 void launch_gemv_bits_stream(const Params& p, int pieces_s, cudaStream_t stream) {
