@@ -2,8 +2,9 @@
 // CUDA-core kernel (qlinear_bits.cu, "old", rows per warp auto) against the tiled stream
 // kernel (qlinear_bits_stream.cu: "new_sS" the default, S blocks per piece; "sS" the others), with
 // the 4-bit stream GEMV on the same shape for reference, plus the FP16 dequantization of each
-// layout (prefill, n > 8). Build: bench/qlinear_device.sh. Weights are random bytes (speed only;
-// correctness is in the tests), rotated over > 300 MB so the numbers are DRAM numbers.
+// layout (prefill, n > 8); `decode`: the 2/3-bit decodes old against new (decode_ab). Build:
+// bench/qlinear_device.sh. Weights are random bytes (speed only; correctness is in the tests),
+// rotated over > 300 MB so the numbers are DRAM numbers.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -92,6 +93,84 @@ int tune(const __half* x, __half* y, bool verify) {
   return 0;
 }
 
+// `qlinear_bits_bench decode`: the 2/3-bit decodes at the default pieces, "dec_new" (the in-place
+// arrangement, qlinear_inplace.h: the default) against "dec_old" (the split planes',
+// set_bits_decode(0)), n = 1, 2, 8 on the five shapes; the in-place decode at the other piece
+// sizes ("new_sS"), and at 3 bits with 2 blocks per piece the ring of 4 ("s2d4", 77 registers)
+// alone and with a warp budget of 32 ("s2d4w32": half the split-K of n <= 2), n = 1, 2;
+// asymmetric at 4096x4096; the 4-bit stream GEMV ("4bit"); then the Llama-3-8B layer sum (QKV
+// 6144 + o 4096 + gate/up 28672 + down 4096x14336) at n = 1 per decode.
+template <typename Row>
+int decode_ab(const __half* x, __half* y, Row&& row) {
+  const int shapes[][2] = {{4096, 4096}, {6144, 4096}, {14336, 4096}, {4096, 14336}, {28672, 4096}};
+  const double layer_weight[] = {1, 1, 0, 1, 1};  // 14336x4096 is not in the layer
+  double layer[3][2] = {};                        // [4-bit, 2-bit, 3-bit][old, new]
+  for (int si = 0; si < 5; ++si) {
+    const int* sh = shapes[si];
+    for (const int bits : {4, 2, 3})
+      for (const bool asym : {false, true}) {
+        if (asym && (si != 0 || bits == 4)) continue;
+        QWeightDesc d;
+        d.bits = bits;
+        d.group_size = 128;
+        d.asymmetric = asym;
+        d.rows = sh[0];
+        d.cols = sh[1];
+        const double bytes = double(d.qweight_bytes()) + d.scale_count() * (asym ? 4.0 : 2.0);
+        const int copies = std::max(1, int(std::ceil(300e6 / bytes)));
+        // decode 0 / 1 at the default pieces, then 1 at other pieces, depth, budget (n <= 2)
+        struct Config {
+          int decode, pieces, depth, budget;
+          const char* name;
+        };
+        std::vector<Config> configs = {{0, 0, 0, 0, "dec_old"}, {1, 0, 0, 0, "dec_new"}};
+        if (bits == 4) configs = {{1, 0, 0, 0, "4bit"}};
+        if (bits == 2 && !asym)
+          configs.insert(configs.end(),
+                         {{1, 1, 0, 0, "new_s1"}, {1, 2, 0, 0, "new_s2"}, {1, 8, 0, 0, "new_s8"}});
+        if (bits == 3 && !asym)
+          configs.insert(configs.end(), {{1, 1, 0, 0, "new_s1"},
+                                         {1, 4, 0, 0, "new_s4"},
+                                         {1, 2, 4, 0, "s2d4"},
+                                         {1, 2, 4, 32, "s2d4w32"}});
+        for (const Config& cf : configs) {
+          const int decode = cf.decode, pieces = cf.pieces;
+          qlinear_detail::set_bits_decode(decode);
+          qlinear_detail::set_bits_stream_pieces(pieces);
+          std::vector<Weight> ws;
+          for (int c = 0; c < copies; ++c) ws.push_back(make(d, 17 + c));
+          qlinear_detail::set_bits_stream_pieces(0);
+          qlinear_detail::set_bits_decode(-1);
+          if (bits != 4 && (ws[0].w.narrow_tiled == 0 || ws[0].w.narrow_inplace != (decode == 1))) {
+            std::printf("unexpected layout for %dx%d\n", sh[0], sh[1]);
+            return 1;
+          }
+          const bool is_default = pieces == 0 && cf.depth == 0;
+          qlinear_detail::set_bits_stream_depth(cf.depth);
+          qlinear_detail::set_bits_stream_warps(cf.budget);
+          for (const int n : {1, 2, 8}) {
+            if (!is_default && n == 8) continue;
+            const float ms = time_ms(
+                [&](int i) { qlinear_matmul(ws[i % copies].w, x, y, n, nullptr, nullptr); }, 40);
+            row(sh, bits, asym, n, cf.name, ms, bytes);
+            if (n == 1 && is_default && !asym)
+              layer[bits == 4 ? 0 : bits - 1][decode] += layer_weight[si] * ms * 1e3;
+          }
+          qlinear_detail::set_bits_stream_depth(0);
+          qlinear_detail::set_bits_stream_warps(0);
+          CK(cudaGetLastError());
+          for (auto& w : ws) CK(cudaFree(w.mem));
+        }
+      }
+  }
+  std::printf(
+      "\nLlama-3-8B layer at n = 1, us: 4-bit %.2f; 2-bit old %.2f new %.2f; "
+      "3-bit old %.2f new %.2f\n",
+      layer[0][1], layer[1][0], layer[1][1], layer[2][0], layer[2][1]);
+  CK(cudaDeviceSynchronize());
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const double copy_gbs = print_device_and_copy_gbs();
 
@@ -114,6 +193,7 @@ int main(int argc, char** argv) {
                 asym ? "asym" : "sym", n, kernel, ms * 1e3, moved / ms / 1e6,
                 100.0 * moved / ms / 1e6 / copy_gbs);
   };
+  if (argc > 1 && std::string(argv[1]) == "decode") return decode_ab(x, y, row);
   for (const auto& sh : shapes) {
     for (const int bits : {2, 3, 4, 5, 6}) {
       for (const bool asym : {false, true}) {

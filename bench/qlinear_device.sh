@@ -29,6 +29,7 @@ nvcc "${flags[@]}" -x cu -c bench/gemv4_bench.cu -o "$out/main/gemv4_bench.o" &
 nvcc "${flags[@]}" -x cu -c tests/test_cuda_gemv4.cc -o "$out/main/tests_gemv4.o" &
 nvcc "${flags[@]}" -x cu -c bench/qlinear_bits_bench.cu -o "$out/main/bits_bench.o" &
 nvcc "${flags[@]}" -x cu -c tests/test_cuda_qbits.cc -o "$out/main/bits_tests.o" &
+nvcc "${flags[@]}" -x cu -c tests/test_cuda_qbits_layout.cc -o "$out/main/bits_layout_tests.o" &
 nvcc "${flags[@]}" -x cu -c tests/test_cuda_qlinear_bstream.cc -o "$out/main/tests_bstream.o" &
 nvcc "${flags[@]}" -x cu -c bench/qlinear_trellis_bench.cu -o "$out/main/trellis_bench.o" &
 wait
@@ -37,5 +38,5 @@ nvcc "${flags[@]}" "$out/main/gemv4_bench.o" "$out"/*.o -o "$out/gemv4_bench"
 nvcc "${flags[@]}" "$out/main/bits_bench.o" "$out"/*.o -o "$out/qlinear_bits_bench"
 nvcc "${flags[@]}" "$out/main/trellis_bench.o" "$out"/*.o -o "$out/qlinear_trellis_bench"
 nvcc "${flags[@]}" "$out/main/tests.o" "$out/main/tests_gemv4.o" "$out/main/bits_tests.o" \
-  "$out/main/tests_bstream.o" \
+  "$out/main/bits_layout_tests.o" "$out/main/tests_bstream.o" \
   "$out"/*.o -lgtest -lgtest_main -lpthread -o "$out/qlinear_tests"

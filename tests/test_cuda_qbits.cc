@@ -2,7 +2,9 @@
 // float64: GEMV at every n through qlinear_matmul (awkward row and column counts, short tiles),
 // split outputs, and the FP16 dequantization, in the tiled layout with the stream GEMV
 // (qlinear_bits_stream.cu, the default) and in the host layout (qlinear_bits.cu,
-// set_bits_stream(0)); the stream GEMV's fusions (RMSNorm, y +=, SwiGLU). Skipped without a GPU.
+// set_bits_stream(0)); the stream GEMV's fusions (RMSNorm, y +=, SwiGLU); the 2/3-bit in-place
+// arrangement (qlinear_inplace.h) and the split planes' one (set_bits_decode). Skipped without a
+// GPU (the layout's host tests: test_cuda_qbits_layout.cc).
 #include <gtest/gtest.h>
 
 #ifdef GYRE_HAVE_CUDA
@@ -96,6 +98,62 @@ struct Narrow {
 const Narrow kLayouts[] = {{2, 32, false, false}, {2, 128, true, false},  {3, 64, false, false},
                            {3, 32, true, true},   {5, 128, false, false}, {5, 64, true, false},
                            {6, 32, false, true},  {6, 128, true, false}};
+
+// The 2/3-bit decodes, in-place (the default) and the split planes' (set_bits_decode(0)), at
+// every group size, symmetric and not, with and without act-order, every piece size (block
+// counts padded), n = 1, 2, 8 (3 bits: both ring depths), and the FP16 dequantization of each.
+TEST(CudaQbits, OldAndNewDecodeMatchFloat64) {
+  if (!qtest::have_gpu()) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 2000;
+  for (const int decode : {1, 0})
+    for (const int bits : {2, 3})
+      for (const int group : {32, 64, 128})
+        for (const bool asym : {false, true}) {
+          const bool perm = (group == 64) != asym;
+          const QWeightHost w = make_weight(bits, group, asym, perm, 77, 1152, seed++);
+          const std::vector<double> ref = dequantized(w);
+          for (const int pieces : {0, 1, 2, 4, 8}) {
+            SCOPED_TRACE(std::to_string(bits) + "b g" + std::to_string(group) +
+                         (asym ? " asym" : " sym") + (perm ? " perm" : "") + " decode " +
+                         std::to_string(decode) + " pieces " + std::to_string(pieces));
+            qlinear_detail::set_bits_decode(decode);
+            qlinear_detail::set_bits_stream_pieces(pieces);
+            QWeightDevice dw = qweight_upload(w);
+            qlinear_detail::set_bits_stream_pieces(0);
+            qlinear_detail::set_bits_decode(-1);
+            ASSERT_GT(dw.narrow_tiled, 0);
+            ASSERT_EQ(dw.narrow_inplace, decode == 1);
+            // 3 bits, 2 blocks per piece: the default ring and the ring of 4 (in-place only)
+            for (const int depth : {0, 4})
+              for (const int n : {1, 2, 8}) {
+                if (depth == 4 && (bits != 3 || decode != 1)) continue;
+                qlinear_detail::set_bits_stream_depth(depth);
+                const int cols = w.desc.cols, rows = w.desc.rows;
+                const std::vector<uint16_t> xh = random_halves(size_t(n) * cols, 1.0f, seed++);
+                const std::vector<uint16_t> bh = random_halves(rows, 0.5f, seed++);
+                Halves x(size_t(n) * cols), y(size_t(n) * rows), b(rows);
+                x.upload(xh);
+                b.upload(bh);
+                y.poison();
+                qlinear_matmul(dw, x.p, y.p, n, b.p, nullptr);
+                qlinear_detail::set_bits_stream_depth(0);
+                CUDA_OK(cudaDeviceSynchronize());
+                expect_close(w, xh, bh, y.download(), n, &ref);
+                if (HasFatalFailure()) break;
+              }
+            Halves out(size_t(77) * 1152);
+            out.poison();
+            qlinear_dequantize(dw, out.p, nullptr);
+            CUDA_OK(cudaDeviceSynchronize());
+            const auto got = out.download();
+            qweight_free(dw);
+            if (HasFatalFailure()) return;
+            for (size_t i = 0; i < ref.size(); ++i)
+              ASSERT_NEAR(f16_to_f32(got[i]), ref[i], std::fabs(ref[i]) * 0x1p-10 + 1e-7)
+                  << "dequantized at " << i;
+          }
+        }
+}
 
 // Rows not multiples of 2/16/64; 96 columns (one short tile of 3 units), 1056 (a full tile and a
 // short one of 1 unit), 2560 (2.5 tiles, split-K across warps).

@@ -37,6 +37,8 @@ void launch_dequant_bits(const Params& p, __half* out, cudaStream_t stream);
 // qlinear_bits_stream.cu: the same widths in the tiled layout (any n, up to eight per pass).
 // bits_tiled_layout: blocks per piece of the tiled layout for a new upload, 0 = the host layout.
 int bits_tiled_layout(const QWeightDesc& d);
+// bits_inplace_layout: a new tiled 2/3-bit upload takes the in-place arrangement.
+bool bits_inplace_layout(const QWeightDesc& d);
 void tile_bits_upload(const QWeightHost& w, const Params& p, int pieces_s, uint8_t* dst_q,
                       uint8_t* dst_scales, uint8_t* dst_mins);
 void launch_gemv_bits_stream(const Params& p, int pieces_s, cudaStream_t stream);
@@ -233,6 +235,7 @@ Params layout_params(const QWeightDevice& w) {
   }
   if (w.narrow_tiled > 0)  // whole pieces (qlinear_stream.cuh)
     p.kblocks = (p.kblocks + w.narrow_tiled - 1) / w.narrow_tiled * w.narrow_tiled;
+  p.inplace = w.narrow_tiled > 0 && w.narrow_inplace;
   p.groups_p = p.kblocks * 64 / d.group_size;  // cols / group, plus one pad group at g32
   while ((1 << p.group_log2) < d.group_size) ++p.group_log2;
   return p;
@@ -290,6 +293,7 @@ QWeightDevice qweight_device_view(const QWeightDesc& d, void* mem) {
   QWeightDevice out;
   out.desc = d;
   out.narrow_tiled = qlinear_detail::bits_tiled_layout(d);
+  out.narrow_inplace = out.narrow_tiled > 0 && qlinear_detail::bits_inplace_layout(d);
   auto* p = static_cast<uint8_t*>(mem);
   out.qweight = p;
   p += align256(qbytes);

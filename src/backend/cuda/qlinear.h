@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "backend/cpu/qlinear_ref.h"
 #include "backend/cuda/out_split.h"
@@ -29,6 +30,9 @@ struct QWeightDevice {
   // 2/3/5/6 bits: blocks per piece of the tiled layout (1, 2, 4 or 8; set by the view), 0 = the
   // host layout.
   int narrow_tiled = 0;
+  // Tiled 2/3 bits: the in-place word arrangement and its decode (qlinear_inplace.h; set by the
+  // view from GYRE_CUDA_BITS_DECODE / set_bits_decode), false = the split planes'.
+  bool narrow_inplace = false;
   const uint8_t* qweight = nullptr;  // device layout, 16-byte aligned
   const void* scales = nullptr;      // f16 or f32 (desc.scale_f32), device layout
   const void* mins = nullptr;        // same shape, asymmetric only
@@ -165,6 +169,15 @@ void set_bits_stream_pieces(int pieces);
 void set_bits_stream_warps(int budget);
 // ... and its tokens per pass (1..8, at most what fits one block per SM; 0 = by shape).
 void set_bits_stream_chunk(int tokens);
+// Tiled 2/3 bits: the in-place word arrangement and decode (qlinear_inplace.h) for weights viewed
+// or uploaded from now on (1), the split planes' arrangement and decode (0), or
+// GYRE_CUDA_BITS_DECODE (-1, the default: new unless "old").
+void set_bits_decode(int mode);
+// The in-place 3-bit stream GEMV's ring depth at 2 blocks per piece (0: the default, 2; or 4).
+void set_bits_stream_depth(int depth);
+// Test hook: the upload's repack of a 2/3/5/6-bit weight into the tiled layout (pieces_s blocks
+// per piece, inplace: the in-place arrangement at 3 bits) run on the CPU, as u32 words.
+std::vector<uint32_t> tile_bits_on_host(const QWeightHost& w, int pieces_s, bool inplace);
 // Rotated layers (qlinear_fuses_rotation): the rotation fused into the stream GEMV's staging (1),
 // never (0: the caller's separate rotation everywhere), or GYRE_CUDA_FUSED_ROTATION (-1, the
 // default: off unless "1"; fused decode measured 8% slower than the separate warp-shuffle

@@ -7,10 +7,14 @@
 // that kernel stayed at 25-45% of copy bandwidth (bench/qlinear_notes.md, round 4). In 16-row
 // tiles a block of 64 columns is one contiguous 128 * bits-byte piece, read with one or two
 // vector loads per lane and decoded straight into A fragments, so the narrow widths stream like
-// the 4-bit kernel. GYRE_CUDA_BITS_STREAM=0 keeps the host layout and the old kernel (A/B).
+// the 4-bit kernel. GYRE_CUDA_BITS_STREAM=0 keeps the host layout and the old kernel (A/B);
+// GYRE_CUDA_BITS_DECODE=old keeps the split planes' bit arrangement at 2/3 bits instead of the
+// in-place one (qlinear_inplace.h: fewer decode instructions).
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/qlinear.h"
 #include "backend/cuda/qlinear_stream.cuh"
@@ -27,6 +31,16 @@ int g_stream = -1;      // -1: GYRE_CUDA_BITS_STREAM (default on)
 int g_pieces = 0;       // blocks per piece of new uploads: 0 = by width
 int g_warp_budget = 0;  // 0 = by width and n
 int g_chunk = 0;        // tokens per pass: 0 = by shape
+int g_decode = -1;      // -1: GYRE_CUDA_BITS_DECODE (default new: the in-place arrangement)
+int g_depth = 0;        // ring depth of the in-place 3-bit kernel at 2 blocks per piece: 0 = 2
+
+bool bits_decode_new() {
+  if (g_decode < 0) {
+    const char* e = std::getenv("GYRE_CUDA_BITS_DECODE");
+    g_decode = e != nullptr && std::string(e) == "old" ? 0 : 1;
+  }
+  return g_decode == 1;
+}
 
 // Low-plane bits of a width (the host split planes, qlinear_ref.h).
 __host__ __device__ constexpr int low_bits(int bits) {
@@ -34,31 +48,25 @@ __host__ __device__ constexpr int low_bits(int bits) {
 }
 
 // The P-bit plane part of packed column c of row r in the host layout; 0 for padding.
-__device__ uint32_t host_plane_value(const uint32_t* src, int rows, int cols, int bits, bool high,
-                                     int r, int c) {
+__host__ __device__ uint32_t host_plane_value(const uint32_t* src, int rows, int cols, int bits,
+                                              bool high, int r, int c) {
   if (r >= rows || c >= cols) return 0;
   const int lo = low_bits(bits), pbits = high ? bits - lo : lo, per_word = 32 / pbits;
   const int units = cols / 32, unit = c / 32, in_unit = c % 32;
-  const int tile = unit / 32, u = unit % 32, m = min(32, units - 32 * tile);
+  const int tile = unit / 32, u = unit % 32, m = units - 32 * tile < 32 ? units - 32 * tile : 32;
   const int j = (high ? lo : 0) + in_unit / per_word, e = in_unit % per_word;
   const int64_t word = int64_t{r} * units * bits + 32 * bits * tile + j * m + u;
   return (src[word] >> ((e % 2) * 16 + pbits * (e / 2))) & ((1u << pbits) - 1);
 }
 
-// Row and first column of pair k (0..15) of lane (g, t) in tile T, block b.
-__host__ __device__ inline void pair_position(int tile, int b, int lane, int k, int& row,
-                                              int& col) {
-  const int g = lane / 4, t = lane % 4, j = k / 4, r = k % 4;
-  row = 16 * tile + g + 8 * (r % 2);
-  col = 64 * b + 32 * (j / 2) + 8 * t + 4 * (j % 2) + 2 * (r / 2);
-}
-
-// One thread per device word: word w of piece (tile, i) is low-plane word w % (S lo) of lane
-// w / (S lo) (w < 32 S lo), else a high-plane word; a lane's plane words are its blocks' in turn.
-__global__ void tile_bits_kernel(const uint32_t* src, uint32_t* dst, int rows, int cols, int bits,
-                                 int kblocks, int pieces_s, int64_t words) {
-  const int64_t o = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (o >= words) return;
+// Device word o of the tiled layout from the host layout src: word w of piece (tile, i) is
+// low-plane word w % (S lo) of lane w / (S lo) (w < 32 S lo), else a high-plane word; a lane's
+// plane words are its blocks' in turn. inplace (3 bits): the words hold the in-place arrangement
+// (qlinear_inplace.h), a block's low-plane words being its words 0 and 1 and its high-plane word
+// its word 2; at 2 bits the in-place arrangement is the planes' one. Host and device: the test
+// hook tile_bits_on_host runs it on the CPU.
+__host__ __device__ uint32_t tile_bits_word(const uint32_t* src, int rows, int cols, int bits,
+                                            int kblocks, int pieces_s, bool inplace, int64_t o) {
   const int lo = low_bits(bits), hi = bits - lo, per_piece = 32 * bits * pieces_s;
   const int w = static_cast<int>(o % per_piece);
   const int64_t ti = o / per_piece;
@@ -68,6 +76,14 @@ __global__ void tile_bits_kernel(const uint32_t* src, uint32_t* dst, int rows, i
   const int pbits = high ? hi : lo, wl = high ? w - 32 * lo * pieces_s : w;
   const int lane = wl / (pbits * pieces_s), in_lane = wl % (pbits * pieces_s);
   const int b = piece * pieces_s + in_lane / pbits, word = in_lane % pbits, pairs = 16 / pbits;
+  if (inplace && bits == 3) {
+    return inplace_word<3>(high ? lo + word : word, [&](int k, int second) {
+      int row = 0, col = 0;
+      pair_position(tile, b, lane, k, row, col);
+      return host_plane_value(src, rows, cols, bits, false, row, col + second) |
+             host_plane_value(src, rows, cols, bits, true, row, col + second) << lo;
+    });
+  }
   uint32_t v = 0;
   for (int i = 0; i < pairs; ++i) {
     const int k = word * pairs + i;
@@ -76,7 +92,14 @@ __global__ void tile_bits_kernel(const uint32_t* src, uint32_t* dst, int rows, i
     v |= host_plane_value(src, rows, cols, bits, high, row, col) << (pbits * i);
     v |= host_plane_value(src, rows, cols, bits, high, row, col + 1) << (16 + pbits * i);
   }
-  dst[o] = v;
+  return v;
+}
+
+// One thread per device word.
+__global__ void tile_bits_kernel(const uint32_t* src, uint32_t* dst, int rows, int cols, int bits,
+                                 int kblocks, int pieces_s, bool inplace, int64_t words) {
+  const int64_t o = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (o < words) dst[o] = tile_bits_word(src, rows, cols, bits, kblocks, pieces_s, inplace, o);
 }
 
 // One thread per (tile, block, lane): its 32 values scaled to FP16 at their (row, column), in
@@ -101,7 +124,16 @@ __global__ void dequant_tiled_bits_kernel(Params p, int pieces_s, __half* out) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     uint32_t a[4];
-    narrow_to_fragment<BITS>(q, q + kLo, j, base, a);
+    if constexpr (BITS <= 3) {
+      if (p.inplace && p.asym)
+        inplace_to_fragment<BITS, 0>(q, q + kLo, j, a);
+      else if (p.inplace)
+        inplace_to_fragment<BITS, 1u << (BITS - 1)>(q, q + kLo, j, a);
+      else
+        narrow_to_fragment<BITS>(q, q + kLo, j, base, a);
+    } else {
+      narrow_to_fragment<BITS>(q, q + kLo, j, base, a);
+    }
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       memcpy(&v[r % 2][j / 2][4 * (j % 2) + 2 * (r / 2)], &a[r], 4);
@@ -143,14 +175,32 @@ __global__ void dequant_tiled_bits_kernel(Params p, int pieces_s, __half* out) {
   }
 }
 
-// Ring depth by piece size: 4 pieces of 1 or 2 blocks, 2 of 4 or 8 (8: 2 bits only).
+// Ring depth by piece size: 4 pieces of 1 or 2 blocks, 2 of 4 or 8 (8: 2 bits only). The
+// symmetric in-place 3-bit kernel at 2 blocks per piece takes 2 (64 registers, no spills, ptxas
+// -v; at 4 it takes 77, so 3 blocks of 8 warps (1 of 16) fit an SM instead of 4 (2) and the n <= 2
+// split-K grids of the Llama shapes need more waves, bench/qlinear_notes.md session 11; capped at
+// 64 it spills 48 bytes; asymmetric at 2 it spills). set_bits_stream_depth(4): the A/B.
+template <int BITS, bool INPLACE>
+void launch_decode(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
+  if constexpr (BITS == 3 && INPLACE) {
+    if (pieces_s == 2 && g_depth != 4 && !p.asym) {
+      if (p.group == 32)
+        return launch_stream_kernel<3, 2, 2, true, false, true>(p, 0, budget, stream);
+      return launch_stream_kernel<3, 2, 2, false, false, true>(p, 0, budget, stream);
+    }
+  }
+  if constexpr (BITS == 2)
+    if (pieces_s == 8) return launch_stream_variant<BITS, 8, 2, INPLACE>(p, 0, budget, stream);
+  if (pieces_s == 4) return launch_stream_variant<BITS, 4, 2, INPLACE>(p, 0, budget, stream);
+  if (pieces_s == 2) return launch_stream_variant<BITS, 2, 4, INPLACE>(p, 0, budget, stream);
+  launch_stream_variant<BITS, 1, 4, INPLACE>(p, 0, budget, stream);
+}
+
 template <int BITS>
 void launch_width(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
-  if constexpr (BITS == 2)
-    if (pieces_s == 8) return launch_stream_variant<BITS, 8, 2>(p, 0, budget, stream);
-  if (pieces_s == 4) return launch_stream_variant<BITS, 4, 2>(p, 0, budget, stream);
-  if (pieces_s == 2) return launch_stream_variant<BITS, 2, 4>(p, 0, budget, stream);
-  launch_stream_variant<BITS, 1, 4>(p, 0, budget, stream);
+  if constexpr (BITS <= 3)
+    if (p.inplace) return launch_decode<BITS, true>(p, pieces_s, budget, stream);
+  launch_decode<BITS, false>(p, pieces_s, budget, stream);
 }
 
 void launch_chunk(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
@@ -183,6 +233,11 @@ void set_bits_stream(int mode) {
   g_stream = mode;
 }
 
+void set_bits_decode(int mode) {
+  GYRE_CHECK(mode >= -1 && mode <= 1, "qlinear: bits decode mode must be -1, 0 or 1");
+  g_decode = mode;
+}
+
 void set_bits_stream_pieces(int pieces) {
   GYRE_CHECK(pieces == 0 || pieces == 1 || pieces == 2 || pieces == 4 || pieces == 8,
              "qlinear: blocks per piece must be 0, 1, 2, 4 or 8 (8: 2 bits only)");
@@ -192,6 +247,11 @@ void set_bits_stream_pieces(int pieces) {
 void set_bits_stream_warps(int budget) {
   GYRE_CHECK(budget >= 0 && budget <= 128, "qlinear: warp budget must be 0..128");
   g_warp_budget = budget;
+}
+
+void set_bits_stream_depth(int depth) {
+  GYRE_CHECK(depth == 0 || depth == 2 || depth == 4, "qlinear: ring depth must be 0, 2 or 4");
+  g_depth = depth;
 }
 
 void set_bits_stream_chunk(int tokens) {
@@ -213,6 +273,10 @@ int bits_tiled_layout(const QWeightDesc& d) {
   return d.bits == 2 ? 4 : d.bits == 5 ? 1 : 2;
 }
 
+bool bits_inplace_layout(const QWeightDesc& d) {
+  return (d.bits == 2 || d.bits == 3) && bits_tiled_layout(d) > 0 && bits_decode_new();
+}
+
 void tile_bits_upload(const QWeightHost& w, const Params& p, int pieces_s, uint8_t* dst_q,
                       uint8_t* dst_scales, uint8_t* dst_mins) {
   {
@@ -222,11 +286,24 @@ void tile_bits_upload(const QWeightHost& w, const Params& p, int pieces_s, uint8
     const int64_t words = int64_t{p.tiles} * p.kblocks * 32 * p.bits;
     tile_bits_kernel<<<static_cast<unsigned>((words + 255) / 256), 256>>>(
         reinterpret_cast<const uint32_t*>(stage.p), reinterpret_cast<uint32_t*>(dst_q), p.rows,
-        p.cols, p.bits, p.kblocks, pieces_s, words);
+        p.cols, p.bits, p.kblocks, pieces_s, p.inplace, words);
     check_cuda(cudaGetLastError(), "tile_bits launch");
     check_cuda(cudaDeviceSynchronize(), "narrow weight tiling");
   }
   tile_scales_upload(w.scales.data(), p.asym ? w.mins.data() : nullptr, p, dst_scales, dst_mins);
+}
+
+std::vector<uint32_t> tile_bits_on_host(const QWeightHost& w, int pieces_s, bool inplace) {
+  const QWeightDesc& d = w.desc;
+  GYRE_CHECK(d.narrow() && !d.trellis && w.qweight.size() % 4 == 0, "tile_bits_on_host: layout");
+  std::vector<uint32_t> src(w.qweight.size() / 4);
+  memcpy(src.data(), w.qweight.data(), w.qweight.size());
+  const int kblocks = ((d.cols + 63) / 64 + pieces_s - 1) / pieces_s * pieces_s;
+  std::vector<uint32_t> out(static_cast<size_t>((d.rows + 15) / 16) * kblocks * 32 * d.bits);
+  for (size_t o = 0; o < out.size(); ++o)
+    out[o] = tile_bits_word(src.data(), d.rows, d.cols, d.bits, kblocks, pieces_s, inplace,
+                            static_cast<int64_t>(o));
+  return out;
 }
 
 void launch_gemv_bits_stream(const Params& p, int pieces_s, cudaStream_t stream) {

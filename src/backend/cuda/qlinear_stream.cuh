@@ -22,7 +22,8 @@
 // lane's plane words [s P, (s + 1) P). A lane's plane-P words of a block hold the 16 value pairs k
 // = 4j + r of its four m16n8k16 A fragments (step j, register r) in order, 16 / P pairs per word,
 // pair k at bits P * (k % (16 / P)) (first column) and 16 + the same (second column): the same bit
-// placement as the host split planes (qlinear_ref.h), so a pair is a shift and a mask. For 4 bits
+// placement as the host split planes (qlinear_ref.h), so a pair is a shift and a mask (2/3 bits by
+// default: the in-place arrangement of qlinear_inplace.h instead, the same words). For 4 bits
 // this is exactly the 4-bit tiled word (int4_word_to_fragment). Register r of step j holds row 16T
 // + g + 8 (r % 2), columns c + 2 (r / 2) + {0, 1}, c = 64b + 32 (j / 2) + 8t + 4 (j % 2). Scales
 // (and mins) are [tiles][groups_p][16] with rows ordered 0, 8, 1, 9, ... (padding zero).
@@ -35,6 +36,7 @@
 #include <string>
 
 #include "backend/cuda/hadamard_warp.cuh"
+#include "backend/cuda/qlinear_inplace.cuh"
 #include "backend/cuda/qlinear_kernels.cuh"
 
 namespace gyre::qlinear_detail {
@@ -277,7 +279,8 @@ __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int 
   }
 }
 
-template <int BITS, int S, int D, bool G32, bool ASYM>
+// INPLACE (2/3 bits): the in-place word arrangement (qlinear_inplace.h), else the split planes'.
+template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE>
 __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
   constexpr int kLo = StreamPlanes<BITS>::kLo, kHi = StreamPlanes<BITS>::kHi;
   constexpr int kPieceBytes = 128 * BITS * S, kGroupsPerBlock = G32 ? 2 : 1;
@@ -361,6 +364,8 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
       uint32_t a[4];
       if constexpr (BITS == 4)
         int4_word_to_fragment(lo[j], lo_base, hi_base, a);
+      else if constexpr (INPLACE)
+        inplace_to_fragment<BITS, kOffset>(lo, hi, j, a);
       else
         narrow_to_fragment<BITS>(lo, hi, j, lo_base, a);
       mma_16816(cg, a, xv[2 * j], xv[2 * j + 1]);
@@ -419,7 +424,7 @@ bool allow_optin_shared(Kernel kernel, int optin, const char* what) {
 // opt-in limit, kblocks a multiple of S). ksplit 0 = auto: the largest split-K that keeps
 // tiles x ksplit within warp_budget warps per SM on average (32 measured best at 4 bits on
 // every Llama shape, round 5: one resident wave of 64-register warps).
-template <int BITS, int S, int D, bool G32, bool ASYM>
+template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE>
 void launch_stream_kernel(const Params& p, int ksplit, int warp_budget, cudaStream_t stream) {
   int sms = 0, optin = 0;
   stream_device_limits(sms, optin);
@@ -434,22 +439,24 @@ void launch_stream_kernel(const Params& p, int ksplit, int warp_budget, cudaStre
   const int per = (pieces + ks - 1) / ks;
   const int warps = ks > 8 ? ks : 8, tiles_per_block = warps / ks;
   const unsigned blocks = static_cast<unsigned>((q.tiles + tiles_per_block - 1) / tiles_per_block);
-  auto kernel = gemv_stream_kernel<BITS, S, D, G32, ASYM>;
+  auto kernel = gemv_stream_kernel<BITS, S, D, G32, ASYM, INPLACE>;
   static const bool raised = allow_optin_shared(kernel, optin, "gemv stream");
   (void)raised;
   qlaunch(kernel, blocks, warps * 32, static_cast<size_t>(stream_smem(q)), stream, q, per);
 }
 
 // The four scale variants (group 32 or larger, symmetric or not) of S and D.
-template <int BITS, int S, int D>
+template <int BITS, int S, int D, bool INPLACE = false>
 void launch_stream_variant(const Params& p, int ksplit, int warp_budget, cudaStream_t stream) {
   const bool g32 = p.group == 32;
   if (p.asym) {
-    if (g32) return launch_stream_kernel<BITS, S, D, true, true>(p, ksplit, warp_budget, stream);
-    return launch_stream_kernel<BITS, S, D, false, true>(p, ksplit, warp_budget, stream);
+    if (g32)
+      return launch_stream_kernel<BITS, S, D, true, true, INPLACE>(p, ksplit, warp_budget, stream);
+    return launch_stream_kernel<BITS, S, D, false, true, INPLACE>(p, ksplit, warp_budget, stream);
   }
-  if (g32) return launch_stream_kernel<BITS, S, D, true, false>(p, ksplit, warp_budget, stream);
-  return launch_stream_kernel<BITS, S, D, false, false>(p, ksplit, warp_budget, stream);
+  if (g32)
+    return launch_stream_kernel<BITS, S, D, true, false, INPLACE>(p, ksplit, warp_budget, stream);
+  return launch_stream_kernel<BITS, S, D, false, false, INPLACE>(p, ksplit, warp_budget, stream);
 }
 
 }  // namespace gyre::qlinear_detail

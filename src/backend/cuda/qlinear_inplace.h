@@ -1,0 +1,123 @@
+// The in-place word arrangement of 2/3-bit weights in the tiled layout (qlinear_stream.cuh): which
+// bits of a lane's words hold which value, on the host and the device (the repack writes it, the
+// decode in qlinear_inplace.cuh reads it, a host test checks the two against each other).
+// GYRE_CUDA_BITS_DECODE=new (the default); "old" keeps the split planes' arrangement and
+// narrow_to_fragment, for an A/B in one binary.
+//
+// Why: at 2/3 bits the stream GEMV is bound by instructions per warp, not bytes (round 7,
+// bench/qlinear_notes.md). The split planes cost every A register a shift and a mask per plane,
+// an OR of the planes and the subtraction (3-bit: 95 decode instructions per 64-column block in
+// the SASS against 4-bit's 56). Here a value's bits sit together at a position p <= 10 - BITS of
+// a 16-bit half, so one LOP3 ((w & mask) | 0x6400) gives the half 1024 + q 2^p, and one HFMA2
+// with 2^-p and -(1024 2^-p + offset) gives q - offset exactly (the product is exact, the result
+// a small integer): 2 instructions per register, plus one shift per word for the values above
+// bit 9 (3-bit: 43 per block).
+//
+// A lane's BITS words of a block (words 0, 1: its low-plane slots, word 2: its high-plane slot of
+// the 3-bit piece, so that loads and ring stay the old ones) hold the 16 pairs k = 4j + r of its
+// A fragments (step j, register r: pair_position), the first column's value in the low half and
+// the second's at the same bits of the high half:
+//   2 bits: pair k = 8w + s of word w at bits 2s (the old arrangement: the layout is unchanged,
+//           only the decode differs); s < 5 in place, s >= 5 from w >> 10 at 2 (s - 5).
+//   3 bits: pair k = 5w + s (s < 5) of word w at bits 3s; s < 3 in place, s = 3, 4 from
+//           w >> (9 - w) at 3s - 9 + w. Pair 15: bit w of its values at bit 15 of word w, i.e.
+//           at bit 6 + w of w >> (9 - w): three LOP3s put the value at bits 6-8.
+// A right shift by r moves both halves (the low half's bits above 15 - r then hold high-half
+// bits, the high half's are zero): only positions <= 15 - r are read from a shifted word.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace gyre::qlinear_detail {
+
+// FP16 bits of the integer v (|v| < 2048: exact), both halves.
+__host__ __device__ constexpr uint32_t half2_int_bits(int v) {
+  const uint32_t sign = v < 0 ? 0x8000u : 0u;
+  const uint32_t m = static_cast<uint32_t>(v < 0 ? -v : v);
+  if (m == 0) return sign * 0x00010001u;
+  int e = 0;
+  while ((m >> (e + 1)) != 0) ++e;  // m in [2^e, 2^(e+1))
+  const uint32_t h = sign | static_cast<uint32_t>(15 + e) << 10 | ((m - (1u << e)) << (10 - e));
+  return h * 0x00010001u;
+}
+
+// FP16 bits of 2^-e (0 <= e <= 14), both halves.
+__host__ __device__ constexpr uint32_t half2_pow2_neg_bits(int e) {
+  return (static_cast<uint32_t>(15 - e) << 10) * 0x00010001u;
+}
+
+static_assert(half2_int_bits(-1028) == 0xE404E404u && half2_int_bits(-4) == 0xC400C400u);
+static_assert(half2_int_bits(-18) == 0xCC80CC80u && half2_int_bits(1) == 0x3C003C00u);
+static_assert(half2_pow2_neg_bits(0) == 0x3C003C00u && half2_pow2_neg_bits(4) == 0x2C002C00u);
+
+// Row and first column of pair k (0..15) of lane (g, t) in tile T, block b.
+__host__ __device__ inline void pair_position(int tile, int b, int lane, int k, int& row,
+                                              int& col) {
+  const int g = lane / 4, t = lane % 4, j = k / 4, r = k % 4;
+  row = 16 * tile + g + 8 * (r % 2);
+  col = 64 * b + 32 * (j / 2) + 8 * t + 4 * (j % 2) + 2 * (r / 2);
+}
+
+// (a & b) | c in one LOP3: written in C, ptxas emits an AND and an OR (SASS LOP3 takes one
+// immediate, and it does not keep the other constant in a register for the fusion).
+__host__ __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
+#ifdef __CUDA_ARCH__
+  uint32_t out;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(out) : "r"(a), "r"(b), "r"(c));
+  return out;
+#else
+  return (a & b) | c;
+#endif
+}
+
+// A register before its HFMA2: v = the half pair 1024 + q 2^p (exponent bits 0x6400, the value
+// at bits p.., nothing else).
+struct InplaceSlot {
+  uint32_t v;
+  int p;
+};
+
+// The BITS-bit values at bits p.. of both halves of w under the exponent.
+template <int BITS>
+__host__ __device__ __forceinline__ InplaceSlot inplace_slot_at(uint32_t w, int p) {
+  return {and_or(w, (((1u << BITS) - 1) * 0x00010001u) << p, 0x64006400u), p};
+}
+
+// Pair k (0..15) of a block: lo = its low-plane words (2), hi = its high-plane word (3 bits).
+template <int BITS>
+__host__ __device__ __forceinline__ InplaceSlot inplace_slot(const uint32_t* lo, const uint32_t* hi,
+                                                             int k) {
+  static_assert(BITS == 2 || BITS == 3, "in-place arrangement: 2 or 3 bits");
+  if constexpr (BITS == 2) {
+    (void)hi;
+    const int w = k / 8, s = k % 8;
+    return s < 5 ? inplace_slot_at<2>(lo[w], 2 * s) : inplace_slot_at<2>(lo[w] >> 10, 2 * (s - 5));
+  } else {
+    const uint32_t words[3] = {lo[0], lo[1], hi[0]};
+    if (k == 15) {  // bit w of the value: bit 15 of word w, at 6 + w after the shift by 9 - w
+      const uint32_t v = and_or(words[0] >> 9, 0x00400040u, 0x64006400u);
+      return {and_or(words[2] >> 7, 0x01000100u, and_or(words[1] >> 8, 0x00800080u, v)), 6};
+    }
+    const int w = k / 5, s = k % 5;
+    return s < 3 ? inplace_slot_at<3>(words[w], 3 * s)
+                 : inplace_slot_at<3>(words[w] >> (9 - w), 3 * s - 9 + w);
+  }
+}
+
+// The repack: word w (0..BITS-1) of a lane's block from the values q(k, c) of its pairs (k
+// 0..15; c = 0: first column, 1: second), each < 2^BITS.
+template <int BITS, typename Q>
+__host__ __device__ uint32_t inplace_word(int w, Q&& q) {
+  static_assert(BITS == 2 || BITS == 3, "in-place arrangement: 2 or 3 bits");
+  constexpr int kPer = BITS == 2 ? 8 : 5;  // pairs at bits BITS s of word w
+  uint32_t v = 0;
+  for (int s = 0; s < kPer; ++s) {
+    const int k = kPer * w + s;
+    v |= q(k, 0) << (BITS * s) | q(k, 1) << (16 + BITS * s);
+  }
+  if constexpr (BITS == 3) v |= ((q(15, 0) >> w) & 1u) << 15 | ((q(15, 1) >> w) & 1u) << 31;
+  return v;
+}
+
+}  // namespace gyre::qlinear_detail
