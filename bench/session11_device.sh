@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Session 11 device runs (carry .device/lead = stripped gyre and gyre_tests as .xz, .device/libs,
+# .device/shared/fixtures/{stories260K,text}; the bench call carries .device/lead2 instead, the
+# unpacked binaries of the first call staying in .device/bin on the warm machine).
+#   bench/session11_device.sh tests [FILTER]  the CUDA tests of the new 2/3-bit decode and its
+#                                             neighbours
+#   bench/session11_device.sh e2e             gyre bench on the synthetic llama3-8b: 4-bit, then 3
+#                                             and 2 bits with the new and the old decode
+#                                             (GYRE_CUDA_BITS_DECODE), interleaved, two rounds
+#   bench/session11_device.sh kernels         qlinear_bits_bench decode (old vs new per shape)
+set -u
+[ -e /work/shared ] || { mkdir -p /work && ln -s "$PWD/.device/shared" /work/shared; }
+mkdir -p .device/bin
+for f in .device/lead/*.xz .device/lead2/*.xz; do
+  [ -e "$f" ] || continue
+  b=.device/bin/$(basename "$f" .xz)
+  [ "$f" -nt "$b" ] || continue
+  xz -dc "$f" >"$b" && chmod +x "$b"
+done
+cp .device/libs/* .device/bin/ 2>/dev/null
+export LD_LIBRARY_PATH=$PWD/.device/bin:${LD_LIBRARY_PATH:-}
+B=.device/bin
+O=${OUT:-/tmp}
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+case "${1:-tests}" in
+tests)
+  timeout 300 $B/gyre_tests --gtest_filter="${2:-CudaQbits*:CudaQlinear*:CudaGemv4*:Exl2Cuda*:QMixedCuda*:QuantFormatsCuda*:CudaFused*:CudaForward*}" \
+    >"$O/tests.log" 2>&1
+  echo "tests rc=$?"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED  \]|Failure|Expected|Which is" "$O/tests.log" | head -30
+  ;;
+e2e)
+  for r in 1 2; do
+    for arm in "4 new" "3 new" "3 old" "2 new" "2 old"; do
+      set -- $arm
+      GYRE_CUDA_BITS_DECODE=$2 timeout 100 $B/gyre bench --synthetic llama3-8b --bits $1 -p 512 \
+        -n 128 --long 8192 --json >"$O/ab.json" 2>"$O/ab.err"
+      python3 -c "import json; d=json.load(open('$O/ab.json')); print('bits $1 decode $2 run $r: decode@128 %.1f tok/s (%.1f%%) @8k %.1f (%.1f%%) prefill %.0f bw %.0f' % (d['decode_short_tok_s'], 100*d['decode_short_roofline'], d['decode_long_tok_s'], 100*d['decode_long_roofline'], d['prefill_tok_s'], d['bandwidth_gb_s']))" 2>&1 | tee -a "$O/ab.log"
+    done
+  done
+  ;;
+kernels)
+  timeout 200 $B/qlinear_bits_bench decode 2>&1 | tee "$O/kernels.log"
+  ;;
+esac
