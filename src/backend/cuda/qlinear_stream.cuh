@@ -279,7 +279,7 @@ __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int 
   }
 }
 
-// INPLACE (2/3 bits): the in-place word arrangement (qlinear_inplace.h), else the split planes'.
+// INPLACE: the in-place word arrangement (qlinear_inplace.h), else the split planes'.
 template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE>
 __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
   constexpr int kLo = StreamPlanes<BITS>::kLo, kHi = StreamPlanes<BITS>::kHi;
