@@ -20,6 +20,10 @@ using namespace gyre;
 
 #include "bench_common.cuh"
 
+namespace gyre::qlinear_detail {
+void set_int4_lop3(int mode);  // qlinear_gemv_stream.cu (declared in qlinear_stream.cuh)
+}  // namespace gyre::qlinear_detail
+
 Weight make(const QWeightDesc& d, uint32_t seed) {
   return make_weight(d, seed);
 }
@@ -100,13 +104,14 @@ int tune(const __half* x, __half* y, bool verify) {
 // from the old kernel's, so another size may win now; "new_s1w64": 6 bits at 1 block per piece,
 // 64 registers, with the warp budget of 64), at 3 bits with 2 blocks per piece the ring of 4
 // ("s2d4", 77 registers) alone and with a warp budget of 32 ("s2d4w32"); asymmetric at 4096x4096;
-// the 4-bit stream GEMV ("4bit"); then the Llama-3-8B layer sum (QKV 6144 + o 4096 + gate/up
-// 28672 + down 4096x14336) at n = 1 per decode.
+// the 4-bit stream GEMV ("4bit": one LOP3 per register, "4bit_old": two, set_int4_lop3(0)); then
+// the Llama-3-8B layer sum (QKV 6144 + o 4096 + gate/up 28672 + down 4096x14336) at n = 1 per
+// decode.
 template <typename Row>
 int decode_ab(const __half* x, __half* y, Row&& row, const std::vector<int>& widths) {
   const int shapes[][2] = {{4096, 4096}, {6144, 4096}, {14336, 4096}, {4096, 14336}, {28672, 4096}};
   const double layer_weight[] = {1, 1, 0, 1, 1};  // 14336x4096 is not in the layer
-  double layer[7][2] = {};                        // [bits][old, new]; 4 bits: [4][1]
+  double layer[7][2] = {};                        // [bits][old, new]
   std::vector<int> all = {4};
   all.insert(all.end(), widths.begin(), widths.end());
   for (int si = 0; si < 5; ++si) {
@@ -128,7 +133,7 @@ int decode_ab(const __half* x, __half* y, Row&& row, const std::vector<int>& wid
           const char* name;
         };
         std::vector<Config> configs = {{0, 0, 0, 0, "dec_old"}, {1, 0, 0, 0, "dec_new"}};
-        if (bits == 4) configs = {{1, 0, 0, 0, "4bit"}};
+        if (bits == 4) configs = {{0, 0, 0, 0, "4bit_old"}, {1, 0, 0, 0, "4bit"}};
         if (bits == 2 && !asym)
           configs.insert(configs.end(),
                          {{1, 1, 0, 0, "new_s1"}, {1, 2, 0, 0, "new_s2"}, {1, 8, 0, 0, "new_s8"}});
@@ -158,6 +163,7 @@ int decode_ab(const __half* x, __half* y, Row&& row, const std::vector<int>& wid
           const bool is_default = pieces == 0 && cf.depth == 0 && cf.budget == 0;
           qlinear_detail::set_bits_stream_depth(cf.depth);
           qlinear_detail::set_bits_stream_warps(cf.budget);
+          if (bits == 4) qlinear_detail::set_int4_lop3(decode);
           for (const int n : {1, 2, 8}) {
             if (!is_default && n == 8) continue;
             const float ms = time_ms(
@@ -167,12 +173,13 @@ int decode_ab(const __half* x, __half* y, Row&& row, const std::vector<int>& wid
           }
           qlinear_detail::set_bits_stream_depth(0);
           qlinear_detail::set_bits_stream_warps(0);
+          qlinear_detail::set_int4_lop3(-1);
           CK(cudaGetLastError());
           for (auto& w : ws) CK(cudaFree(w.mem));
         }
       }
   }
-  std::printf("\nLlama-3-8B layer at n = 1, us: 4-bit %.2f", layer[4][1]);
+  std::printf("\nLlama-3-8B layer at n = 1, us: 4-bit old %.2f new %.2f", layer[4][0], layer[4][1]);
   for (const int bits : widths)
     std::printf("; %d-bit old %.2f new %.2f", bits, layer[bits][0], layer[bits][1]);
   std::printf("\n");
