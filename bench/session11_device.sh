@@ -4,7 +4,7 @@
 # unpacked binaries of the first call staying in .device/bin on the warm machine).
 #   bench/session11_device.sh tests [FILTER]  the CUDA tests of the new 2/3-bit decode and its
 #                                             neighbours
-#   bench/session11_device.sh e2e [ARMS]      gyre bench on the synthetic llama3-8b, each arm
+#   bench/session11_device.sh e2e / e2e56     gyre bench on the synthetic llama3-8b, each arm
 #                                             "bits decode" with the new and the old decode
 #                                             (GYRE_CUDA_BITS_DECODE; "old" also sets
 #                                             GYRE_CUDA_INT4_LOP3=0), interleaved, two rounds;
