@@ -2,7 +2,7 @@
 // CUDA-core kernel (qlinear_bits.cu, "old", rows per warp auto) against the tiled stream
 // kernel (qlinear_bits_stream.cu: "new_sS" the default, S blocks per piece; "sS" the others), with
 // the 4-bit stream GEMV on the same shape for reference, plus the FP16 dequantization of each
-// layout (prefill, n > 8); `decode`: the 2/3-bit decodes old against new (decode_ab). Build:
+// layout (prefill, n > 8); `decode`: the narrow decodes old against new (decode_ab). Build:
 // bench/qlinear_device.sh. Weights are random bytes (speed only; correctness is in the tests),
 // rotated over > 300 MB so the numbers are DRAM numbers.
 #include <cuda_runtime_api.h>
@@ -19,6 +19,10 @@
 using namespace gyre;
 
 #include "bench_common.cuh"
+
+namespace gyre::qlinear_detail {
+void set_int4_lop3(int mode);  // qlinear_gemv_stream.cu (declared in qlinear_stream.cuh)
+}  // namespace gyre::qlinear_detail
 
 Weight make(const QWeightDesc& d, uint32_t seed) {
   return make_weight(d, seed);
@@ -93,21 +97,26 @@ int tune(const __half* x, __half* y, bool verify) {
   return 0;
 }
 
-// `qlinear_bits_bench decode`: the 2/3-bit decodes at the default pieces, "dec_new" (the in-place
-// arrangement, qlinear_inplace.h: the default) against "dec_old" (the split planes',
-// set_bits_decode(0)), n = 1, 2, 8 on the five shapes; the in-place decode at the other piece
-// sizes ("new_sS"), and at 3 bits with 2 blocks per piece the ring of 4 ("s2d4", 77 registers)
-// alone and with a warp budget of 32 ("s2d4w32": half the split-K of n <= 2), n = 1, 2;
-// asymmetric at 4096x4096; the 4-bit stream GEMV ("4bit"); then the Llama-3-8B layer sum (QKV
-// 6144 + o 4096 + gate/up 28672 + down 4096x14336) at n = 1 per decode.
+// `qlinear_bits_bench decode [bits...]` (default 5 6; "decode 2 3": session 11's 2/3-bit run):
+// the decodes at the default pieces, "dec_new" (the in-place arrangement, qlinear_inplace.h: the
+// default) against "dec_old" (the split planes', set_bits_decode(0)), n = 1, 2, 8 on the five
+// shapes; the in-place decode at other piece sizes ("new_sS", n = 1, 2: its registers differ
+// from the old kernel's, so another size may win now; "new_s1w64": 6 bits at 1 block per piece,
+// 64 registers, with the warp budget of 64), at 3 bits with 2 blocks per piece the ring of 4
+// ("s2d4", 77 registers) alone and with a warp budget of 32 ("s2d4w32"); asymmetric at 4096x4096;
+// the 4-bit stream GEMV ("4bit": one LOP3 per register, "4bit_old": two, set_int4_lop3(0)); then
+// the Llama-3-8B layer sum (QKV 6144 + o 4096 + gate/up 28672 + down 4096x14336) at n = 1 per
+// decode.
 template <typename Row>
-int decode_ab(const __half* x, __half* y, Row&& row) {
+int decode_ab(const __half* x, __half* y, Row&& row, const std::vector<int>& widths) {
   const int shapes[][2] = {{4096, 4096}, {6144, 4096}, {14336, 4096}, {4096, 14336}, {28672, 4096}};
   const double layer_weight[] = {1, 1, 0, 1, 1};  // 14336x4096 is not in the layer
-  double layer[3][2] = {};                        // [4-bit, 2-bit, 3-bit][old, new]
+  double layer[7][2] = {};                        // [bits][old, new]
+  std::vector<int> all = {4};
+  all.insert(all.end(), widths.begin(), widths.end());
   for (int si = 0; si < 5; ++si) {
     const int* sh = shapes[si];
-    for (const int bits : {4, 2, 3})
+    for (const int bits : all)
       for (const bool asym : {false, true}) {
         if (asym && (si != 0 || bits == 4)) continue;
         QWeightDesc d;
@@ -124,7 +133,7 @@ int decode_ab(const __half* x, __half* y, Row&& row) {
           const char* name;
         };
         std::vector<Config> configs = {{0, 0, 0, 0, "dec_old"}, {1, 0, 0, 0, "dec_new"}};
-        if (bits == 4) configs = {{1, 0, 0, 0, "4bit"}};
+        if (bits == 4) configs = {{0, 0, 0, 0, "4bit_old"}, {1, 0, 0, 0, "4bit"}};
         if (bits == 2 && !asym)
           configs.insert(configs.end(),
                          {{1, 1, 0, 0, "new_s1"}, {1, 2, 0, 0, "new_s2"}, {1, 8, 0, 0, "new_s8"}});
@@ -133,6 +142,12 @@ int decode_ab(const __half* x, __half* y, Row&& row) {
                                          {1, 4, 0, 0, "new_s4"},
                                          {1, 2, 4, 0, "s2d4"},
                                          {1, 2, 4, 32, "s2d4w32"}});
+        if (bits == 5 && !asym)
+          configs.insert(configs.end(), {{1, 2, 0, 0, "new_s2"}, {1, 4, 0, 0, "new_s4"}});
+        if (bits == 6 && !asym)
+          configs.insert(
+              configs.end(),
+              {{1, 1, 0, 0, "new_s1"}, {1, 1, 0, 64, "new_s1w64"}, {1, 4, 0, 0, "new_s4"}});
         for (const Config& cf : configs) {
           const int decode = cf.decode, pieces = cf.pieces;
           qlinear_detail::set_bits_decode(decode);
@@ -145,28 +160,29 @@ int decode_ab(const __half* x, __half* y, Row&& row) {
             std::printf("unexpected layout for %dx%d\n", sh[0], sh[1]);
             return 1;
           }
-          const bool is_default = pieces == 0 && cf.depth == 0;
+          const bool is_default = pieces == 0 && cf.depth == 0 && cf.budget == 0;
           qlinear_detail::set_bits_stream_depth(cf.depth);
           qlinear_detail::set_bits_stream_warps(cf.budget);
+          if (bits == 4) qlinear_detail::set_int4_lop3(decode);
           for (const int n : {1, 2, 8}) {
             if (!is_default && n == 8) continue;
             const float ms = time_ms(
                 [&](int i) { qlinear_matmul(ws[i % copies].w, x, y, n, nullptr, nullptr); }, 40);
             row(sh, bits, asym, n, cf.name, ms, bytes);
-            if (n == 1 && is_default && !asym)
-              layer[bits == 4 ? 0 : bits - 1][decode] += layer_weight[si] * ms * 1e3;
+            if (n == 1 && is_default && !asym) layer[bits][decode] += layer_weight[si] * ms * 1e3;
           }
           qlinear_detail::set_bits_stream_depth(0);
           qlinear_detail::set_bits_stream_warps(0);
+          qlinear_detail::set_int4_lop3(-1);
           CK(cudaGetLastError());
           for (auto& w : ws) CK(cudaFree(w.mem));
         }
       }
   }
-  std::printf(
-      "\nLlama-3-8B layer at n = 1, us: 4-bit %.2f; 2-bit old %.2f new %.2f; "
-      "3-bit old %.2f new %.2f\n",
-      layer[0][1], layer[1][0], layer[1][1], layer[2][0], layer[2][1]);
+  std::printf("\nLlama-3-8B layer at n = 1, us: 4-bit old %.2f new %.2f", layer[4][0], layer[4][1]);
+  for (const int bits : widths)
+    std::printf("; %d-bit old %.2f new %.2f", bits, layer[bits][0], layer[bits][1]);
+  std::printf("\n");
   CK(cudaDeviceSynchronize());
   return 0;
 }
@@ -193,7 +209,19 @@ int main(int argc, char** argv) {
                 asym ? "asym" : "sym", n, kernel, ms * 1e3, moved / ms / 1e6,
                 100.0 * moved / ms / 1e6 / copy_gbs);
   };
-  if (argc > 1 && std::string(argv[1]) == "decode") return decode_ab(x, y, row);
+  if (argc > 1 && std::string(argv[1]) == "decode") {
+    std::vector<int> widths;
+    for (int i = 2; i < argc; ++i) {
+      const int b = std::atoi(argv[i]);
+      if (b != 2 && b != 3 && b != 5 && b != 6) {
+        std::printf("decode: widths are 2, 3, 5, 6\n");
+        return 1;
+      }
+      widths.push_back(b);
+    }
+    if (widths.empty()) widths = {5, 6};
+    return decode_ab(x, y, row, widths);
+  }
   for (const auto& sh : shapes) {
     for (const int bits : {2, 3, 4, 5, 6}) {
       for (const bool asym : {false, true}) {

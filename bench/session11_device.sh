@@ -4,10 +4,13 @@
 # unpacked binaries of the first call staying in .device/bin on the warm machine).
 #   bench/session11_device.sh tests [FILTER]  the CUDA tests of the new 2/3-bit decode and its
 #                                             neighbours
-#   bench/session11_device.sh e2e             gyre bench on the synthetic llama3-8b: 4-bit, then 3
-#                                             and 2 bits with the new and the old decode
-#                                             (GYRE_CUDA_BITS_DECODE), interleaved, two rounds
-#   bench/session11_device.sh kernels         qlinear_bits_bench decode (old vs new per shape)
+#   bench/session11_device.sh e2e / e2e56     gyre bench on the synthetic llama3-8b, each arm
+#                                             "bits decode" with the new and the old decode
+#                                             (GYRE_CUDA_BITS_DECODE; "old" also sets
+#                                             GYRE_CUDA_INT4_LOP3=0), interleaved, two rounds;
+#                                             default: 4, 3, 2 bits new/old ("e2e56": 4, 5, 6)
+#   bench/session11_device.sh kernels [BITS]  qlinear_bits_bench decode (old vs new per shape;
+#                                             default 5 6 and 4-bit LOP3; "2 3": nb3's run)
 set -u
 [ -e /work/shared ] || { mkdir -p /work && ln -s "$PWD/.device/shared" /work/shared; }
 mkdir -p .device/bin
@@ -29,17 +32,22 @@ tests)
   echo "tests rc=$?"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED  \]|Failure|Expected|Which is" "$O/tests.log" | head -30
   ;;
-e2e)
+e2e | e2e56)
+  arms=("4 new" "3 new" "3 old" "2 new" "2 old")
+  [ "$1" = e2e56 ] && arms=("4 new" "4 old" "5 new" "5 old" "6 new" "6 old")
   for r in 1 2; do
-    for arm in "4 new" "3 new" "3 old" "2 new" "2 old"; do
+    for arm in "${arms[@]}"; do
       set -- $arm
-      GYRE_CUDA_BITS_DECODE=$2 timeout 100 $B/gyre bench --synthetic llama3-8b --bits $1 -p 512 \
+      lop3=1
+      [ "$2" = old ] && lop3=0
+      GYRE_CUDA_BITS_DECODE=$2 GYRE_CUDA_INT4_LOP3=$lop3 timeout 100 $B/gyre bench --synthetic llama3-8b --bits $1 -p 512 \
         -n 128 --long 8192 --json >"$O/ab.json" 2>"$O/ab.err"
       python3 -c "import json; d=json.load(open('$O/ab.json')); print('bits $1 decode $2 run $r: decode@128 %.1f tok/s (%.1f%%) @8k %.1f (%.1f%%) prefill %.0f bw %.0f' % (d['decode_short_tok_s'], 100*d['decode_short_roofline'], d['decode_long_tok_s'], 100*d['decode_long_roofline'], d['prefill_tok_s'], d['bandwidth_gb_s']))" 2>&1 | tee -a "$O/ab.log"
     done
   done
   ;;
 kernels)
-  timeout 200 $B/qlinear_bits_bench decode 2>&1 | tee "$O/kernels.log"
+  shift
+  timeout 200 $B/qlinear_bits_bench decode "$@" 2>&1 | tee "$O/kernels.log"
   ;;
 esac

@@ -2,7 +2,7 @@
 // float64: GEMV at every n through qlinear_matmul (awkward row and column counts, short tiles),
 // split outputs, and the FP16 dequantization, in the tiled layout with the stream GEMV
 // (qlinear_bits_stream.cu, the default) and in the host layout (qlinear_bits.cu,
-// set_bits_stream(0)); the stream GEMV's fusions (RMSNorm, y +=, SwiGLU); the 2/3-bit in-place
+// set_bits_stream(0)); the stream GEMV's fusions (RMSNorm, y +=, SwiGLU); the 2/3/5/6-bit in-place
 // arrangement (qlinear_inplace.h) and the split planes' one (set_bits_decode). Skipped without a
 // GPU (the layout's host tests: test_cuda_qbits_layout.cc).
 #include <gtest/gtest.h>
@@ -99,20 +99,22 @@ const Narrow kLayouts[] = {{2, 32, false, false}, {2, 128, true, false},  {3, 64
                            {3, 32, true, true},   {5, 128, false, false}, {5, 64, true, false},
                            {6, 32, false, true},  {6, 128, true, false}};
 
-// The 2/3-bit decodes, in-place (the default) and the split planes' (set_bits_decode(0)), at
+// The 2/3/5/6-bit decodes, in-place (the default) and the split planes' (set_bits_decode(0)), at
 // every group size, symmetric and not, with and without act-order, every piece size (block
-// counts padded), n = 1, 2, 8 (3 bits: both ring depths), and the FP16 dequantization of each.
+// counts padded; 8 at 2 bits only), n = 1, 2, 8 (3 bits: both ring depths), and the FP16
+// dequantization of each.
 TEST(CudaQbits, OldAndNewDecodeMatchFloat64) {
   if (!qtest::have_gpu()) GTEST_SKIP() << "no CUDA device";
   uint32_t seed = 2000;
   for (const int decode : {1, 0})
-    for (const int bits : {2, 3})
+    for (const int bits : {2, 3, 5, 6})
       for (const int group : {32, 64, 128})
         for (const bool asym : {false, true}) {
           const bool perm = (group == 64) != asym;
           const QWeightHost w = make_weight(bits, group, asym, perm, 77, 1152, seed++);
           const std::vector<double> ref = dequantized(w);
           for (const int pieces : {0, 1, 2, 4, 8}) {
+            if (pieces == 8 && bits != 2) continue;  // 4 blocks per piece there
             SCOPED_TRACE(std::to_string(bits) + "b g" + std::to_string(group) +
                          (asym ? " asym" : " sym") + (perm ? " perm" : "") + " decode " +
                          std::to_string(decode) + " pieces " + std::to_string(pieces));

@@ -1,4 +1,4 @@
-// The tiled 2/3-bit layout's words on the host, no GPU needed: the in-place arrangement
+// The tiled 2/3/5/6-bit layout's words on the host, no GPU needed: the in-place arrangement
 // (qlinear_inplace.h) through the repack's and the decode's functions, and the upload's repack
 // (tile_bits_on_host) read back as the stream GEMV loads it. The GPU runs are in
 // test_cuda_qbits.cc.
@@ -17,6 +17,35 @@
 namespace gyre {
 namespace {
 
+// The repack's word w and the decode's slot of pair k at a runtime width.
+template <typename Q>
+uint32_t inplace_word_at(int bits, int w, Q&& q) {
+  switch (bits) {
+    case 2:
+      return qlinear_detail::inplace_word<2>(w, q);
+    case 3:
+      return qlinear_detail::inplace_word<3>(w, q);
+    case 5:
+      return qlinear_detail::inplace_word<5>(w, q);
+    default:
+      return qlinear_detail::inplace_word<6>(w, q);
+  }
+}
+
+qlinear_detail::InplaceSlot inplace_slot_at(int bits, const uint32_t* lo, const uint32_t* hi,
+                                            int k) {
+  switch (bits) {
+    case 2:
+      return qlinear_detail::inplace_slot<2>(lo, hi, k);
+    case 3:
+      return qlinear_detail::inplace_slot<3>(lo, hi, k);
+    case 5:
+      return qlinear_detail::inplace_slot<5>(lo, hi, k);
+    default:
+      return qlinear_detail::inplace_slot<6>(lo, hi, k);
+  }
+}
+
 // The in-place arrangement on the host (no GPU): every pair's word from the repack's
 // inplace_word, read back by the decode's inplace_slot, is 1024 + q 2^p under the 0x6400
 // exponent (nothing else set), and the HFMA2 constants of inplace_unscale turn it into q - offset
@@ -24,26 +53,23 @@ namespace {
 // extreme values; at 2 bits the words are the split planes' (pair k at bits 2 (k % 8)).
 TEST(CudaQbits, InplaceArrangementOnTheHost) {
   std::mt19937 rng(11);
-  for (const int bits : {2, 3}) {
+  for (const int bits : {2, 3, 5, 6}) {
+    const int lo_words = bits >= 5 ? 4 : 2;  // the low-plane words: the high plane's follow
     for (int trial = 0; trial < 3000; ++trial) {
       uint32_t q[16][2];
       for (auto& pair : q)
         for (uint32_t& v : pair)
           v = trial == 0 ? 0u : trial == 1 ? (1u << bits) - 1 : rng() % (1u << bits);
       auto value = [&](int k, int c) { return q[k][c]; };
-      uint32_t words[3] = {0, 0, 0};
-      for (int w = 0; w < bits; ++w)
-        words[w] = bits == 2 ? qlinear_detail::inplace_word<2>(w, value)
-                             : qlinear_detail::inplace_word<3>(w, value);
+      uint32_t words[6] = {0, 0, 0, 0, 0, 0};
+      for (int w = 0; w < bits; ++w) words[w] = inplace_word_at(bits, w, value);
       if (bits == 2) {
         for (int k = 0; k < 16; ++k)
           for (int c = 0; c < 2; ++c)
             ASSERT_EQ((words[k / 8] >> (16 * c + 2 * (k % 8))) & 3u, q[k][c]) << "k " << k;
       }
       for (int k = 0; k < 16; ++k) {
-        const qlinear_detail::InplaceSlot s =
-            bits == 2 ? qlinear_detail::inplace_slot<2>(words, words + 2, k)
-                      : qlinear_detail::inplace_slot<3>(words, words + 2, k);
+        const qlinear_detail::InplaceSlot s = inplace_slot_at(bits, words, words + lo_words, k);
         ASSERT_TRUE(s.p >= 0 && s.p + bits <= 10) << "k " << k;
         for (int c = 0; c < 2; ++c) {
           const auto h = static_cast<uint16_t>(s.v >> (16 * c));
@@ -69,7 +95,7 @@ TEST(CudaQbits, InplaceArrangementOnTheHost) {
 // counts that pad the block count.
 TEST(CudaQbits, TiledWordsReadBackOnTheHost) {
   std::mt19937 rng(5);
-  for (const int bits : {2, 3})
+  for (const int bits : {2, 3, 5, 6})
     for (const int pieces : {1, 2, 4})
       for (const bool inplace : {false, true}) {
         QWeightDesc d;
@@ -85,7 +111,7 @@ TEST(CudaQbits, TiledWordsReadBackOnTheHost) {
             qweight_set_q(w, r, c, q[size_t(r) * d.cols + c]);
           }
         const std::vector<uint32_t> words = qlinear_detail::tile_bits_on_host(w, pieces, inplace);
-        const int lo_bits = 2, hi_bits = bits - 2;
+        const int lo_bits = bits >= 5 ? 4 : 2, hi_bits = bits - lo_bits;
         const int kblocks = ((d.cols + 63) / 64 + pieces - 1) / pieces * pieces;
         const int tiles = (d.rows + 15) / 16, npieces = kblocks / pieces;
         ASSERT_EQ(words.size(), size_t(tiles) * kblocks * 32 * bits);
@@ -105,13 +131,17 @@ TEST(CudaQbits, TiledWordsReadBackOnTheHost) {
                   const uint32_t want = in ? uint32_t(q[size_t(row) * d.cols + col + c]) : 0u;
                   uint32_t got = 0;
                   if (inplace) {
-                    const qlinear_detail::InplaceSlot sl =
-                        bits == 2 ? qlinear_detail::inplace_slot<2>(lo, hi, k)
-                                  : qlinear_detail::inplace_slot<3>(lo, hi, k);
+                    const qlinear_detail::InplaceSlot sl = inplace_slot_at(bits, lo, hi, k);
+                    ASSERT_EQ(sl.v & 0xFC00FC00u, 0x64006400u);
                     got = ((sl.v >> (16 * c)) & 0x3FFu) >> sl.p;
-                  } else {
-                    got = (lo[k / 8] >> (16 * c + 2 * (k % 8))) & 3u;
-                    if (bits == 3) got |= ((hi[0] >> (16 * c + k)) & 1u) << 2;
+                  } else {  // plane P: 16 / P pairs per word, pair k at bits P (k % (16 / P))
+                    const int lp = 16 / lo_bits;
+                    got = (lo[k / lp] >> (16 * c + lo_bits * (k % lp))) & ((1u << lo_bits) - 1);
+                    if (hi_bits > 0) {
+                      const int hp = 16 / hi_bits;
+                      got |= ((hi[k / hp] >> (16 * c + hi_bits * (k % hp))) & ((1u << hi_bits) - 1))
+                             << lo_bits;
+                    }
                   }
                   ASSERT_EQ(got, want)
                       << bits << "b S " << pieces << " inplace " << inplace << " tile " << tile

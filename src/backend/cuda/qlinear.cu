@@ -37,7 +37,7 @@ void launch_dequant_bits(const Params& p, __half* out, cudaStream_t stream);
 // qlinear_bits_stream.cu: the same widths in the tiled layout (any n, up to eight per pass).
 // bits_tiled_layout: blocks per piece of the tiled layout for a new upload, 0 = the host layout.
 int bits_tiled_layout(const QWeightDesc& d);
-// bits_inplace_layout: a new tiled 2/3-bit upload takes the in-place arrangement.
+// bits_inplace_layout: a new tiled 2/3/5/6-bit upload takes the in-place arrangement.
 bool bits_inplace_layout(const QWeightDesc& d);
 void tile_bits_upload(const QWeightHost& w, const Params& p, int pieces_s, uint8_t* dst_q,
                       uint8_t* dst_scales, uint8_t* dst_mins);

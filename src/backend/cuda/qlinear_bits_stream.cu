@@ -8,8 +8,8 @@
 // tiles a block of 64 columns is one contiguous 128 * bits-byte piece, read with one or two
 // vector loads per lane and decoded straight into A fragments, so the narrow widths stream like
 // the 4-bit kernel. GYRE_CUDA_BITS_STREAM=0 keeps the host layout and the old kernel (A/B);
-// GYRE_CUDA_BITS_DECODE=old keeps the split planes' bit arrangement at 2/3 bits instead of the
-// in-place one (qlinear_inplace.h: fewer decode instructions).
+// GYRE_CUDA_BITS_DECODE=old keeps the split planes' bit arrangement at 2/3/5/6 bits instead of
+// the in-place one (qlinear_inplace.h: fewer decode instructions).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -61,9 +61,10 @@ __host__ __device__ uint32_t host_plane_value(const uint32_t* src, int rows, int
 
 // Device word o of the tiled layout from the host layout src: word w of piece (tile, i) is
 // low-plane word w % (S lo) of lane w / (S lo) (w < 32 S lo), else a high-plane word; a lane's
-// plane words are its blocks' in turn. inplace (3 bits): the words hold the in-place arrangement
-// (qlinear_inplace.h), a block's low-plane words being its words 0 and 1 and its high-plane word
-// its word 2; at 2 bits the in-place arrangement is the planes' one. Host and device: the test
+// plane words are its blocks' in turn. inplace (3/5/6 bits): the words hold the in-place
+// arrangement (qlinear_inplace.h), a block's low-plane words being its words 0..L-1 and its
+// high-plane words its words L..bits-1 (L = low_bits); at 2 bits the in-place arrangement is the
+// planes' one. Host and device: the test
 // hook tile_bits_on_host runs it on the CPU.
 __host__ __device__ uint32_t tile_bits_word(const uint32_t* src, int rows, int cols, int bits,
                                             int kblocks, int pieces_s, bool inplace, int64_t o) {
@@ -76,13 +77,17 @@ __host__ __device__ uint32_t tile_bits_word(const uint32_t* src, int rows, int c
   const int pbits = high ? hi : lo, wl = high ? w - 32 * lo * pieces_s : w;
   const int lane = wl / (pbits * pieces_s), in_lane = wl % (pbits * pieces_s);
   const int b = piece * pieces_s + in_lane / pbits, word = in_lane % pbits, pairs = 16 / pbits;
-  if (inplace && bits == 3) {
-    return inplace_word<3>(high ? lo + word : word, [&](int k, int second) {
+  if (inplace && bits != 2) {  // 2 bits: the in-place arrangement is the planes' one
+    const int in_block = high ? lo + word : word;  // the block's word 0..bits-1
+    auto q = [&](int k, int second) {
       int row = 0, col = 0;
       pair_position(tile, b, lane, k, row, col);
       return host_plane_value(src, rows, cols, bits, false, row, col + second) |
              host_plane_value(src, rows, cols, bits, true, row, col + second) << lo;
-    });
+    };
+    if (bits == 3) return inplace_word<3>(in_block, q);
+    if (bits == 5) return inplace_word<5>(in_block, q);
+    return inplace_word<6>(in_block, q);
   }
   uint32_t v = 0;
   for (int i = 0; i < pairs; ++i) {
@@ -124,16 +129,12 @@ __global__ void dequant_tiled_bits_kernel(Params p, int pieces_s, __half* out) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     uint32_t a[4];
-    if constexpr (BITS <= 3) {
-      if (p.inplace && p.asym)
-        inplace_to_fragment<BITS, 0>(q, q + kLo, j, a);
-      else if (p.inplace)
-        inplace_to_fragment<BITS, 1u << (BITS - 1)>(q, q + kLo, j, a);
-      else
-        narrow_to_fragment<BITS>(q, q + kLo, j, base, a);
-    } else {
+    if (p.inplace && p.asym)
+      inplace_to_fragment<BITS, 0>(q, q + kLo, j, a);
+    else if (p.inplace)
+      inplace_to_fragment<BITS, 1u << (BITS - 1)>(q, q + kLo, j, a);
+    else
       narrow_to_fragment<BITS>(q, q + kLo, j, base, a);
-    }
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       memcpy(&v[r % 2][j / 2][4 * (j % 2) + 2 * (r / 2)], &a[r], 4);
@@ -198,8 +199,7 @@ void launch_decode(const Params& p, int pieces_s, int budget, cudaStream_t strea
 
 template <int BITS>
 void launch_width(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
-  if constexpr (BITS <= 3)
-    if (p.inplace) return launch_decode<BITS, true>(p, pieces_s, budget, stream);
+  if (p.inplace) return launch_decode<BITS, true>(p, pieces_s, budget, stream);
   launch_decode<BITS, false>(p, pieces_s, budget, stream);
 }
 
@@ -274,7 +274,7 @@ int bits_tiled_layout(const QWeightDesc& d) {
 }
 
 bool bits_inplace_layout(const QWeightDesc& d) {
-  return (d.bits == 2 || d.bits == 3) && bits_tiled_layout(d) > 0 && bits_decode_new();
+  return bits_tiled_layout(d) > 0 && bits_decode_new();
 }
 
 void tile_bits_upload(const QWeightHost& w, const Params& p, int pieces_s, uint8_t* dst_q,

@@ -1,13 +1,41 @@
 // The 4-bit decode GEMV (n = 1..8, tiled layout of qlinear_tiled.cu) as a register pipeline: the
 // stream kernel of qlinear_stream.cuh (which says why and how) at 4 bits, ring depth 4, 8 or 16
 // (set_gemv_depth). Handles f16 scales only (f32-scale repacks stay on the register-fed kernel).
+// The decode's (w & mask) | 0x6400 takes one explicit LOP3 instead of ptxas's two
+// (int4_word_to_fragment_lop3, symmetric weights; GYRE_CUDA_INT4_LOP3=0 keeps the old for an
+// A/B, same results).
+#include <cstdlib>
+#include <string>
+
 #include "backend/cuda/qlinear_stream.cuh"
+#include "core/error.h"
 
 namespace gyre::qlinear_detail {
 
 namespace {
 int g_depth = 0, g_sms = 0, g_smem_optin = 0;
+int g_lop3 = -1;  // -1: GYRE_CUDA_INT4_LOP3 (default on)
+
+bool int4_lop3() {
+  if (g_lop3 < 0) {
+    const char* e = std::getenv("GYRE_CUDA_INT4_LOP3");
+    g_lop3 = e != nullptr && std::string(e) == "0" ? 0 : 1;
+  }
+  return g_lop3 == 1;
+}
+
+template <bool LOP3>
+void launch_depth(const Params& p, int ksplit, cudaStream_t stream) {
+  if (g_depth == 8) return launch_stream_variant<4, 1, 8, LOP3>(p, ksplit, 32, stream);
+  if (g_depth == 16) return launch_stream_variant<4, 1, 16, LOP3>(p, ksplit, 32, stream);
+  launch_stream_variant<4, 1, 4, LOP3>(p, ksplit, 32, stream);
+}
 }  // namespace
+
+void set_int4_lop3(int mode) {
+  GYRE_CHECK(mode >= -1 && mode <= 1, "qlinear: int4 LOP3 mode must be -1, 0 or 1");
+  g_lop3 = mode;
+}
 
 void stream_device_limits(int& sms, int& smem_optin) {
   if (g_sms == 0) {
@@ -30,9 +58,10 @@ bool gemv4_stream_supported(const Params& p) {
 }
 
 void launch_gemv4_stream(const Params& p, int ksplit, cudaStream_t stream) {
-  if (g_depth == 8) return launch_stream_variant<4, 1, 8>(p, ksplit, 32, stream);
-  if (g_depth == 16) return launch_stream_variant<4, 1, 16>(p, ksplit, 32, stream);
-  launch_stream_variant<4, 1, 4>(p, ksplit, 32, stream);
+  // Symmetric only: the asymmetric g128 kernel at ring 4 spills 48 bytes with it against 36
+  // without (ptxas, session 11), so it keeps the old decode until measured.
+  if (int4_lop3() && !p.asym) return launch_depth<true>(p, ksplit, stream);
+  launch_depth<false>(p, ksplit, stream);
 }
 
 void set_gemv_depth(int depth) {

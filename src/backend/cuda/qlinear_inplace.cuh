@@ -29,4 +29,22 @@ __device__ __forceinline__ void inplace_to_fragment(const uint32_t* lo, const ui
   for (int r = 0; r < 4; ++r) a[r] = inplace_unscale<OFFSET>(inplace_slot<BITS>(lo, hi, 4 * j + r));
 }
 
+// int4_word_to_fragment (qlinear_kernels.cuh) with each (w & mask) | 0x6400 as one LOP3 (and_or:
+// the exponent in a register) where the C expression compiles to two; the same bits, so the
+// same results. The 4-bit stream GEMV takes it by default (GYRE_CUDA_INT4_LOP3=0: the old one,
+// qlinear_gemv_stream.cu).
+__device__ __forceinline__ void int4_word_to_fragment_lop3(uint32_t w, __half2 lo_base,
+                                                           __half2 hi_base, uint32_t a[4]) {
+  const __half2 sixteenth = __float2half2_rn(0.0625f);
+  const uint32_t w8 = w >> 8;
+  const __half2 r0 = __hsub2(as_half2(and_or(w, 0x000F000Fu, 0x64006400u)), lo_base);
+  const __half2 r1 = __hfma2(as_half2(and_or(w, 0x00F000F0u, 0x64006400u)), sixteenth, hi_base);
+  const __half2 r2 = __hsub2(as_half2(and_or(w8, 0x000F000Fu, 0x64006400u)), lo_base);
+  const __half2 r3 = __hfma2(as_half2(and_or(w8, 0x00F000F0u, 0x64006400u)), sixteenth, hi_base);
+  memcpy(&a[0], &r0, 4);
+  memcpy(&a[1], &r1, 4);
+  memcpy(&a[2], &r2, 4);
+  memcpy(&a[3], &r3, 4);
+}
+
 }  // namespace gyre::qlinear_detail

@@ -1,6 +1,6 @@
-// The in-place word arrangement of 2/3-bit weights in the tiled layout (qlinear_stream.cuh): which
-// bits of a lane's words hold which value, on the host and the device (the repack writes it, the
-// decode in qlinear_inplace.cuh reads it, a host test checks the two against each other).
+// The in-place word arrangement of 2/3/5/6-bit weights in the tiled layout (qlinear_stream.cuh):
+// which bits of a lane's words hold which value, on the host and the device (the repack writes
+// it, the decode in qlinear_inplace.cuh reads it, host tests check the two against each other).
 // GYRE_CUDA_BITS_DECODE=new (the default); "old" keeps the split planes' arrangement and
 // narrow_to_fragment, for an A/B in one binary.
 //
@@ -11,19 +11,26 @@
 // a 16-bit half, so one LOP3 ((w & mask) | 0x6400) gives the half 1024 + q 2^p, and one HFMA2
 // with 2^-p and -(1024 2^-p + offset) gives q - offset exactly (the product is exact, the result
 // a small integer): 2 instructions per register, plus one shift per word for the values above
-// bit 9 (3-bit: 43 per block).
+// bit 9 (3-bit: 43 per block). 5 and 6 bits (session 11, nb56) take the same scheme.
 //
-// A lane's BITS words of a block (words 0, 1: its low-plane slots, word 2: its high-plane slot of
-// the 3-bit piece, so that loads and ring stay the old ones) hold the 16 pairs k = 4j + r of its
-// A fragments (step j, register r: pair_position), the first column's value in the low half and
-// the second's at the same bits of the high half:
+// A lane's BITS words of a block (words 0..L-1: its low-plane slots, L = 2 at 2/3 bits, 4 at 5/6;
+// words L..BITS-1: its high-plane slots, so that loads and ring stay the old ones) hold the 16
+// pairs k = 4j + r of its A fragments (step j, register r: pair_position), the first column's
+// value in the low half and the second's at the same bits of the high half:
 //   2 bits: pair k = 8w + s of word w at bits 2s (the old arrangement: the layout is unchanged,
 //           only the decode differs); s < 5 in place, s >= 5 from w >> 10 at 2 (s - 5).
 //   3 bits: pair k = 5w + s (s < 5) of word w at bits 3s; s < 3 in place, s = 3, 4 from
 //           w >> (9 - w) at 3s - 9 + w. Pair 15: bit w of its values at bit 15 of word w, i.e.
 //           at bit 6 + w of w >> (9 - w): three LOP3s put the value at bits 6-8.
-// A right shift by r moves both halves (the low half's bits above 15 - r then hold high-half
-// bits, the high half's are zero): only positions <= 15 - r are read from a shifted word.
+//   5 bits: pair k = 3w + s (s < 3) of word w (0..4) at bits 5s; s = 0, 1 in place (p = 0, 5),
+//           s = 2 from w >> (10 - w) at p = w. Pair 15: bit w at bit 15 of word w, i.e. at bit
+//           5 + w of w >> (10 - w): five LOP3s put it at bits 5-9 (p = 5). 5 shifts per block.
+//   6 bits: pair 2w of word w (0..5) at bits 0-5 (in place, p = 0), pair 2w + 1 at bits 10-15
+//           (from w >> 6 at p = 4). Bits 6-9 hold pairs 12-15 at p = 4: word i < 4 their value
+//           bits 2-5 of pair 12 + i (in place at 6-9), words 4 and 5 the value bits 0-1 of pairs
+//           12, 13 (word 4) and 14, 15 (word 5) at bits 6-7 and 8-9, brought to 4-5 by a shift
+//           of 2 or 4: two LOP3s per pair. A value at any p <= 4 covers bits 4-5, so each of the
+//           four pieces needs a view of its own (10 shifts per block).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -88,12 +95,12 @@ __host__ __device__ __forceinline__ InplaceSlot inplace_slot_at(uint32_t w, int 
 template <int BITS>
 __host__ __device__ __forceinline__ InplaceSlot inplace_slot(const uint32_t* lo, const uint32_t* hi,
                                                              int k) {
-  static_assert(BITS == 2 || BITS == 3, "in-place arrangement: 2 or 3 bits");
+  static_assert(BITS == 2 || BITS == 3 || BITS == 5 || BITS == 6, "in-place: 2, 3, 5 or 6 bits");
   if constexpr (BITS == 2) {
     (void)hi;
     const int w = k / 8, s = k % 8;
     return s < 5 ? inplace_slot_at<2>(lo[w], 2 * s) : inplace_slot_at<2>(lo[w] >> 10, 2 * (s - 5));
-  } else {
+  } else if constexpr (BITS == 3) {
     const uint32_t words[3] = {lo[0], lo[1], hi[0]};
     if (k == 15) {  // bit w of the value: bit 15 of word w, at 6 + w after the shift by 9 - w
       const uint32_t v = and_or(words[0] >> 9, 0x00400040u, 0x64006400u);
@@ -102,22 +109,58 @@ __host__ __device__ __forceinline__ InplaceSlot inplace_slot(const uint32_t* lo,
     const int w = k / 5, s = k % 5;
     return s < 3 ? inplace_slot_at<3>(words[w], 3 * s)
                  : inplace_slot_at<3>(words[w] >> (9 - w), 3 * s - 9 + w);
+  } else if constexpr (BITS == 5) {
+    const uint32_t words[5] = {lo[0], lo[1], lo[2], lo[3], hi[0]};
+    if (k == 15) {  // bit w of the value: bit 15 of word w, at 5 + w after the shift by 10 - w
+      uint32_t v = 0x64006400u;
+      for (int w = 0; w < 5; ++w) v = and_or(words[w] >> (10 - w), 0x00200020u << w, v);
+      return {v, 5};
+    }
+    const int w = k / 3, s = k % 3;
+    return s < 2 ? inplace_slot_at<5>(words[w], 5 * s)
+                 : inplace_slot_at<5>(words[w] >> (10 - w), w);
+  } else {
+    const uint32_t words[6] = {lo[0], lo[1], lo[2], lo[3], hi[0], hi[1]};
+    if (k >= 12) {  // bits 2-5 at 6-9 of word i, bits 0-1 at 6 + 2 (i % 2) of word 4 + i / 2
+      const int i = k - 12;
+      const uint32_t v = and_or(words[i], 0x03C003C0u, 0x64006400u);
+      return {and_or(words[4 + i / 2] >> (2 + 2 * (i % 2)), 0x00300030u, v), 4};
+    }
+    return k % 2 == 0 ? inplace_slot_at<6>(words[k / 2], 0)
+                      : inplace_slot_at<6>(words[k / 2] >> 6, 4);
   }
 }
 
 // The repack: word w (0..BITS-1) of a lane's block from the values q(k, c) of its pairs (k
-// 0..15; c = 0: first column, 1: second), each < 2^BITS.
+// 0..15; c = 0: first column, 1: second), each < 2^BITS (uint32_t).
 template <int BITS, typename Q>
 __host__ __device__ uint32_t inplace_word(int w, Q&& q) {
-  static_assert(BITS == 2 || BITS == 3, "in-place arrangement: 2 or 3 bits");
-  constexpr int kPer = BITS == 2 ? 8 : 5;  // pairs at bits BITS s of word w
-  uint32_t v = 0;
-  for (int s = 0; s < kPer; ++s) {
-    const int k = kPer * w + s;
-    v |= q(k, 0) << (BITS * s) | q(k, 1) << (16 + BITS * s);
+  static_assert(BITS == 2 || BITS == 3 || BITS == 5 || BITS == 6, "in-place: 2, 3, 5 or 6 bits");
+  if constexpr (BITS == 5) {
+    uint32_t v = ((q(15, 0) >> w) & 1u) << 15 | ((q(15, 1) >> w) & 1u) << 31;
+    for (int s = 0; s < 3; ++s) v |= q(3 * w + s, 0) << (5 * s) | q(3 * w + s, 1) << (16 + 5 * s);
+    return v;
+  } else if constexpr (BITS == 6) {
+    uint32_t v = 0;
+    for (int c = 0; c < 2; ++c) {
+      uint32_t h = q(2 * w, c) | q(2 * w + 1, c) << 10;
+      if (w < 4)
+        h |= (q(12 + w, c) >> 2) << 6;
+      else
+        h |= (q(12 + 2 * (w - 4), c) & 3u) << 6 | (q(13 + 2 * (w - 4), c) & 3u) << 8;
+      v |= h << (16 * c);
+    }
+    return v;
+  } else {
+    constexpr int kPer = BITS == 2 ? 8 : 5;  // pairs at bits BITS s of word w
+    uint32_t v = 0;
+    for (int s = 0; s < kPer; ++s) {
+      const int k = kPer * w + s;
+      v |= q(k, 0) << (BITS * s) | q(k, 1) << (16 + BITS * s);
+    }
+    if constexpr (BITS == 3) v |= ((q(15, 0) >> w) & 1u) << 15 | ((q(15, 1) >> w) & 1u) << 31;
+    return v;
   }
-  if constexpr (BITS == 3) v |= ((q(15, 0) >> w) & 1u) << 15 | ((q(15, 1) >> w) & 1u) << 31;
-  return v;
 }
 
 }  // namespace gyre::qlinear_detail

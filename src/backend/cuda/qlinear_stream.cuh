@@ -279,7 +279,8 @@ __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int 
   }
 }
 
-// INPLACE (2/3 bits): the in-place word arrangement (qlinear_inplace.h), else the split planes'.
+// INPLACE: the in-place word arrangement (qlinear_inplace.h), else the split planes'; at 4 bits
+// (one arrangement) the decode with one LOP3 per register (int4_word_to_fragment_lop3).
 template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE>
 __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
   constexpr int kLo = StreamPlanes<BITS>::kLo, kHi = StreamPlanes<BITS>::kHi;
@@ -362,7 +363,9 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       uint32_t a[4];
-      if constexpr (BITS == 4)
+      if constexpr (BITS == 4 && INPLACE)
+        int4_word_to_fragment_lop3(lo[j], lo_base, hi_base, a);
+      else if constexpr (BITS == 4)
         int4_word_to_fragment(lo[j], lo_base, hi_base, a);
       else if constexpr (INPLACE)
         inplace_to_fragment<BITS, kOffset>(lo, hi, j, a);
@@ -419,6 +422,10 @@ bool allow_optin_shared(Kernel kernel, int optin, const char* what) {
              (std::string("cudaFuncSetAttribute (") + what + ")").c_str());
   return true;
 }
+
+// GYRE_CUDA_INT4_LOP3 (1, the default, or 0) as the 4-bit stream GEMV's decode; set_int4_lop3
+// (-1: the variable) overrides it, for an A/B in one process (qlinear_gemv_stream.cu).
+void set_int4_lop3(int mode);
 
 // One launch of gemv_stream_kernel<BITS, S, D, ...> for p (n <= 8, stream_smem(p) within the
 // opt-in limit, kblocks a multiple of S). ksplit 0 = auto: the largest split-K that keeps
