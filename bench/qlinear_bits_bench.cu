@@ -28,6 +28,27 @@ Weight make(const QWeightDesc& d, uint32_t seed) {
   return make_weight(d, seed);
 }
 
+// The benched weights: rows x cols = sh, group 128.
+QWeightDesc g128_desc(const int* sh, int bits, bool asym) {
+  QWeightDesc d;
+  d.bits = bits;
+  d.group_size = 128;
+  d.asymmetric = asym;
+  d.rows = sh[0];
+  d.cols = sh[1];
+  return d;
+}
+
+// Bytes of the codes and scales (and mins).
+double weight_bytes(const QWeightDesc& d) {
+  return double(d.qweight_bytes()) + d.scale_count() * (d.asymmetric ? 4.0 : 2.0);
+}
+
+// Copies of a weight to rotate through so that its launches read > 300 MB (not L2).
+int rotation_copies(const QWeightDesc& d) {
+  return std::max(1, int(std::ceil(300e6 / weight_bytes(d))));
+}
+
 // `qlinear_bits_bench tune`: the dispatch sweeps of session 7 (bench/qlinear_notes.md): asymmetric
 // weights on every shape by layout (blocks per piece) and warp budget, and the passes (tokens per
 // pass) of long rows at n = 3..8; `qlinear_bits_bench verify`: the default dispatch and the
@@ -37,14 +58,9 @@ int tune(const __half* x, __half* y, bool verify) {
   auto sweep = [&](const int* sh, int bits, bool asym, const std::vector<int>& layouts,
                    const std::vector<int>& budgets, const std::vector<int>& chunks,
                    const std::vector<int>& ns) {
-    QWeightDesc d;
-    d.bits = bits;
-    d.group_size = 128;
-    d.asymmetric = asym;
-    d.rows = sh[0];
-    d.cols = sh[1];
-    const double bytes = double(d.qweight_bytes()) + d.scale_count() * (asym ? 4.0 : 2.0);
-    const int copies = std::max(1, int(std::ceil(300e6 / bytes)));
+    const QWeightDesc d = g128_desc(sh, bits, asym);
+    const double bytes = weight_bytes(d);
+    const int copies = rotation_copies(d);
     for (const int layout : layouts) {
       qlinear_detail::set_bits_stream(layout == 0 ? 0 : 1);
       qlinear_detail::set_bits_stream_pieces(layout < 0 ? 0 : layout);
@@ -119,14 +135,9 @@ int decode_ab(const __half* x, __half* y, Row&& row, const std::vector<int>& wid
     for (const int bits : all)
       for (const bool asym : {false, true}) {
         if (asym && (si != 0 || bits == 4)) continue;
-        QWeightDesc d;
-        d.bits = bits;
-        d.group_size = 128;
-        d.asymmetric = asym;
-        d.rows = sh[0];
-        d.cols = sh[1];
-        const double bytes = double(d.qweight_bytes()) + d.scale_count() * (asym ? 4.0 : 2.0);
-        const int copies = std::max(1, int(std::ceil(300e6 / bytes)));
+        const QWeightDesc d = g128_desc(sh, bits, asym);
+        const double bytes = weight_bytes(d);
+        const int copies = rotation_copies(d);
         // decode 0 / 1 at the default pieces, then 1 at other pieces, depth, budget (n <= 2)
         struct Config {
           int decode, pieces, depth, budget;
@@ -226,14 +237,9 @@ int main(int argc, char** argv) {
     for (const int bits : {2, 3, 4, 5, 6}) {
       for (const bool asym : {false, true}) {
         if (asym && sh[0] * size_t(sh[1]) != size_t(4096) * 4096) continue;  // one asym shape
-        QWeightDesc d;
-        d.bits = bits;
-        d.group_size = 128;
-        d.asymmetric = asym;
-        d.rows = sh[0];
-        d.cols = sh[1];
-        const double bytes = double(d.qweight_bytes()) + d.scale_count() * (asym ? 4.0 : 2.0);
-        const int copies = std::max(1, int(std::ceil(300e6 / bytes)));
+        const QWeightDesc d = g128_desc(sh, bits, asym);
+        const double bytes = weight_bytes(d);
+        const int copies = rotation_copies(d);
         // layout 0: host layout (old kernel, rows per warp auto); -1: tiled with the default
         // pieces per width; 1, 2, 4 (8 at 2 bits): tiled with that many blocks per piece (default
         // warp budget).
