@@ -30,7 +30,7 @@ struct QWeightDevice {
   // 2/3/5/6 bits: blocks per piece of the tiled layout (1, 2, 4 or 8; set by the view), 0 = the
   // host layout.
   int narrow_tiled = 0;
-  // Tiled 2/3 bits: the in-place word arrangement and its decode (qlinear_inplace.h; set by the
+  // Tiled 2/3/5/6 bits: the in-place word arrangement and its decode (qlinear_inplace.h; set by the
   // view from GYRE_CUDA_BITS_DECODE / set_bits_decode), false = the split planes'.
   bool narrow_inplace = false;
   const uint8_t* qweight = nullptr;  // device layout, 16-byte aligned
@@ -169,8 +169,8 @@ void set_bits_stream_pieces(int pieces);
 void set_bits_stream_warps(int budget);
 // ... and its tokens per pass (1..8, at most what fits one block per SM; 0 = by shape).
 void set_bits_stream_chunk(int tokens);
-// Tiled 2/3 bits: the in-place word arrangement and decode (qlinear_inplace.h) for weights viewed
-// or uploaded from now on (1), the split planes' arrangement and decode (0), or
+// Tiled 2/3/5/6 bits: the in-place word arrangement and decode (qlinear_inplace.h) for weights
+// viewed or uploaded from now on (1), the split planes' arrangement and decode (0), or
 // GYRE_CUDA_BITS_DECODE (-1, the default: new unless "old").
 void set_bits_decode(int mode);
 // The in-place 3-bit stream GEMV's ring depth at 2 blocks per piece (0: the default, 2; or 4).
