@@ -9,6 +9,7 @@
 #                                             (GYRE_CUDA_BITS_DECODE; "old" also sets
 #                                             GYRE_CUDA_INT4_LOP3=0), interleaved, two rounds;
 #                                             default: 4, 3, 2 bits new/old ("e2e56": 4, 5, 6)
+#   bench/session11_device.sh table           the final table (FP16, 8/6/4 bits, mistral, serving)
 #   bench/session11_device.sh kernels [BITS]  qlinear_bits_bench decode (old vs new per shape;
 #                                             default 5 6 and 4-bit LOP3; "2 3": nb3's run)
 set -u
@@ -45,6 +46,16 @@ e2e | e2e56)
       python3 -c "import json; d=json.load(open('$O/ab.json')); print('bits $1 decode $2 run $r: decode@128 %.1f tok/s (%.1f%%) @8k %.1f (%.1f%%) prefill %.0f bw %.0f' % (d['decode_short_tok_s'], 100*d['decode_short_roofline'], d['decode_long_tok_s'], 100*d['decode_long_roofline'], d['prefill_tok_s'], d['bandwidth_gb_s']))" 2>&1 | tee -a "$O/ab.log"
     done
   done
+  ;;
+table)  # the final binaries' table: FP16, 8, 6, 4 bits at -p 2048, mistral FP16, 4-bit serving
+  for arm in "llama3-8b 16" "llama3-8b 8" "llama3-8b 6" "llama3-8b 4" "mistral-7b 16"; do
+    set -- $arm
+    timeout 100 $B/gyre bench --synthetic $1 --bits $2 -p 2048 -n 128 --long 8192 --json \
+      >"$O/t.json" 2>/dev/null
+    python3 -c "import json; d=json.load(open('$O/t.json')); print('$1 bits $2: prefill 2048 %.0f tok/s, decode@128 %.1f (%.1f%%) @8k %.1f (%.1f%%) bw %.0f' % (d['prefill_tok_s'], d['decode_short_tok_s'], 100*d['decode_short_roofline'], d['decode_long_tok_s'], 100*d['decode_long_roofline'], d['bandwidth_gb_s']))" 2>&1 | tee -a "$O/table.log"
+  done
+  timeout 200 $B/gyre bench --synthetic llama3-8b --bits 4 -n 128 -p 16 --concurrency 1,8,32 \
+    2>&1 | tail -8 | tee -a "$O/table.log"
   ;;
 kernels)
   shift
