@@ -74,6 +74,21 @@ void expect_close(const QWeightHost& w, const std::vector<uint16_t>& xh,
     }
 }
 
+// The FP16 dequantization of dw (the prefill path; it frees dw) against the reference's values
+// ref: each within one FP16 rounding (the GPU rounds s*q+m once).
+void expect_dequantized(QWeightDevice& dw, const std::vector<double>& ref,
+                        const std::string& what) {
+  Halves out(ref.size());
+  out.poison();
+  qlinear_dequantize(dw, out.p, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto got = out.download();
+  qweight_free(dw);
+  for (size_t i = 0; i < ref.size(); ++i)
+    ASSERT_NEAR(f16_to_f32(got[i]), ref[i], std::fabs(ref[i]) * 0x1p-10 + 1e-7)
+        << what << " dequantized at " << i;
+}
+
 void check_matmul(const QWeightHost& w, int n, uint32_t seed) {
   const int rows = w.desc.rows, cols = w.desc.cols;
   const std::vector<uint16_t> xh = random_halves(size_t(n) * cols, 1.0f, seed);
@@ -143,16 +158,12 @@ TEST(CudaQbits, OldAndNewDecodeMatchFloat64) {
                 expect_close(w, xh, bh, y.download(), n, &ref);
                 if (HasFatalFailure()) break;
               }
-            Halves out(size_t(77) * 1152);
-            out.poison();
-            qlinear_dequantize(dw, out.p, nullptr);
-            CUDA_OK(cudaDeviceSynchronize());
-            const auto got = out.download();
-            qweight_free(dw);
+            if (HasFatalFailure()) {
+              qweight_free(dw);
+              return;
+            }
+            expect_dequantized(dw, ref, "");
             if (HasFatalFailure()) return;
-            for (size_t i = 0; i < ref.size(); ++i)
-              ASSERT_NEAR(f16_to_f32(got[i]), ref[i], std::fabs(ref[i]) * 0x1p-10 + 1e-7)
-                  << "dequantized at " << i;
           }
         }
 }
@@ -269,17 +280,8 @@ TEST(CudaQbits, DequantizeMatchesReference) {
       if (pieces > 0) {
         ASSERT_EQ(dw.narrow_tiled, pieces == 8 && l.bits != 2 ? 4 : pieces);
       }
-      Halves out(size_t(37) * 1152);
-      out.poison();
-      qlinear_dequantize(dw, out.p, nullptr);
-      CUDA_OK(cudaDeviceSynchronize());
-      const auto got = out.download();
-      qweight_free(dw);
-      const std::vector<double> ref = dequantized(w);
-      for (size_t i = 0; i < ref.size(); ++i) {
-        const double g = f16_to_f32(got[i]);
-        ASSERT_NEAR(g, ref[i], std::fabs(ref[i]) * 0x1p-10 + 1e-7) << l.bits << "b at " << i;
-      }
+      expect_dequantized(dw, dequantized(w), std::to_string(l.bits) + "b");
+      if (HasFatalFailure()) return;
     }
 }
 

@@ -176,7 +176,7 @@ void set_bits_decode(int mode);
 // The in-place 3-bit stream GEMV's ring depth at 2 blocks per piece (0: the default, 2; or 4).
 void set_bits_stream_depth(int depth);
 // Test hook: the upload's repack of a 2/3/5/6-bit weight into the tiled layout (pieces_s blocks
-// per piece, inplace: the in-place arrangement at 3 bits) run on the CPU, as u32 words.
+// per piece, inplace: the in-place arrangement) run on the CPU, as u32 words.
 std::vector<uint32_t> tile_bits_on_host(const QWeightHost& w, int pieces_s, bool inplace);
 // Rotated layers (qlinear_fuses_rotation): the rotation fused into the stream GEMV's staging (1),
 // never (0: the caller's separate rotation everywhere), or GYRE_CUDA_FUSED_ROTATION (-1, the

@@ -24,11 +24,17 @@ bool int4_lop3() {
   return g_lop3 == 1;
 }
 
-template <bool LOP3>
+// Ring depth D. The one-LOP3 decode is instantiated for symmetric weights only: the
+// asymmetric g128 kernel at ring 4 spills 48 bytes with it against 36 without (ptxas, session
+// 11), so asymmetric weights keep the old decode until measured.
+template <int D>
 void launch_depth(const Params& p, int ksplit, cudaStream_t stream) {
-  if (g_depth == 8) return launch_stream_variant<4, 1, 8, LOP3>(p, ksplit, 32, stream);
-  if (g_depth == 16) return launch_stream_variant<4, 1, 16, LOP3>(p, ksplit, 32, stream);
-  launch_stream_variant<4, 1, 4, LOP3>(p, ksplit, 32, stream);
+  if (int4_lop3() && !p.asym) {
+    if (p.group == 32)
+      return launch_stream_kernel<4, 1, D, true, false, true>(p, ksplit, 32, stream);
+    return launch_stream_kernel<4, 1, D, false, false, true>(p, ksplit, 32, stream);
+  }
+  launch_stream_variant<4, 1, D>(p, ksplit, 32, stream);
 }
 }  // namespace
 
@@ -58,10 +64,9 @@ bool gemv4_stream_supported(const Params& p) {
 }
 
 void launch_gemv4_stream(const Params& p, int ksplit, cudaStream_t stream) {
-  // Symmetric only: the asymmetric g128 kernel at ring 4 spills 48 bytes with it against 36
-  // without (ptxas, session 11), so it keeps the old decode until measured.
-  if (int4_lop3() && !p.asym) return launch_depth<true>(p, ksplit, stream);
-  launch_depth<false>(p, ksplit, stream);
+  if (g_depth == 8) return launch_depth<8>(p, ksplit, stream);
+  if (g_depth == 16) return launch_depth<16>(p, ksplit, stream);
+  launch_depth<4>(p, ksplit, stream);
 }
 
 void set_gemv_depth(int depth) {

@@ -1,4 +1,4 @@
-// The device decode of the in-place word arrangement of 2/3-bit weights (qlinear_inplace.h says
+// The device decode of the in-place word arrangement of 2/3/5/6-bit weights (qlinear_inplace.h says
 // why and where the bits are) into m16n8k16 A fragments.
 #pragma once
 #include <cstdint>

@@ -37,7 +37,7 @@ struct Params {
   // 4-bit tiled device layout (see qlinear_tiled.cu): tiles of 16 rows, blocks of 64 columns,
   // scale groups per tile row (padded), log2 of the group size.
   int tiles = 0, kblocks = 0, groups_p = 0, group_log2 = 0;
-  // Tiled 2/3-bit weights: the in-place word arrangement (qlinear_inplace.h).
+  // Tiled 2/3/5/6-bit weights: the in-place word arrangement (qlinear_inplace.h).
   bool inplace = false;
   cuda::OutSplit split;   // parts > 0: outputs split over several tensors (y unused)
   int swiglu_hidden = 0;  // 4-bit GEMV: > 0 for a gate/up weight (out_split.h) -> y [n, hidden]

@@ -22,8 +22,8 @@
 // lane's plane words [s P, (s + 1) P). A lane's plane-P words of a block hold the 16 value pairs k
 // = 4j + r of its four m16n8k16 A fragments (step j, register r) in order, 16 / P pairs per word,
 // pair k at bits P * (k % (16 / P)) (first column) and 16 + the same (second column): the same bit
-// placement as the host split planes (qlinear_ref.h), so a pair is a shift and a mask (2/3 bits by
-// default: the in-place arrangement of qlinear_inplace.h instead, the same words). For 4 bits
+// placement as the host split planes (qlinear_ref.h), so a pair is a shift and a mask (2/3/5/6 bits
+// by default: the in-place arrangement of qlinear_inplace.h instead, the same words). For 4 bits
 // this is exactly the 4-bit tiled word (int4_word_to_fragment). Register r of step j holds row 16T
 // + g + 8 (r % 2), columns c + 2 (r / 2) + {0, 1}, c = 64b + 32 (j / 2) + 8t + 4 (j % 2). Scales
 // (and mins) are [tiles][groups_p][16] with rows ordered 0, 8, 1, 9, ... (padding zero).
