@@ -1,7 +1,8 @@
 // The 4-bit decode GEMV (n = 1..8: the stream kernel and the register-fed one) against a float64
 // CPU reference built from the host dequantizer (qlinear_ref), for every depth and split-K
-// setting, awkward row / column counts, every group size, sym / asym, f32 scales,
-// act-order, and the three epilogues (bias, split outputs, SwiGLU). Skipped without a GPU.
+// setting (register and shared-memory rings), awkward row / column counts, every group size, sym /
+// asym, f32 scales, act-order, and the three epilogues (bias, split outputs, SwiGLU). Skipped
+// without a GPU.
 #include <gtest/gtest.h>
 
 #ifdef GYRE_HAVE_CUDA
@@ -27,19 +28,22 @@ namespace {
 using namespace qtest;
 using Buf = DeviceHalves;
 
-// {kernel (0 auto, 1 register-fed, 4 stream), unused, blocks in flight per warp (stream), split-K};
+// {kernel (0 auto, 1 register-fed, 4 stream), the stream kernel's shared-memory ring at depth 4
+// (-1 default, 0 the register ring, 2 or 4 slots), blocks in flight per warp (stream), split-K};
 // 0 = auto.
 struct Config {
-  int kernel, stage, depth, ksplit;
+  int kernel, ring, depth, ksplit;
   std::string name() const {
-    return std::to_string(kernel) + "/" + std::to_string(stage) + "/" + std::to_string(depth) +
-           "/" + std::to_string(ksplit);
+    return std::to_string(kernel) + "/" + std::to_string(ring) + "/" + std::to_string(depth) + "/" +
+           std::to_string(ksplit);
   }
 };
-const Config kConfigs[] = {{0, 0, 0, 0}, {1, 0, 0, 0},   {1, 0, 0, 16}, {4, 0, 8, 0},
-                           {4, 0, 4, 1}, {4, 0, 16, 16}, {4, 0, 8, 2},  {4, 0, 4, 8}};
+const Config kConfigs[] = {{0, -1, 0, 0}, {1, -1, 0, 0},   {1, -1, 0, 16}, {4, -1, 8, 0},
+                           {4, -1, 4, 1}, {4, -1, 16, 16}, {4, -1, 8, 2},  {4, -1, 4, 8},
+                           {4, 0, 4, 0},  {4, 0, 4, 8},    {4, 2, 4, 0},   {4, 2, 4, 16}};
 
 void set_config(const Config& c) {
+  qlinear_detail::set_gemv_smem_ring(c.ring);
   qlinear_detail::set_gemv_kernel(c.kernel);
   qlinear_detail::set_gemv_depth(c.depth);
   qlinear_detail::set_gemv_ksplit(c.ksplit);
@@ -90,7 +94,7 @@ TEST(CudaGemv4, MatchesFloat64) {
         }
         if (HasFatalFailure()) break;
       }
-      set_config({0, 0, 0, 0});
+      set_config({0, -1, 0, 0});
       qweight_free(dw);
       if (HasFatalFailure()) return;
     }
@@ -169,7 +173,7 @@ TEST(CudaGemv4, SwigluAndSplitMatchFloat64) {
       }
       if (HasFatalFailure()) break;
     }
-    set_config({0, 0, 0, 0});
+    set_config({0, -1, 0, 0});
     qweight_free(dw);
   }
 }
@@ -198,7 +202,8 @@ TEST(CudaGemv4, FusedNormAndAccumulateMatchFloat64) {
       Buf x(size_t(8) * cols), y(size_t(8) * rows), norm(cols);
       x.upload(xh);
       norm.upload(nh);
-      for (const Config& c : {Config{0, 0, 0, 0}, Config{4, 0, 4, 2}, Config{1, 0, 0, 0}}) {
+      for (const Config& c :
+           {Config{0, -1, 0, 0}, Config{4, -1, 4, 2}, Config{4, 0, 4, 2}, Config{1, -1, 0, 0}}) {
         set_config(c);
         for (int n = 1; n <= 8; ++n) {
           // The norm folds in where the stream GEMV is the default (n <= 2); beyond, asking
@@ -249,7 +254,7 @@ TEST(CudaGemv4, FusedNormAndAccumulateMatchFloat64) {
         }
         if (HasFatalFailure()) break;
       }
-      set_config({0, 0, 0, 0});
+      set_config({0, -1, 0, 0});
       qweight_free(dw);
       if (HasFatalFailure()) return;
     }

@@ -15,6 +15,8 @@
 // Alternatives: a tensor-core (mma) tile kernel for prefill is the known faster path for
 // head dims 64..128; this scalar kernel is the generic one (any head_dim <= 256).
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "backend/cuda/attention_decode.cuh"
 #include "backend/cuda/attention_split.cuh"
@@ -143,8 +145,31 @@ void kv_store(const KvStoreArgs& a, const half* k, const half* v, const int32_t*
   GYRE_CUDA_LAUNCHED();
 }
 
+// Diagnostics only (GYRE_DIAG_SKIP=attn, rope or attnonly; onekey: attention over the newest key
+// only): decode steps without their attention and/or RoPE/KV-store launches, to time what those
+// kernels cost inside the PDL chain. Results are wrong then.
+namespace {
+std::string diag_skip() {
+  const char* e = std::getenv("GYRE_DIAG_SKIP");
+  return e == nullptr ? std::string() : std::string(e);
+}
+bool diag_skip_rope() {
+  static const bool skip = diag_skip() == "attn" || diag_skip() == "rope";
+  return skip;
+}
+bool diag_one_key() {
+  static const bool one = diag_skip() == "onekey";
+  return one;
+}
+bool diag_skip_attention() {
+  static const bool skip = diag_skip() == "attn" || diag_skip() == "attnonly";
+  return skip;
+}
+}  // namespace
+
 void rope_kv_store(const RopeStoreArgs& a, const int32_t* pos0, cudaStream_t s) {
   check_rope_store(a);
+  if (diag_skip_rope() && a.store.n == 1) return;
   if (a.store.n <= 0) return;
   const dim3 grid(static_cast<unsigned>(a.store.n), rope_store_head_groups(a));
   with_kv_kind(a.store.kv_type, [&](auto kind) {
@@ -153,11 +178,14 @@ void rope_kv_store(const RopeStoreArgs& a, const int32_t* pos0, cudaStream_t s) 
   GYRE_CUDA_LAUNCHED();
 }
 
-void attention(const AttentionArgs& a, cudaStream_t s) {
+void attention(const AttentionArgs& args, cudaStream_t s) {
+  AttentionArgs a = args;
+  if (diag_one_key() && a.n_q == 1) a.window = 1;
   GYRE_CHECK(a.head_dim > 0 && a.head_dim <= kMaxHeadDim, "CUDA attention supports head_dim up to ",
              kMaxHeadDim, ", got ", a.head_dim);
   GYRE_CHECK(a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0, "bad head counts ", a.n_heads, "/",
              a.n_kv_heads);
+  if (diag_skip_attention() && a.n_q == 1) return;
   const int group = a.n_heads / a.n_kv_heads;
   const int n_sub = (group + kMaxGroup - 1) / kMaxGroup;
   const dim3 grid(static_cast<unsigned>(a.splits), static_cast<unsigned>(a.n_kv_heads * n_sub),

@@ -27,9 +27,34 @@ bool int4_lop3() {
 // Ring depth D. The one-LOP3 decode is instantiated for symmetric weights only: the
 // asymmetric g128 kernel at ring 4 spills 48 bytes with it against 36 without (ptxas, session
 // 11), so asymmetric weights keep the old decode until measured.
+// The shared-memory ring's depth for symmetric weights: GYRE_CUDA_GEMV_SMEM (0: the register
+// ring; 2 or 4, the default), or set_gemv_smem_ring.
+int g_ring = -1;
+int smem_ring() {
+  if (g_ring < 0) {
+    const char* e = std::getenv("GYRE_CUDA_GEMV_SMEM");
+    g_ring = e == nullptr || *e == 0 ? 4 : std::atoi(e);
+  }
+  return g_ring;
+}
+
+// Ring depth D (register ring) or the shared-memory ring. The one-LOP3 decode and the
+// shared-memory ring are instantiated for symmetric weights only: the asymmetric g128 kernel at
+// ring 4 spills 48 bytes with the LOP3 decode against 36 without (ptxas, session 11), so
+// asymmetric weights keep the old decode and the register ring until measured.
 template <int D>
 void launch_depth(const Params& p, int ksplit, cudaStream_t stream) {
   if (int4_lop3() && !p.asym) {
+    const int ring = D == 4 ? smem_ring() : 0;
+    if (ring == 2 || ring == 4) {
+      const bool g32 = p.group == 32;
+      if (ring == 2 && g32)
+        return launch_stream_kernel<4, 1, 1, true, false, true, 2>(p, ksplit, 32, stream);
+      if (ring == 2)
+        return launch_stream_kernel<4, 1, 1, false, false, true, 2>(p, ksplit, 32, stream);
+      if (g32) return launch_stream_kernel<4, 1, 1, true, false, true, 4>(p, ksplit, 32, stream);
+      return launch_stream_kernel<4, 1, 1, false, false, true, 4>(p, ksplit, 32, stream);
+    }
     if (p.group == 32)
       return launch_stream_kernel<4, 1, D, true, false, true>(p, ksplit, 32, stream);
     return launch_stream_kernel<4, 1, D, false, false, true>(p, ksplit, 32, stream);
@@ -71,6 +96,12 @@ void launch_gemv4_stream(const Params& p, int ksplit, cudaStream_t stream) {
 
 void set_gemv_depth(int depth) {
   g_depth = depth;
+}
+
+void set_gemv_smem_ring(int depth) {
+  GYRE_CHECK(depth == -1 || depth == 0 || depth == 2 || depth == 4,
+             "qlinear: the shared-memory ring depth must be -1, 0, 2 or 4");
+  g_ring = depth;
 }
 
 }  // namespace gyre::qlinear_detail

@@ -52,7 +52,7 @@ struct StreamPlanes {
 
 // Dynamic shared memory of the staged x for n tokens, then a rotated layer's signs (cols bytes, a
 // multiple of 32) and, with the norm fused, the norm weights (cols halves).
-inline int stream_smem(const Params& p) {
+__host__ __device__ inline int stream_smem(const Params& p) {
   return p.n * (p.kblocks * 64 + kStreamXPad) * 2 +
          (p.had_block > 0 ? p.cols * (p.norm_w != nullptr ? 3 : 1) : 0);
 }
@@ -72,6 +72,35 @@ __device__ __forceinline__ void copy_async(void* dst, const void* src, int bytes
                  "l"(static_cast<const char*>(src) + i)
                  : "memory");
   }
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(addr), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(addr), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// The shared-memory ring's slot of one piece (gemv_stream_kernel with P > 0): the lanes' weight
+// words (16 bytes per lane per 4 words, lane-major: one conflict-free 16-byte read each), then one
+// 128-byte row per scale word (and per min word).
+template <int BITS, int S, bool G32, bool ASYM>
+struct StreamRing {
+  static constexpr int kScaleWords = S * (G32 ? 2 : 1);
+  static constexpr int kSlotBytes = BITS * S * 128 + kScaleWords * (ASYM ? 2 : 1) * 128;
+};
+
+__host__ __device__ inline int stream_smem_aligned(const Params& p) {
+  return (stream_smem(p) + 15) / 16 * 16;
 }
 
 // A rotated layer's signs [cols] (and the fused norm's weights) into shared memory by cp.async,
@@ -281,7 +310,10 @@ __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int 
 
 // INPLACE: the in-place word arrangement (qlinear_inplace.h), else the split planes'; at 4 bits
 // (one arrangement) the decode with one LOP3 per register (int4_word_to_fragment_lop3).
-template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE>
+// P > 0: the pieces go through a ring of P slots per warp in shared memory, filled by cp.async
+// (weights and their scales, each lane its own bytes), instead of the register ring (D unused):
+// in-flight weights then cost shared memory, not registers (stream_ring_smem).
+template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P = 0>
 __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
   constexpr int kLo = StreamPlanes<BITS>::kLo, kHi = StreamPlanes<BITS>::kHi;
   constexpr int kPieceBytes = 128 * BITS * S, kGroupsPerBlock = G32 ? 2 : 1;
@@ -328,11 +360,62 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
     }
   };
 
-  StreamSlot<BITS, S, G32, ASYM> ring[D];
-#pragma unroll
-  for (int u = 0; u < D; ++u)
-    if (u < np) fetch(i_begin + u, ring[u]);
+  static_assert(P == 0 || BITS == 4, "the shared-memory ring reads the 4-bit layout only");
+  using Slot = StreamSlot<BITS, S, G32, ASYM>;
+  constexpr int kScaleWords = S * kGroupsPerBlock;
   const int stride = p.kblocks * 64 + kStreamXPad;
+  // P > 0: this warp's slots after the staged x (and rotation data), 16-byte aligned.
+  unsigned char* slots = smem_raw + stream_smem_aligned(p) +
+                         static_cast<size_t>(warp) * P * StreamRing<BITS, S, G32, ASYM>::kSlotBytes;
+  auto issue = [&](int i, int slot) {  // piece i into slot: weights, then scales (and mins)
+    unsigned char* dst = slots + slot * StreamRing<BITS, S, G32, ASYM>::kSlotBytes;
+#pragma unroll
+    for (int w = 0; w < BITS * S; w += 4)
+      cp_async16(dst + (w / 4) * 512 + lane * 16, lo_ptr + int64_t{i} * kPieceBytes + 4 * w);
+#pragma unroll
+    for (int sidx = 0; sidx < S; ++sidx) {
+      const int b = i * S + sidx;
+#pragma unroll
+      for (int k = 0; k < kGroupsPerBlock; ++k) {
+        const int gi = (G32 ? 2 * b : (64 * b) >> p.group_log2) + k;
+        const int wsl = sidx * kGroupsPerBlock + k;
+        cp_async4(dst + BITS * S * 128 + wsl * 128 + lane * 4, sbase + gi * 8);
+        if constexpr (ASYM)
+          cp_async4(dst + BITS * S * 128 + (kScaleWords + wsl) * 128 + lane * 4, mbase + gi * 8);
+      }
+    }
+  };
+  auto read_slot = [&](int slot, Slot& d) {
+    const unsigned char* src = slots + slot * StreamRing<BITS, S, G32, ASYM>::kSlotBytes;
+#pragma unroll
+    for (int w = 0; w < BITS * S; w += 4) {
+      const uint4 v = *reinterpret_cast<const uint4*>(src + (w / 4) * 512 + lane * 16);
+      d.q[w] = v.x;
+      d.q[w + 1] = v.y;
+      d.q[w + 2] = v.z;
+      d.q[w + 3] = v.w;
+    }
+#pragma unroll
+    for (int k = 0; k < kScaleWords; ++k) {
+      d.s[k] = *reinterpret_cast<const uint32_t*>(src + BITS * S * 128 + k * 128 + lane * 4);
+      if constexpr (ASYM)
+        d.m[k] = *reinterpret_cast<const uint32_t*>(src + BITS * S * 128 + (kScaleWords + k) * 128 +
+                                                    lane * 4);
+    }
+  };
+
+  Slot ring[P > 0 ? 1 : D];
+  if constexpr (P > 0) {
+#pragma unroll
+    for (int u = 0; u < P; ++u) {
+      if (u < np) issue(i_begin + u, u);
+      cp_async_commit();
+    }
+  } else {
+#pragma unroll
+    for (int u = 0; u < D; ++u)
+      if (u < np) fetch(i_begin + u, ring[u]);
+  }
   int8_t* signs = reinterpret_cast<int8_t*>(xs + p.n * stride);
   __half* norm_s = reinterpret_cast<__half*>(signs + p.cols);  // cols: a multiple of 32
   if (p.had_block > 0) stage_rotation_async(p, signs, norm_s);
@@ -391,13 +474,24 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
                     d.m + (ASYM ? s * kGroupsPerBlock : 0), i * S + s);
   };
 
-  for (int i0 = 0; i0 < np; i0 += D) {
+  if constexpr (P > 0) {
+    for (int i = 0; i < np; ++i) {
+      cp_async_wait<P - 1>();  // piece i's group (one group per piece, in order)
+      const int slot = i % P;
+      read_slot(slot, ring[0]);
+      compute(ring[0], i_begin + i);
+      if (i + P < np) issue(i_begin + i + P, slot);  // after the slot was read
+      cp_async_commit();
+    }
+  } else {
+    for (int i0 = 0; i0 < np; i0 += D) {
 #pragma unroll
-    for (int u = 0; u < D; ++u) {
-      const int i = i0 + u;
-      if (i < np) {
-        compute(ring[u], i_begin + i);
-        if (i + D < np) fetch(i_begin + i + D, ring[u]);
+      for (int u = 0; u < D; ++u) {
+        const int i = i0 + u;
+        if (i < np) {
+          compute(ring[u], i_begin + i);
+          if (i + D < np) fetch(i_begin + i + D, ring[u]);
+        }
       }
     }
   }
@@ -431,7 +525,7 @@ void set_int4_lop3(int mode);
 // opt-in limit, kblocks a multiple of S). ksplit 0 = auto: the largest split-K that keeps
 // tiles x ksplit within warp_budget warps per SM on average (32 measured best at 4 bits on
 // every Llama shape, round 5: one resident wave of 64-register warps).
-template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE>
+template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P = 0>
 void launch_stream_kernel(const Params& p, int ksplit, int warp_budget, cudaStream_t stream) {
   int sms = 0, optin = 0;
   stream_device_limits(sms, optin);
@@ -446,10 +540,14 @@ void launch_stream_kernel(const Params& p, int ksplit, int warp_budget, cudaStre
   const int per = (pieces + ks - 1) / ks;
   const int warps = ks > 8 ? ks : 8, tiles_per_block = warps / ks;
   const unsigned blocks = static_cast<unsigned>((q.tiles + tiles_per_block - 1) / tiles_per_block);
-  auto kernel = gemv_stream_kernel<BITS, S, D, G32, ASYM, INPLACE>;
+  auto kernel = gemv_stream_kernel<BITS, S, D, G32, ASYM, INPLACE, P>;
   static const bool raised = allow_optin_shared(kernel, optin, "gemv stream");
   (void)raised;
-  qlaunch(kernel, blocks, warps * 32, static_cast<size_t>(stream_smem(q)), stream, q, per);
+  const size_t smem =
+      P == 0 ? static_cast<size_t>(stream_smem(q))
+             : static_cast<size_t>(stream_smem_aligned(q)) +
+                   static_cast<size_t>(warps) * P * StreamRing<BITS, S, G32, ASYM>::kSlotBytes;
+  qlaunch(kernel, blocks, warps * 32, smem, stream, q, per);
 }
 
 // The four scale variants (group 32 or larger, symmetric or not) of S and D.
