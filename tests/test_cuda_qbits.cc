@@ -116,8 +116,8 @@ const Narrow kLayouts[] = {{2, 32, false, false}, {2, 128, true, false},  {3, 64
 
 // The 2/3/5/6-bit decodes, in-place (the default) and the split planes' (set_bits_decode(0)), at
 // every group size, symmetric and not, with and without act-order, every piece size (block
-// counts padded; 8 at 2 bits only), n = 1, 2, 8 (3 bits: both ring depths), and the FP16
-// dequantization of each.
+// counts padded; 8 at 2 bits only), n = 1, 2, 8 (3 bits: both register ring depths; the
+// shared-memory ring on and off), and the FP16 dequantization of each.
 TEST(CudaQbits, OldAndNewDecodeMatchFloat64) {
   if (!qtest::have_gpu()) GTEST_SKIP() << "no CUDA device";
   uint32_t seed = 2000;
@@ -140,11 +140,14 @@ TEST(CudaQbits, OldAndNewDecodeMatchFloat64) {
             qlinear_detail::set_bits_decode(-1);
             ASSERT_GT(dw.narrow_tiled, 0);
             ASSERT_EQ(dw.narrow_inplace, decode == 1);
-            // 3 bits, 2 blocks per piece: the default ring and the ring of 4 (in-place only)
-            for (const int depth : {0, 4})
+            // The defaults; 3 bits, 2 blocks per piece: the register ring of 4 (in-place only);
+            // the shared-memory ring on at every width (in-place, 1 or 2 blocks per piece), off.
+            for (const int mode : {0, 1, 2, 3})
               for (const int n : {1, 2, 8}) {
-                if (depth == 4 && (bits != 3 || decode != 1)) continue;
-                qlinear_detail::set_bits_stream_depth(depth);
+                if (mode == 1 && (bits != 3 || decode != 1)) continue;
+                if (mode >= 2 && (decode != 1 || asym || pieces > 2)) continue;
+                qlinear_detail::set_bits_stream_depth(mode == 1 ? 4 : 0);
+                qlinear_detail::set_bits_smem_ring(mode == 2 ? 4 : mode == 3 ? 0 : -1);
                 const int cols = w.desc.cols, rows = w.desc.rows;
                 const std::vector<uint16_t> xh = random_halves(size_t(n) * cols, 1.0f, seed++);
                 const std::vector<uint16_t> bh = random_halves(rows, 0.5f, seed++);
@@ -154,6 +157,7 @@ TEST(CudaQbits, OldAndNewDecodeMatchFloat64) {
                 y.poison();
                 qlinear_matmul(dw, x.p, y.p, n, b.p, nullptr);
                 qlinear_detail::set_bits_stream_depth(0);
+                qlinear_detail::set_bits_smem_ring(-1);
                 CUDA_OK(cudaDeviceSynchronize());
                 expect_close(w, xh, bh, y.download(), n, &ref);
                 if (HasFatalFailure()) break;

@@ -179,6 +179,9 @@ void set_bits_stream_chunk(int tokens);
 void set_bits_decode(int mode);
 // The in-place 3-bit stream GEMV's ring depth at 2 blocks per piece (0: the default, 2; or 4).
 void set_bits_stream_depth(int depth);
+// The shared-memory ring for symmetric in-place weights of 1 or 2 blocks per piece: by width (-1,
+// the default: GYRE_CUDA_BITS_SMEM=0|4, else 5 and 6 bits), off (0), at every width (4).
+void set_bits_smem_ring(int mode);
 // Test hook: the upload's repack of a 2/3/5/6-bit weight into the tiled layout (pieces_s blocks
 // per piece, inplace: the in-place arrangement) run on the CPU, as u32 words.
 std::vector<uint32_t> tile_bits_on_host(const QWeightHost& w, int pieces_s, bool inplace);

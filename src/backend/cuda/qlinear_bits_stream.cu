@@ -181,8 +181,33 @@ __global__ void dequant_tiled_bits_kernel(Params p, int pieces_s, __half* out) {
 // -v; at 4 it takes 77, so 3 blocks of 8 warps (1 of 16) fit an SM instead of 4 (2) and the n <= 2
 // split-K grids of the Llama shapes need more waves, bench/qlinear_notes.md session 11; capped at
 // 64 it spills 48 bytes; asymmetric at 2 it spills). set_bits_stream_depth(4): the A/B.
+// The shared-memory ring (qlinear_stream.cuh) of 4 slots per warp for symmetric in-place weights of
+// 1 or 2 blocks per piece: by width (-1: GYRE_CUDA_BITS_SMEM=0|4, else on at 5 and 6 bits, where
+// it measured +4-5% decode on H100, session 12; the register rings stay at 2 and 3 bits, where it
+// measured +1% and -1.6%), off (0) or on at every width (4): set_bits_smem_ring.
+int g_ring = -1;
+bool bits_smem_ring(int bits) {
+  static const int env = [] {
+    const char* e = std::getenv("GYRE_CUDA_BITS_SMEM");
+    return e == nullptr || *e == 0 ? -1 : std::atoi(e);
+  }();
+  const int mode = g_ring >= 0 ? g_ring : env;
+  return mode < 0 ? bits >= 5 : mode == 4;
+}
+
 template <int BITS, bool INPLACE>
 void launch_decode(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
+  if constexpr (INPLACE) {
+    if (bits_smem_ring(BITS) && !p.asym && (pieces_s == 1 || pieces_s == 2)) {
+      const bool g32 = p.group == 32;
+      if (pieces_s == 1 && g32)
+        return launch_stream_kernel<BITS, 1, 1, true, false, true, 4>(p, 0, budget, stream);
+      if (pieces_s == 1)
+        return launch_stream_kernel<BITS, 1, 1, false, false, true, 4>(p, 0, budget, stream);
+      if (g32) return launch_stream_kernel<BITS, 2, 1, true, false, true, 4>(p, 0, budget, stream);
+      return launch_stream_kernel<BITS, 2, 1, false, false, true, 4>(p, 0, budget, stream);
+    }
+  }
   if constexpr (BITS == 3 && INPLACE) {
     if (pieces_s == 2 && g_depth != 4 && !p.asym) {
       if (p.group == 32)
@@ -231,6 +256,11 @@ bool bits_stream_enabled() {
 void set_bits_stream(int mode) {
   GYRE_CHECK(mode >= -1 && mode <= 1, "qlinear: bits stream mode must be -1, 0 or 1");
   g_stream = mode;
+}
+
+void set_bits_smem_ring(int mode) {
+  GYRE_CHECK(mode == -1 || mode == 0 || mode == 4, "qlinear: bits ring mode must be -1, 0 or 4");
+  g_ring = mode;
 }
 
 void set_bits_decode(int mode) {

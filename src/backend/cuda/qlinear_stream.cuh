@@ -90,14 +90,53 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-// The shared-memory ring's slot of one piece (gemv_stream_kernel with P > 0): the lanes' weight
-// words (16 bytes per lane per 4 words, lane-major: one conflict-free 16-byte read each), then one
-// 128-byte row per scale word (and per min word).
+// The shared-memory ring's slot of one piece (gemv_stream_kernel with P > 0): each lane's
+// low-plane words, then each lane's high-plane words (lane-major, as in global memory: one
+// conflict-free read of 4 to 16 bytes per lane), then one 128-byte row per scale word (and per
+// min word).
 template <int BITS, int S, bool G32, bool ASYM>
 struct StreamRing {
+  static constexpr int kHiOffset = 128 * StreamPlanes<BITS>::kLo * S;
+  static constexpr int kScaleOffset = 128 * BITS * S;
   static constexpr int kScaleWords = S * (G32 ? 2 : 1);
-  static constexpr int kSlotBytes = BITS * S * 128 + kScaleWords * (ASYM ? 2 : 1) * 128;
+  static constexpr int kSlotBytes = kScaleOffset + kScaleWords * (ASYM ? 2 : 1) * 128;
 };
+
+// W consecutive u32 words (W * 4 bytes, aligned to that or to 16) from global to shared memory
+// by cp.async, 16 bytes at a time where they can be.
+template <int W>
+__device__ __forceinline__ void cp_async_words(unsigned char* dst, const uint8_t* src) {
+  if constexpr (W >= 4) {
+#pragma unroll
+    for (int k = 0; k < W / 4; ++k) cp_async16(dst + 16 * k, src + 16 * k);
+  } else if constexpr (W == 2) {
+    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(addr), "l"(src) : "memory");
+  } else {
+    cp_async4(dst, src);
+  }
+}
+
+// W consecutive u32 words from shared memory (16-, 8- or 4-byte reads as aligned).
+template <int W>
+__device__ __forceinline__ void shared_words(const unsigned char* src, uint32_t* out) {
+  if constexpr (W >= 4) {
+#pragma unroll
+    for (int k = 0; k < W / 4; ++k) {
+      const uint4 v = *reinterpret_cast<const uint4*>(src + 16 * k);
+      out[4 * k] = v.x;
+      out[4 * k + 1] = v.y;
+      out[4 * k + 2] = v.z;
+      out[4 * k + 3] = v.w;
+    }
+  } else if constexpr (W == 2) {
+    const uint2 v = *reinterpret_cast<const uint2*>(src);
+    out[0] = v.x;
+    out[1] = v.y;
+  } else {
+    out[0] = *reinterpret_cast<const uint32_t*>(src);
+  }
+}
 
 __host__ __device__ inline int stream_smem_aligned(const Params& p) {
   return (stream_smem(p) + 15) / 16 * 16;
@@ -360,18 +399,19 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
     }
   };
 
-  static_assert(P == 0 || BITS == 4, "the shared-memory ring reads the 4-bit layout only");
   using Slot = StreamSlot<BITS, S, G32, ASYM>;
+  using Ring = StreamRing<BITS, S, G32, ASYM>;
   constexpr int kScaleWords = S * kGroupsPerBlock;
   const int stride = p.kblocks * 64 + kStreamXPad;
   // P > 0: this warp's slots after the staged x (and rotation data), 16-byte aligned.
-  unsigned char* slots = smem_raw + stream_smem_aligned(p) +
-                         static_cast<size_t>(warp) * P * StreamRing<BITS, S, G32, ASYM>::kSlotBytes;
-  auto issue = [&](int i, int slot) {  // piece i into slot: weights, then scales (and mins)
-    unsigned char* dst = slots + slot * StreamRing<BITS, S, G32, ASYM>::kSlotBytes;
-#pragma unroll
-    for (int w = 0; w < BITS * S; w += 4)
-      cp_async16(dst + (w / 4) * 512 + lane * 16, lo_ptr + int64_t{i} * kPieceBytes + 4 * w);
+  unsigned char* slots =
+      smem_raw + stream_smem_aligned(p) + static_cast<size_t>(warp) * P * Ring::kSlotBytes;
+  auto issue = [&](int i, int slot) {  // piece i into slot: weight planes, then scales (mins)
+    unsigned char* dst = slots + slot * Ring::kSlotBytes;
+    cp_async_words<kLo * S>(dst + lane * 4 * kLo * S, lo_ptr + int64_t{i} * kPieceBytes);
+    if constexpr (kHi > 0)
+      cp_async_words<kHi * S>(dst + Ring::kHiOffset + lane * 4 * kHi * S,
+                              hi_ptr + int64_t{i} * kPieceBytes);
 #pragma unroll
     for (int sidx = 0; sidx < S; ++sidx) {
       const int b = i * S + sidx;
@@ -379,28 +419,24 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
       for (int k = 0; k < kGroupsPerBlock; ++k) {
         const int gi = (G32 ? 2 * b : (64 * b) >> p.group_log2) + k;
         const int wsl = sidx * kGroupsPerBlock + k;
-        cp_async4(dst + BITS * S * 128 + wsl * 128 + lane * 4, sbase + gi * 8);
+        cp_async4(dst + Ring::kScaleOffset + wsl * 128 + lane * 4, sbase + gi * 8);
         if constexpr (ASYM)
-          cp_async4(dst + BITS * S * 128 + (kScaleWords + wsl) * 128 + lane * 4, mbase + gi * 8);
+          cp_async4(dst + Ring::kScaleOffset + (kScaleWords + wsl) * 128 + lane * 4,
+                    mbase + gi * 8);
       }
     }
   };
   auto read_slot = [&](int slot, Slot& d) {
-    const unsigned char* src = slots + slot * StreamRing<BITS, S, G32, ASYM>::kSlotBytes;
-#pragma unroll
-    for (int w = 0; w < BITS * S; w += 4) {
-      const uint4 v = *reinterpret_cast<const uint4*>(src + (w / 4) * 512 + lane * 16);
-      d.q[w] = v.x;
-      d.q[w + 1] = v.y;
-      d.q[w + 2] = v.z;
-      d.q[w + 3] = v.w;
-    }
+    const unsigned char* src = slots + slot * Ring::kSlotBytes;
+    shared_words<kLo * S>(src + lane * 4 * kLo * S, d.q);
+    if constexpr (kHi > 0)
+      shared_words<kHi * S>(src + Ring::kHiOffset + lane * 4 * kHi * S, d.q + kLo * S);
 #pragma unroll
     for (int k = 0; k < kScaleWords; ++k) {
-      d.s[k] = *reinterpret_cast<const uint32_t*>(src + BITS * S * 128 + k * 128 + lane * 4);
+      d.s[k] = *reinterpret_cast<const uint32_t*>(src + Ring::kScaleOffset + k * 128 + lane * 4);
       if constexpr (ASYM)
-        d.m[k] = *reinterpret_cast<const uint32_t*>(src + BITS * S * 128 + (kScaleWords + k) * 128 +
-                                                    lane * 4);
+        d.m[k] = *reinterpret_cast<const uint32_t*>(src + Ring::kScaleOffset +
+                                                    (kScaleWords + k) * 128 + lane * 4);
     }
   };
 
@@ -521,6 +557,18 @@ bool allow_optin_shared(Kernel kernel, int optin, const char* what) {
 // (-1: the variable) overrides it, for an A/B in one process (qlinear_gemv_stream.cu).
 void set_int4_lop3(int mode);
 
+// The split-K of a launch: ksplit, or (0) the largest that keeps tiles x ksplit within
+// warp_budget / 2 warps per SM on average.
+inline int stream_ksplit(const Params& p, int S, int ksplit, int warp_budget) {
+  if (ksplit != 0) return ksplit;
+  int sms = 0, optin = 0;
+  stream_device_limits(sms, optin);
+  const int pieces = p.kblocks / S;
+  int ks = 1;
+  while (ks < 16 && p.tiles * ks * 2 <= sms * warp_budget && pieces >= 2 * ks) ks *= 2;
+  return ks;
+}
+
 // One launch of gemv_stream_kernel<BITS, S, D, ...> for p (n <= 8, stream_smem(p) within the
 // opt-in limit, kblocks a multiple of S). ksplit 0 = auto: the largest split-K that keeps
 // tiles x ksplit within warp_budget warps per SM on average (32 measured best at 4 bits on
@@ -531,11 +579,7 @@ void launch_stream_kernel(const Params& p, int ksplit, int warp_budget, cudaStre
   stream_device_limits(sms, optin);
   Params q = p;
   const int pieces = q.kblocks / S;
-  int ks = ksplit;
-  if (ks == 0) {
-    ks = 1;
-    while (ks < 16 && q.tiles * ks * 2 <= sms * warp_budget && pieces >= 2 * ks) ks *= 2;
-  }
+  const int ks = stream_ksplit(p, S, ksplit, warp_budget);
   q.ksplit = ks;
   const int per = (pieces + ks - 1) / ks;
   const int warps = ks > 8 ? ks : 8, tiles_per_block = warps / ks;
