@@ -46,7 +46,7 @@ template <int D>
 void launch_depth(const Params& p, int ksplit, cudaStream_t stream) {
   if (int4_lop3() && !p.asym) {
     const int ring = D == 4 ? smem_ring() : 0;
-    if (ring == 2 || ring == 4) {
+    if ((ring == 2 || ring == 4) && stream_ring_fits<4, 1, true, false>(p, ksplit, 32, ring)) {
       const bool g32 = p.group == 32;
       if (ring == 2 && g32)
         return launch_stream_kernel<4, 1, 1, true, false, true, 2>(p, ksplit, 32, stream);

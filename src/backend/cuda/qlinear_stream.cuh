@@ -569,6 +569,18 @@ inline int stream_ksplit(const Params& p, int S, int ksplit, int warp_budget) {
   return ks;
 }
 
+// Whether the shared-memory ring of P slots per warp fits the opt-in shared memory next to the
+// staged x of p (and the kernel's static 8 KB of partial sums).
+template <int BITS, int S, bool G32, bool ASYM>
+bool stream_ring_fits(const Params& p, int ksplit, int warp_budget, int P) {
+  int sms = 0, optin = 0;
+  stream_device_limits(sms, optin);
+  const int ks = stream_ksplit(p, S, ksplit, warp_budget), warps = ks > 8 ? ks : 8;
+  return stream_smem_aligned(p) + warps * P * StreamRing<BITS, S, G32, ASYM>::kSlotBytes +
+             9 * 1024 <=
+         optin;
+}
+
 // One launch of gemv_stream_kernel<BITS, S, D, ...> for p (n <= 8, stream_smem(p) within the
 // opt-in limit, kblocks a multiple of S). ksplit 0 = auto: the largest split-K that keeps
 // tiles x ksplit within warp_budget warps per SM on average (32 measured best at 4 bits on
