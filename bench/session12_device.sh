@@ -6,6 +6,7 @@
 #       e.g. GYRE_CUDA_GEMV_SMEM=0 or GYRE_DIAG_SKIP=attn (bench/NOTES.md, session 12)
 #   bench/session12_device.sh serve [VAR=VAL ...]  4-bit serving at 1/8/32 requests
 #   bench/session12_device.sh tests [FILTER]       the CUDA tests
+#   bench/session12_device.sh table                the final table (FP16, 8/6/4 bits, mistral, serving)
 set -u
 [ -e /work/shared ] || { mkdir -p /work && ln -s "$PWD/.device/shared" /work/shared 2>/dev/null; }
 mkdir -p .device/bin
@@ -49,5 +50,15 @@ serve)  # 4-bit serving at 1/8/32 concurrent requests, with the environment in $
   shift
   env "$@" timeout 200 $B/gyre bench --synthetic llama3-8b --bits 4 -n 128 -p 16 \
     --concurrency 1,8,32 2>&1 | tail -8
+  ;;
+table)  # the final table: FP16, 8/6/4 bits at -p 2048, mistral FP16, 4-bit serving
+  for arm in "llama3-8b 16" "llama3-8b 8" "llama3-8b 6" "llama3-8b 4" "mistral-7b 16"; do
+    set -- $arm
+    timeout 100 $B/gyre bench --synthetic $1 --bits $2 -p 2048 -n 128 --long 8192 --json \
+      >"$O/t.json" 2>/dev/null
+    python3 -c "import json; d=json.load(open('$O/t.json')); print('$1 bits $2: prefill 2048 %.0f tok/s, decode@128 %.1f (%.1f%%) @8k %.1f (%.1f%%) bw %.0f' % (d['prefill_tok_s'], d['decode_short_tok_s'], 100*d['decode_short_roofline'], d['decode_long_tok_s'], 100*d['decode_long_roofline'], d['bandwidth_gb_s']))" 2>&1 | tee -a "$O/table.log"
+  done
+  timeout 200 $B/gyre bench --synthetic llama3-8b --bits 4 -n 128 -p 16 --concurrency 1,8,32 \
+    2>&1 | tail -8 | tee -a "$O/table.log"
   ;;
 esac
