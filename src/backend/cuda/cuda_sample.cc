@@ -62,16 +62,27 @@ void CudaBackend::sample(const Tensor& logits, const SampleRequest* requests, in
   if (!gpu_sampling_enabled()) return Backend::sample(logits, requests, n, out);
   GYRE_CHECK(logits.cols > 0 && logits.cols <= (int64_t{1} << 30), "sample: bad vocabulary size ",
              logits.cols);
+  // Device: the parameters, the results, then (8-byte aligned) the zeroed words of the spread
+  // first pass (sampling.h), which the kernels leave zeroed.
+  auto best_offset = [](int rows) {
+    const size_t b = static_cast<size_t>(rows) * (sizeof(SampleRowParams) + sizeof(SampleRowOut));
+    return (b + 7) / 8 * 8;
+  };
   if (n > sample_rows_) {
     const size_t bytes = static_cast<size_t>(n) * (sizeof(SampleRowParams) + sizeof(SampleRowOut));
     sample_pinned_ = pinned_alloc(bytes, "sampling parameters");
-    sample_device_ = device_alloc(bytes, "sampling parameters");
+    sample_device_ =
+        device_alloc(best_offset(n) + static_cast<size_t>(n) * 8, "sampling parameters");
+    GYRE_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(sample_device_.get()) + best_offset(n), 0,
+                                    static_cast<size_t>(n) * 8, stream_));
     sample_rows_ = n;
   }
   auto* params = static_cast<SampleRowParams*>(sample_pinned_.get());
   auto* results = reinterpret_cast<SampleRowOut*>(params + sample_rows_);
   auto* d_params = static_cast<SampleRowParams*>(sample_device_.get());
   auto* d_results = reinterpret_cast<SampleRowOut*>(d_params + sample_rows_);
+  auto* d_best = reinterpret_cast<unsigned long long*>(static_cast<char*>(sample_device_.get()) +
+                                                       best_offset(sample_rows_));
   bool any_host = false;
   for (int i = 0; i < n; ++i) {
     params[i] = row_params(requests[i]);
@@ -81,7 +92,7 @@ void CudaBackend::sample(const Tensor& logits, const SampleRequest* requests, in
   GYRE_CUDA_CHECK(cudaMemcpyAsync(d_params, params, static_cast<size_t>(n) * sizeof(*params),
                                   cudaMemcpyHostToDevice, stream_));
   sample_rows(static_cast<const half*>(logits.data), logits.cols, static_cast<int>(logits.cols), n,
-              d_params, d_results, kernel_mode(), stream_);
+              d_params, d_results, kernel_mode(), stream_, d_best);
   GYRE_CUDA_CHECK(cudaMemcpyAsync(results, d_results, static_cast<size_t>(n) * sizeof(*results),
                                   cudaMemcpyDeviceToHost, stream_));
   GYRE_CUDA_CHECK(cudaStreamSynchronize(stream_));

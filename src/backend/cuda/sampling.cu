@@ -11,6 +11,7 @@
 // more prefix scan of the kept probabilities in ascending id order, the host's draw order.
 // Masses are integer (2^40 = the most likely token's weight), so every sum is exact and
 // independent of the order of the atomics: results are deterministic.
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 
@@ -370,10 +371,50 @@ __device__ Selected select_prefix(const Row& r, Shared& sh, bool by_mass, double
   return s;
 }
 
+// The largest key and the lowest id holding it, as one 64-bit maximum (0: every logit NaN).
+__device__ __forceinline__ unsigned long long best_of(int i, uint32_t k) {
+  return (static_cast<unsigned long long>(k) << 32) | (0xffffffffu - static_cast<uint32_t>(i));
+}
+
+constexpr int kBestThreads = 256;
+constexpr int kBestBlocks = 64;  // per row, at most
+
+// The spread first pass: each block's best of its slice of row blockIdx.y, merged into best[row]
+// by one 64-bit atomicMax (the row's sampling block reads and clears it).
+__global__ void __launch_bounds__(kBestThreads)
+    row_best_kernel(const half* __restrict__ logits, int64_t ld, int vocab,
+                    unsigned long long* __restrict__ best) {
+  const half* row = logits + static_cast<int64_t>(blockIdx.y) * ld;
+  unsigned long long b = 0;
+  for (int i = blockIdx.x * kBestThreads + threadIdx.x; i < vocab; i += gridDim.x * kBestThreads) {
+    const unsigned long long c = best_of(i, key_of(row[i]));
+    b = c > b ? c : b;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const unsigned long long other = __shfl_xor_sync(kFull, b, o);
+    b = other > b ? other : b;
+  }
+  __shared__ unsigned long long warp_best[kBestThreads / 32];
+  if ((threadIdx.x & 31) == 0) warp_best[threadIdx.x >> 5] = b;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kBestThreads / 32; ++w) b = warp_best[w] > b ? warp_best[w] : b;
+    if (b != 0) atomicMax(best + blockIdx.y, b);
+  }
+}
+
 __global__ void __launch_bounds__(kThreads)
     sample_rows_kernel(const half* __restrict__ logits, int64_t ld, int vocab,
                        const SampleRowParams* __restrict__ params, SampleRowOut* __restrict__ outs,
-                       int mode) {
+                       int mode, unsigned long long* __restrict__ spread_best) {
+  __shared__ unsigned long long spread_s;
+  if (spread_best != nullptr) {  // read and cleared for the next call, skipped rows included
+    if (threadIdx.x == 0) {
+      spread_s = spread_best[blockIdx.x];
+      spread_best[blockIdx.x] = 0;
+    }
+    __syncthreads();
+  }
   const SampleRowParams p = params[blockIdx.x];
   if (p.skip) return;
   __shared__ Shared sh;
@@ -384,15 +425,17 @@ __global__ void __launch_bounds__(kThreads)
   r.inv_temp = 0.0f;
   r.vec = (mode & kSampleVectorLoads) && (reinterpret_cast<uintptr_t>(r.logits) & 15) == 0;
 
-  // The largest key and the lowest id holding it, as one 64-bit maximum.
   unsigned long long best = 0;
-  for_each_key(r, [&](int i, uint32_t k) {
-    const unsigned long long c =
-        (static_cast<unsigned long long>(k) << 32) | (0xffffffffu - static_cast<uint32_t>(i));
-    best = c > best ? c : best;
-  });
-  best = block_reduce(
-      best, [](unsigned long long a, unsigned long long b) { return a > b ? a : b; }, sh.ured);
+  if (spread_best != nullptr) {
+    best = spread_s;
+  } else {
+    for_each_key(r, [&](int i, uint32_t k) {
+      const unsigned long long c = best_of(i, k);
+      best = c > best ? c : best;
+    });
+    best = block_reduce(
+        best, [](unsigned long long a, unsigned long long b) { return a > b ? a : b; }, sh.ured);
+  }
   const uint32_t max_key = static_cast<uint32_t>(best >> 32);
   const int argmax = static_cast<int>(0xffffffffu - static_cast<uint32_t>(best));
   if (max_key == 0) {
@@ -509,9 +552,16 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 void sample_rows(const half* logits, int64_t ld, int vocab, int rows, const SampleRowParams* params,
-                 SampleRowOut* out, int mode, cudaStream_t s) {
+                 SampleRowOut* out, int mode, cudaStream_t s, unsigned long long* best) {
   if (rows <= 0) return;
-  sample_rows_kernel<<<rows, kThreads, 0, s>>>(logits, ld, vocab, params, out, mode);
+  if (!(mode & kSampleSpreadArgmax)) best = nullptr;
+  if (best != nullptr) {
+    const int blocks = std::min(kBestBlocks, (vocab + 8 * kBestThreads - 1) / (8 * kBestThreads));
+    row_best_kernel<<<dim3(static_cast<unsigned>(std::max(blocks, 1)), static_cast<unsigned>(rows)),
+                      kBestThreads, 0, s>>>(logits, ld, vocab, best);
+    GYRE_CUDA_LAUNCHED();
+  }
+  sample_rows_kernel<<<rows, kThreads, 0, s>>>(logits, ld, vocab, params, out, mode, best);
   GYRE_CUDA_LAUNCHED();
 }
 
