@@ -13,25 +13,10 @@
 #   bench/session11_device.sh kernels [BITS]  qlinear_bits_bench decode (old vs new per shape;
 #                                             default 5 6 and 4-bit LOP3; "2 3": nb3's run)
 set -u
-[ -e /work/shared ] || { mkdir -p /work && ln -s "$PWD/.device/shared" /work/shared; }
-mkdir -p .device/bin
-for f in .device/lead/*.xz .device/lead2/*.xz; do
-  [ -e "$f" ] || continue
-  b=.device/bin/$(basename "$f" .xz)
-  [ "$f" -nt "$b" ] || continue
-  xz -dc "$f" >"$b" && chmod +x "$b"
-done
-cp .device/libs/* .device/bin/ 2>/dev/null
-export LD_LIBRARY_PATH=$PWD/.device/bin:${LD_LIBRARY_PATH:-}
-B=.device/bin
-O=${OUT:-/tmp}
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+. bench/device_binaries.sh
 case "${1:-tests}" in
 tests)
-  timeout 300 $B/gyre_tests --gtest_filter="${2:-CudaQbits*:CudaQlinear*:CudaGemv4*:Exl2Cuda*:QMixedCuda*:QuantFormatsCuda*:CudaFused*:CudaForward*}" \
-    >"$O/tests.log" 2>&1
-  echo "tests rc=$?"
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED  \]|Failure|Expected|Which is" "$O/tests.log" | head -30
+  device_tests "${2:-CudaQbits*:CudaQlinear*:CudaGemv4*:Exl2Cuda*:QMixedCuda*:QuantFormatsCuda*:CudaFused*:CudaForward*}" 300
   ;;
 e2e | e2e56)
   arms=("4 new" "3 new" "3 old" "2 new" "2 old")
@@ -48,14 +33,7 @@ e2e | e2e56)
   done
   ;;
 table)  # the final binaries' table: FP16, 8, 6, 4 bits at -p 2048, mistral FP16, 4-bit serving
-  for arm in "llama3-8b 16" "llama3-8b 8" "llama3-8b 6" "llama3-8b 4" "mistral-7b 16"; do
-    set -- $arm
-    timeout 100 $B/gyre bench --synthetic $1 --bits $2 -p 2048 -n 128 --long 8192 --json \
-      >"$O/t.json" 2>/dev/null
-    python3 -c "import json; d=json.load(open('$O/t.json')); print('$1 bits $2: prefill 2048 %.0f tok/s, decode@128 %.1f (%.1f%%) @8k %.1f (%.1f%%) bw %.0f' % (d['prefill_tok_s'], d['decode_short_tok_s'], 100*d['decode_short_roofline'], d['decode_long_tok_s'], 100*d['decode_long_roofline'], d['bandwidth_gb_s']))" 2>&1 | tee -a "$O/table.log"
-  done
-  timeout 200 $B/gyre bench --synthetic llama3-8b --bits 4 -n 128 -p 16 --concurrency 1,8,32 \
-    2>&1 | tail -8 | tee -a "$O/table.log"
+  . bench/device_table.sh
   ;;
 kernels)
   shift
