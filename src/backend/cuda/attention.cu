@@ -75,9 +75,34 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, in
 }
 
 // The same grid with the decode block (attention_decode.cuh): head dims % 8 == 0 up to 128.
+// Thread 0 asks L2 for this block's share of the keys and values (two bulk prefetches) before the
+// PDL wait: the rows were written by earlier steps (the newest one, which the kernel before this
+// one writes, is fetched again after the wait: L2 is the point of coherence), so at short
+// contexts their DRAM latency overlaps the RoPE/KV-store kernel instead of following it.
+template <int T>
+__device__ __forceinline__ void prefetch_share(const AttentionArgs& a, int kvh, int lo, int hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t row_bytes = static_cast<uint32_t>(kv_code_bytes_of<T>(a.head_dim));
+  const split_share::Combine cmb = block_combine(a);
+  const split_share::Share sh =
+      split_share::share_of(lo, hi, blockIdx.x, a.splits, cmb.counter != nullptr, cmb.single_span);
+  if (sh.idle || sh.hi <= sh.lo || row_bytes % 16 != 0) return;
+  const int64_t first = static_cast<int64_t>(kvh) * a.max_seq + sh.lo;
+  const uint32_t bytes = static_cast<uint32_t>(sh.hi - sh.lo) * row_bytes;
+  for (const void* plane : {a.k_cache, a.v_cache}) {
+    const char* src = static_cast<const char*>(plane) + first * row_bytes;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+  }
+#else
+  (void)a;
+  (void)kvh;
+  (void)lo;
+  (void)hi;
+#endif
+}
+
 template <int T, int L, int G>
 __global__ void __launch_bounds__(decode_attn::kThreads) decode_kernel(AttentionArgs a, int n_sub) {
-  pdl_wait();  // the block lets the next kernel in (attention_share.cuh)
   const int D = a.head_dim;
   const int kvh = blockIdx.y / n_sub, sub = blockIdx.y % n_sub;
   const int qi = blockIdx.z;
@@ -85,8 +110,10 @@ __global__ void __launch_bounds__(decode_attn::kThreads) decode_kernel(Attention
   const int g0 = sub * kMaxGroup;
   const int gn = min(kMaxGroup, group - g0);
   const int head0 = kvh * group + g0;
-  const int pos = *a.pos0 + qi;
+  const int pos = *a.pos0 + qi;  // staged by the host before the step, not an earlier kernel
   const int lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
+  if (a.prefetch_kv && threadIdx.x == 0) prefetch_share<T>(a, kvh, lo, pos + 1);
+  pdl_wait();  // the block lets the next kernel in (attention_share.cuh)
   const int64_t first = static_cast<int64_t>(qi) * a.n_heads + head0;
   decode_attn::decode_attend<T, L, G>(
       contiguous_kv(a, kvh), a.q + first * D, a.out + first * D,
@@ -181,6 +208,11 @@ void rope_kv_store(const RopeStoreArgs& a, const int32_t* pos0, cudaStream_t s) 
 void attention(const AttentionArgs& args, cudaStream_t s) {
   AttentionArgs a = args;
   if (diag_one_key() && a.n_q == 1) a.window = 1;
+  static const bool prefetch = [] {  // GYRE_CUDA_ATTN_PREFETCH=0: no L2 prefetch (decode_kernel)
+    const char* e = std::getenv("GYRE_CUDA_ATTN_PREFETCH");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  a.prefetch_kv = prefetch && pdl_supported();
   GYRE_CHECK(a.head_dim > 0 && a.head_dim <= kMaxHeadDim, "CUDA attention supports head_dim up to ",
              kMaxHeadDim, ", got ", a.head_dim);
   GYRE_CHECK(a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0, "bad head counts ", a.n_heads, "/",

@@ -82,6 +82,7 @@ struct AttentionArgs {
   unsigned* counters = nullptr;
   int single_span = 0;
   int trigger_span = 1 << 30;  // PDL: longer contexts let the next kernel in after their keys
+  bool prefetch_kv = false;    // the decode block asks L2 for its keys before its PDL wait (sm_90)
 };
 size_t attention_workspace_floats(int n_q, int n_heads, int head_dim, int splits);
 // Counters for a split launch of n_q rows (one per row and head group of <= 8 query heads).
