@@ -1,5 +1,5 @@
 // CudaBackend::sample: the per-row settings go up and the results come back through one pinned
-// buffer, around one kernel launch (sampling.cu); a step moves a few hundred bytes per row
+// buffer, around the sampling launches (sampling.cu); a step moves a few hundred bytes per row
 // instead of a vocabulary of floats.
 #include <algorithm>
 #include <cstdlib>

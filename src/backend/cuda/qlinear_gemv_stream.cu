@@ -1,7 +1,8 @@
 // The 4-bit decode GEMV (n = 1..8, tiled layout of qlinear_tiled.cu) as a register pipeline: the
 // stream kernel of qlinear_stream.cuh (which says why and how) at 4 bits, ring depth 4, 8 or 16
-// (set_gemv_depth). Handles f16 scales only (f32-scale repacks stay on the register-fed kernel).
-// The decode's (w & mask) | 0x6400 takes one explicit LOP3 instead of ptxas's two
+// (set_gemv_depth), or (symmetric weights, depth 4) the shared-memory ring of 4 pieces per warp
+// (set_gemv_smem_ring). Handles f16 scales only (f32-scale repacks stay on the register-fed
+// kernel). The decode's (w & mask) | 0x6400 takes one explicit LOP3 instead of ptxas's two
 // (int4_word_to_fragment_lop3, symmetric weights; GYRE_CUDA_INT4_LOP3=0 keeps the old for an
 // A/B, same results).
 #include <cstdlib>
@@ -24,9 +25,6 @@ bool int4_lop3() {
   return g_lop3 == 1;
 }
 
-// Ring depth D. The one-LOP3 decode is instantiated for symmetric weights only: the
-// asymmetric g128 kernel at ring 4 spills 48 bytes with it against 36 without (ptxas, session
-// 11), so asymmetric weights keep the old decode until measured.
 // The shared-memory ring's depth for symmetric weights: GYRE_CUDA_GEMV_SMEM (0: the register
 // ring; 2 or 4, the default), or set_gemv_smem_ring.
 int g_ring = -1;

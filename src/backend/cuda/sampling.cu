@@ -1,4 +1,5 @@
-// Token sampling on the GPU, one block per logits row, without sorting the vocabulary.
+// Token sampling on the GPU, one block per logits row, without sorting the vocabulary (each row's
+// best token is found first by up to 64 blocks: row_best_kernel).
 //
 // Every FP16 logit maps to a 16-bit key whose integer order is the logit order (NaN -> 0,
 // excluded; -0 -> +0 so that the two tie as on the host). "More likely" is (larger key, then
