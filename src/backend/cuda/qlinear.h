@@ -133,7 +133,7 @@ void set_gemv_unroll(int unroll);
 // memory, a register ring of column blocks), whose depth (blocks in flight per warp: 4, 8 or 16;
 // 0 = 4) set_gemv_depth sets. (Kernels 2 and 3, shared-memory rings, measured slower on H100
 // and were removed in round 5: bench/qlinear_notes.md.) At depth 4, symmetric weights go through
-// a cp.async ring in shared memory instead (session 12: +4.5% decode on H100), of
+// a cp.async ring in shared memory instead (session 12: +3.5% decode on H100), of
 // set_gemv_smem_ring slots per warp (2 or 4; 0: the register ring; -1: GYRE_CUDA_GEMV_SMEM, default
 // 4).
 void set_gemv_kernel(int kernel);

@@ -198,16 +198,11 @@ bool bits_smem_ring(int bits) {
 template <int BITS, bool INPLACE>
 void launch_decode(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
   if constexpr (INPLACE) {
-    const bool g32 = p.group == 32;
-    const bool fits = pieces_s == 1 ? stream_ring_fits<BITS, 1, true, false>(p, 0, budget, 4)
-                                    : stream_ring_fits<BITS, 2, true, false>(p, 0, budget, 4);
-    if (bits_smem_ring(BITS) && !p.asym && (pieces_s == 1 || pieces_s == 2) && fits) {
-      if (pieces_s == 1 && g32)
-        return launch_stream_kernel<BITS, 1, 1, true, false, true, 4>(p, 0, budget, stream);
-      if (pieces_s == 1)
-        return launch_stream_kernel<BITS, 1, 1, false, false, true, 4>(p, 0, budget, stream);
-      if (g32) return launch_stream_kernel<BITS, 2, 1, true, false, true, 4>(p, 0, budget, stream);
-      return launch_stream_kernel<BITS, 2, 1, false, false, true, 4>(p, 0, budget, stream);
+    if (bits_smem_ring(BITS) && !p.asym) {
+      if (pieces_s == 1 && stream_ring_fits<BITS, 1, true, false>(p, 0, budget, 4))
+        return launch_stream_ring<BITS, 1, 4>(p, 0, budget, stream);
+      if (pieces_s == 2 && stream_ring_fits<BITS, 2, true, false>(p, 0, budget, 4))
+        return launch_stream_ring<BITS, 2, 4>(p, 0, budget, stream);
     }
   }
   if constexpr (BITS == 3 && INPLACE) {

@@ -45,13 +45,8 @@ void launch_depth(const Params& p, int ksplit, cudaStream_t stream) {
   if (int4_lop3() && !p.asym) {
     const int ring = D == 4 ? smem_ring() : 0;
     if ((ring == 2 || ring == 4) && stream_ring_fits<4, 1, true, false>(p, ksplit, 32, ring)) {
-      const bool g32 = p.group == 32;
-      if (ring == 2 && g32)
-        return launch_stream_kernel<4, 1, 1, true, false, true, 2>(p, ksplit, 32, stream);
-      if (ring == 2)
-        return launch_stream_kernel<4, 1, 1, false, false, true, 2>(p, ksplit, 32, stream);
-      if (g32) return launch_stream_kernel<4, 1, 1, true, false, true, 4>(p, ksplit, 32, stream);
-      return launch_stream_kernel<4, 1, 1, false, false, true, 4>(p, ksplit, 32, stream);
+      if (ring == 2) return launch_stream_ring<4, 1, 2>(p, ksplit, 32, stream);
+      return launch_stream_ring<4, 1, 4>(p, ksplit, 32, stream);
     }
     if (p.group == 32)
       return launch_stream_kernel<4, 1, D, true, false, true>(p, ksplit, 32, stream);

@@ -607,6 +607,15 @@ void launch_stream_kernel(const Params& p, int ksplit, int warp_budget, cudaStre
   qlaunch(kernel, blocks, warps * 32, smem, stream, q, per);
 }
 
+// The shared-memory-ring kernel (P slots) for symmetric in-place weights, by group size (the
+// callers check that p is symmetric and that stream_ring_fits holds).
+template <int BITS, int S, int P>
+void launch_stream_ring(const Params& p, int ksplit, int warp_budget, cudaStream_t stream) {
+  if (p.group == 32)
+    return launch_stream_kernel<BITS, S, 1, true, false, true, P>(p, ksplit, warp_budget, stream);
+  launch_stream_kernel<BITS, S, 1, false, false, true, P>(p, ksplit, warp_budget, stream);
+}
+
 // The four scale variants (group 32 or larger, symmetric or not) of S and D.
 template <int BITS, int S, int D, bool INPLACE = false>
 void launch_stream_variant(const Params& p, int ksplit, int warp_budget, cudaStream_t stream) {
