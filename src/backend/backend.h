@@ -186,9 +186,9 @@ class Backend {
   // out[i] = causal attention of q[i] (position pos0 + i) over cache positions 0..pos0+i.
   virtual void attention(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
                          KvCache& cache, int layer, int pos0, const AttentionParams& p) = 0;
-  // rope_qk of q and k at positions pos0.., then attention (q is left rotated; k's contents
-  // afterwards are unspecified). Default: those two calls; a backend may rotate k on its way into
-  // the cache instead (one pass over q, k and v per layer).
+  // rope_qk of q and k at positions pos0.., then attention (q's and k's contents afterwards are
+  // unspecified). Default: those two calls; a backend may rotate k on its way into the cache and
+  // q as the attention reads it instead (CUDA: one kernel for a decode row).
   virtual void rope_attention(Tensor& out, Tensor& q, Tensor& k, const Tensor& v, KvCache& cache,
                               int layer, int pos0, const AttentionParams& p,
                               const RopeTable& table);

@@ -100,6 +100,60 @@ __device__ __forceinline__ void decode_dims8(const Dims8<T>& in, float (&out)[8]
   }
 }
 
+// q rotated in registers as it is loaded (the contiguous cache's fused rope, attention.cu): cos and
+// sin of the pairs in shared memory; rope.cu's f32 expressions, rounded to FP16 as it stores them.
+// Neox pairs (i, i + half_rot) need half_rot % 8 == 0, so that a lane's 8 dims and their partners'
+// lie on one side of half_rot (the partner is another lane of the row: one shuffle per value).
+struct QRope {
+  const float* cos;
+  const float* sin;
+  int half_rot, rot_dim;
+  bool interleaved;
+};
+
+// A lane's rotation of its 8 dims: out[e] = x[e] c[e] + y[e] s[e], y the pair's other value
+// (interleaved: x[e ^ 1] of the lane; neox: the same dim of lane `src`), s[e] signed; dims past
+// rot_dim get c 1, s 0. Computed once per block, used for every head.
+struct QRopeLane {
+  float c[8], s[8];
+  int src;
+};
+
+template <int L>
+__device__ __forceinline__ QRopeLane rope_lane(const QRope& rq, int lane) {
+  const int l = lane % L, d0 = 8 * l;
+  const bool lower = d0 < rq.half_rot;
+  QRopeLane r;
+  int partner = l;
+  if (!rq.interleaved && d0 < rq.rot_dim)
+    partner = lower ? l + rq.half_rot / 8 : l - rq.half_rot / 8;
+  r.src = lane - l + partner;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const int d = d0 + e;
+    const int i = rq.interleaved ? d / 2 : (lower ? d : d - rq.half_rot);
+    const bool first = rq.interleaved ? (e & 1) == 0 : lower;  // (x0 of the pair)
+    const bool rotated = d < rq.rot_dim;
+    r.c[e] = rotated ? rq.cos[i] : 1.0f;
+    r.s[e] = rotated ? (first ? -rq.sin[i] : rq.sin[i]) : 0.0f;
+  }
+  return r;
+}
+
+// Rotates x (the 8 dims at 8 l of one head; zeros on inactive lanes) and rounds to FP16 as rope.cu
+// stores it. Every lane of the warp calls it (one shuffle per value).
+__device__ __forceinline__ void rope_q8(const QRopeLane& r, bool interleaved, float (&x)[8]) {
+  float y[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) y[e] = __shfl_sync(0xffffffffu, x[e], r.src);
+  if (interleaved) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) y[e] = x[e ^ 1];
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) x[e] = __half2float(__float2half(x[e] * r.c[e] + y[e] * r.s[e]));
+}
+
 // Reduce-scatter of N values across the lanes of a group (bits O, O/2, .., 1 of the lane):
 // afterwards v[0] of a lane is the group's sum of value index (lane's group bits) >> (log2 of
 // group size / N), i.e. lane l of a group of G lanes holds index l / (G / N).
@@ -123,15 +177,16 @@ __device__ __forceinline__ void reduce_scatter(float (&v)[Total], int lane) {
 }
 
 // Attends the row's query heads [0, gn) (gn <= G, at qrow / orow) over keys [lo, hi) cut into
-// `splits` shares; this block takes share `split` (attention_share.cuh: cmb). Call pdl_wait
-// before: this lets the next kernel in.
-// part: as split_attend's ((D + 2) floats per (head, split): acc, m, l; heads `splits` shares
+// `splits` shares; this block takes share `split` (attention_share.cuh: cmb). Call pdl_wait before:
+// this lets the next kernel in. rq: q is rotated as it is loaded (QRope; qrow itself is left as it
+// is). part: as split_attend's ((D + 2) floats per (head, split): acc, m, l; heads `splits` shares
 // apart). L lanes per row (8 or 16, D <= 8 L).
 template <int T, int L, int G, class Kv>
 __device__ __forceinline__ void decode_attend(const Kv& kv, const half* qrow, half* orow,
                                               float* part, int D, int gn, int lo, int hi, int split,
                                               int splits, float scale,
-                                              const split_share::Combine& cmb) {
+                                              const split_share::Combine& cmb,
+                                              const QRope* rq = nullptr) {
   constexpr int R = 32 / L;  // rows per load instruction
   // Row loads per lane per step (registers: 8 dims each, raw and decoded): 8, 4 for 8 heads;
   // 16 for q4 rows of one head (4-byte loads: more rows keep as many bytes in flight). Measured
@@ -155,22 +210,27 @@ __device__ __forceinline__ void decode_attend(const Kv& kv, const half* qrow, ha
   if (share.idle) return;
   const int my_lo = share.lo, my_hi = share.hi;
 
+  // All heads' loads first (a shuffle is a point loads are not moved across), then the rotation.
+  uint4 qraw[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+    qraw[g] = g < gn && active ? *reinterpret_cast<const uint4*>(qrow + g * D + d0)
+                               : make_uint4(0, 0, 0, 0);
+  QRopeLane rl{};
+  if (rq != nullptr) rl = rope_lane<L>(*rq, lane);
   float q[G][8];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
-    if (g < gn && active) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(qrow + g * D + d0);
-      const half2* h2 = reinterpret_cast<const half2*>(&raw);
+    const half2* h2 = reinterpret_cast<const half2*>(&qraw[g]);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 f = __half22float2(h2[e]);
-        q[g][2 * e] = f.x * scale;
-        q[g][2 * e + 1] = f.y * scale;
-      }
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) q[g][e] = 0.0f;
+    for (int e = 0; e < 4; ++e) {
+      const float2 f = __half22float2(h2[e]);
+      q[g][2 * e] = f.x;
+      q[g][2 * e + 1] = f.y;
     }
+    if (rq != nullptr && g < gn) rope_q8(rl, rq->interleaved, q[g]);  // warp-uniform
+#pragma unroll
+    for (int e = 0; e < 8; ++e) q[g][e] *= scale;
   }
   float m[G], lsum[G], acc[G][8];
 #pragma unroll

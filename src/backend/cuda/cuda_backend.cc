@@ -98,6 +98,8 @@ CudaBackend::CudaBackend(int device, const BackendOptions& options)
     graphs_enabled_ = buckets_enabled_ = std::string(g) != "0";
   if (const char* f = std::getenv("GYRE_CUDA_FUSED_ROPE"))
     fused_rope_store_ = std::string(f) != "0";
+  if (const char* r = std::getenv("GYRE_CUDA_ROPE_IN_ATTENTION"))
+    rope_in_attention_ = std::string(r) != "0";
   if (const char* c = std::getenv("GYRE_CUDA_SPLIT_COMBINE"))
     combine_in_kernel_ = std::string(c) != "kernel";
   if (const char* n = std::getenv("GYRE_CUDA_ATTN_SINGLE"); n && *n)

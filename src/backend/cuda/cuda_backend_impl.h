@@ -280,6 +280,8 @@ class CudaBackend final : public Backend {
   bool capturing_ = false;
   bool graphs_enabled_ = true, buckets_enabled_ = true;
   bool fused_rope_store_ = true;  // also the contiguous cache's rope_attention
+  // GYRE_CUDA_ROPE_IN_ATTENTION=0: a decode step's rope + KV store stays its own launch.
+  bool rope_in_attention_ = true;
   uint64_t graph_replays_ = 0;
   bool synthetic_ = false;
   uint64_t synthetic_seed_ = 0;

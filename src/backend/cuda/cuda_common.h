@@ -59,6 +59,30 @@ void rope(half* x, half* x2, const int32_t* positions, const float* inv_freq, co
           cudaStream_t s);
 
 // ---- attention.cu ----
+// Where kv_store writes: one layer's planes, laid out as in AttentionArgs.
+struct KvStoreArgs {
+  void* k_codes = nullptr;
+  void* v_codes = nullptr;
+  half* k_params = nullptr;
+  half* v_params = nullptr;
+  int kv_type = 0;
+  int n = 0, n_kv_heads = 0, head_dim = 0, max_seq = 0;
+};
+// rope of q and k fused with the store (rope_store.cuh; the paged cache's version is in
+// paged_attention.h): q [n, n_heads * head_dim] is rotated in place; k [n, n_kv_heads *
+// head_dim] is rotated on its way into the cache (k itself is left as it was) and v is stored as
+// it is. The rotation is rope.cu's (same f32 math, rounded to FP16 before the store), so the
+// result equals rope then the store.
+struct RopeStoreArgs {
+  half* q = nullptr;
+  const half* k = nullptr;
+  const half* v = nullptr;
+  KvStoreArgs store;                // planes, kv_type, n (rows), n_kv_heads, head_dim, max_seq
+  const float* inv_freq = nullptr;  // [rot_dim / 2] (device)
+  int n_heads = 0, rot_dim = 0;
+  bool interleaved = false;
+  float attn_factor = 1.0f;
+};
 struct AttentionArgs {
   const half* q = nullptr;  // [n_q, n_heads * head_dim]
   // This layer's keys and values: codes [n_kv_heads][max_seq][row codes] (FP16: the halves) and,
@@ -83,6 +107,12 @@ struct AttentionArgs {
   int single_span = 0;
   int trigger_span = 1 << 30;  // PDL: longer contexts let the next kernel in after their keys
   bool prefetch_kv = false;    // the decode block asks L2 for its keys before its PDL wait (sm_90)
+  // Decode (n_q 1, the decode block, in-kernel combine or one split): the rope.k/v row is rotated
+  // and stored, and q rotated as it is loaded, by the attention kernel itself (rope_kv_store's
+  // work without a launch of its own); q stays unrotated in memory. Only where
+  // attention_fuses_rope().
+  bool fuse_rope = false;
+  RopeStoreArgs rope;
 };
 size_t attention_workspace_floats(int n_q, int n_heads, int head_dim, int splits);
 // Counters for a split launch of n_q rows (one per row and head group of <= 8 query heads).
@@ -90,37 +120,17 @@ size_t attention_counters(int n_q, int n_heads, int n_kv_heads);
 // Context shares per query row for the split kernels (contiguous and paged) of `rows` rows whose
 // key ranges are at most max_span long: enough blocks to fill the GPU once. Depends only on
 // shapes, so a captured decode step replays at any position up to max_span.
+// fused_rope: the decode kernel that also rotates and stores (AttentionArgs::fuse_rope).
 int attention_splits(int rows, int n_heads, int n_kv_heads, int head_dim, int kv_type, int max_span,
-                     int sm_count, bool generic_block = false);
-// Where kv_store writes: one layer's planes, laid out as in AttentionArgs.
-struct KvStoreArgs {
-  void* k_codes = nullptr;
-  void* v_codes = nullptr;
-  half* k_params = nullptr;
-  half* v_params = nullptr;
-  int kv_type = 0;
-  int n = 0, n_kv_heads = 0, head_dim = 0, max_seq = 0;
-};
+                     int sm_count, bool generic_block = false, bool fused_rope = false);
 // Writes (quantizing for q8/q4) k, v [n, n_kv_heads * head_dim] at positions *pos0.. of one
 // layer's cache.
 void kv_store(const KvStoreArgs& a, const half* k, const half* v, const int32_t* pos0,
               cudaStream_t s);
 void attention(const AttentionArgs& a, cudaStream_t s);
-// rope of q and k fused with the store (rope_store.cuh; the paged cache's version is in
-// paged_attention.h): q [n, n_heads * head_dim] is rotated in place; k [n, n_kv_heads *
-// head_dim] is rotated on its way into the cache (k itself is left as it was) and v is stored as
-// it is. The rotation is rope.cu's (same f32 math, rounded to FP16 before the store), so the
-// result equals rope then the store.
-struct RopeStoreArgs {
-  half* q = nullptr;
-  const half* k = nullptr;
-  const half* v = nullptr;
-  KvStoreArgs store;                // planes, kv_type, n (rows), n_kv_heads, head_dim, max_seq
-  const float* inv_freq = nullptr;  // [rot_dim / 2] (device)
-  int n_heads = 0, rot_dim = 0;
-  bool interleaved = false;
-  float attn_factor = 1.0f;
-};
+// Whether attention() can do rope_kv_store's work for a.rope inside the decode kernel (a as
+// filled for the launch, splits and counters included).
+bool attention_fuses_rope(const AttentionArgs& a);
 constexpr int kRopeStoreMaxHeadDim = 256;
 // The contiguous cache: row r at position *pos0 + r (kv_store's rows).
 void rope_kv_store(const RopeStoreArgs& a, const int32_t* pos0, cudaStream_t s);

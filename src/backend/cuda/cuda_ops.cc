@@ -245,13 +245,9 @@ void CudaBackend::attend(Tensor& out, const Tensor& q, const Tensor& k, const Te
   st.n_kv_heads = p.n_kv_heads;
   st.head_dim = p.head_dim;
   st.max_seq = c->max_seq();
-  if (rope)  // q is the caller's non-const tensor (rope_attention)
-    rope_kv_store(rope_store_args(static_cast<half*>(q.data), k, v, st, *rope, inv_freq, p.n_heads),
-                  dev_pos0, stream_);
-  else
-    kv_store(st, h(k), h(v), dev_pos0, stream_);
-
   AttentionArgs a;
+  if (rope)  // q is the caller's non-const tensor (rope_attention)
+    a.rope = rope_store_args(static_cast<half*>(q.data), k, v, st, *rope, inv_freq, p.n_heads);
   a.q = h(q);
   a.k_cache = st.k_codes;
   a.v_cache = st.v_codes;
@@ -267,17 +263,28 @@ void CudaBackend::attend(Tensor& out, const Tensor& q, const Tensor& k, const Te
   a.max_seq = c->max_seq();
   a.window = p.sliding_window;
   a.scale = p.scale;
+  auto store = [&] {
+    if (rope)
+      rope_kv_store(a.rope, dev_pos0, stream_);
+    else
+      kv_store(st, h(k), h(v), dev_pos0, stream_);
+  };
   // Many queries (prefill) of a common head size: the tensor-core kernel.
   if (n >= kFlashMinQueries && flash_prefill_supported(p.head_dim)) {
+    store();
     flash_prefill(a, stream_);
     return;
   }
   // The count depends only on shapes (not on the position), so a captured decode step stays
-  // valid as the context grows.
-  a.splits =
-      attention_splits(n, p.n_heads, p.n_kv_heads, p.head_dim, a.kv_type, c->max_seq(), sm_count_);
+  // valid as the context grows. A decode step may rotate and store inside the attention kernel
+  // (GYRE_CUDA_ROPE_IN_ATTENTION=0: never), which changes its occupancy.
+  const bool try_fuse = rope != nullptr && n == 1 && rope_in_attention_;
+  a.splits = attention_splits(n, p.n_heads, p.n_kv_heads, p.head_dim, a.kv_type, c->max_seq(),
+                              sm_count_, false, try_fuse);
   a.partial = workspace(attention_workspace_floats(n, p.n_heads, p.head_dim, a.splits));
   set_split_combine(a, attention_counters(n, p.n_heads, p.n_kv_heads));
+  a.fuse_rope = try_fuse && attention_fuses_rope(a);
+  if (!a.fuse_rope) store();
   cuda::attention(a, stream_);
 }
 

@@ -37,55 +37,47 @@ __device__ __forceinline__ int2 rope_pair_dims(int i, int half_rot, bool interle
   return interleaved ? make_int2(2 * i, 2 * i + 1) : make_int2(i, i + half_rot);
 }
 
-// The block's share of row `row` at position `position`; cache_row(h) is the cache row of KV
-// head h for this row. Called after pdl_begin by all kRopeStoreThreads threads.
-template <int T, class CacheRow>
-__device__ __forceinline__ void rope_store_row(const RopeStoreArgs& a, int row, int position,
-                                               const CacheRow& cache_row) {
-  constexpr int kMaxPairs = kRopeStoreMaxHeadDim / 2;
-  __shared__ float cos_s[kMaxPairs], sin_s[kMaxPairs];
-  __shared__ half staged[kRopeStoreWarps][kRopeStoreMaxHeadDim];
-  const int D = a.store.head_dim, n_kv = a.store.n_kv_heads;
-  const int half_rot = a.rot_dim / 2;
+// cos/sin of the pairs at `position` (f32, full-range sincosf, times attn_factor), thread tid of
+// nthreads; the caller syncs before reading them.
+__device__ __forceinline__ void rope_cos_sin(const RopeStoreArgs& a, int position, float* cos_s,
+                                             float* sin_s, int tid, int nthreads) {
   const float pos = static_cast<float>(position);
-  for (int i = threadIdx.x; i < half_rot; i += kRopeStoreThreads) {
+  for (int i = tid; i < a.rot_dim / 2; i += nthreads) {
     float sn, cs;
     sincosf(pos * a.inv_freq[i], &sn, &cs);
     cos_s[i] = cs * a.attn_factor;
     sin_s[i] = sn * a.attn_factor;
   }
-  __syncthreads();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int head = blockIdx.y * kRopeStoreWarps + warp;
-  if (head >= a.n_heads + 2 * n_kv) return;  // no block-wide barrier follows
+}
 
-  if (head < a.n_heads) {  // q: in place, each pair owned by one thread
-    half* x = a.q + (static_cast<int64_t>(row) * a.n_heads + head) * D;
-    for (int i = lane; i < half_rot; i += 32) {
-      const int2 d = rope_pair_dims(i, half_rot, a.interleaved);
-      const float x0 = __half2float(x[d.x]), x1 = __half2float(x[d.y]);
-      x[d.x] = __float2half(x0 * cos_s[i] - x1 * sin_s[i]);
-      x[d.y] = __float2half(x0 * sin_s[i] + x1 * cos_s[i]);
-    }
-    return;
+// One head's rotated pairs from src to dst (the same pointer: in place; each pair is read and
+// written by one thread), rounded to FP16; copy_rest: dims past rot_dim are copied too.
+__device__ __forceinline__ void rope_head(const RopeStoreArgs& a, const half* src, half* dst,
+                                          const float* cos_s, const float* sin_s, int lane,
+                                          bool copy_rest) {
+  const int half_rot = a.rot_dim / 2;
+  for (int i = lane; i < half_rot; i += 32) {
+    const int2 d = rope_pair_dims(i, half_rot, a.interleaved);
+    const float x0 = __half2float(src[d.x]), x1 = __half2float(src[d.y]);
+    dst[d.x] = __float2half(x0 * cos_s[i] - x1 * sin_s[i]);
+    dst[d.y] = __float2half(x0 * sin_s[i] + x1 * cos_s[i]);
   }
-  const int kv = head >= a.n_heads + n_kv ? 1 : 0;  // 0: a key head, 1: a value head
-  const int h = head - a.n_heads - kv * n_kv;
-  const half* src = (kv ? a.v : a.k) + (static_cast<int64_t>(row) * n_kv + h) * D;
-  half* buf = staged[warp];
-  const int plain_from = kv ? 0 : a.rot_dim;  // values, and dims past rot_dim, go as they are
-  if (!kv) {
-    for (int i = lane; i < half_rot; i += 32) {
-      const int2 d = rope_pair_dims(i, half_rot, a.interleaved);
-      const float x0 = __half2float(src[d.x]), x1 = __half2float(src[d.y]);
-      buf[d.x] = __float2half(x0 * cos_s[i] - x1 * sin_s[i]);
-      buf[d.y] = __float2half(x0 * sin_s[i] + x1 * cos_s[i]);
-    }
-  }
-  for (int d = plain_from + lane; d < D; d += 32) buf[d] = src[d];
+  if (copy_rest)
+    for (int d = a.rot_dim + lane; d < a.store.head_dim; d += 32) dst[d] = src[d];
+}
+
+// Key head (kv 0: rotated) or value head (kv 1) h of row `row` into cache row crow, through the
+// warp's staging buffer buf [head_dim] (one warp; warp-uniform).
+template <int T>
+__device__ __forceinline__ void store_kv_head(const RopeStoreArgs& a, int row, int kv, int h,
+                                              const float* cos_s, const float* sin_s, half* buf,
+                                              int64_t crow, int lane) {
+  const int D = a.store.head_dim;
+  const half* src = (kv ? a.v : a.k) + (static_cast<int64_t>(row) * a.store.n_kv_heads + h) * D;
+  if (!kv) rope_head(a, src, buf, cos_s, sin_s, lane, true);
+  if (kv)  // values go as they are
+    for (int d = lane; d < D; d += 32) buf[d] = src[d];
   __syncwarp();
-
-  const int64_t crow = cache_row(h);
   uint8_t* codes =
       static_cast<uint8_t*>(kv ? a.store.v_codes : a.store.k_codes) + crow * kv_code_bytes_of<T>(D);
   for (int b0 = 0; b0 < D; b0 += 32) {  // warp-uniform trip count (the quantizer shuffles)
@@ -98,6 +90,31 @@ __device__ __forceinline__ void rope_store_row(const RopeStoreArgs& a, int row, 
       kv_quantize_block<T>(active ? __half2float(buf[d]) : 0.0f, active, b0, codes, params);
     }
   }
+}
+
+// The block's share of row `row` at position `position`; cache_row(h) is the cache row of KV
+// head h for this row. Called after pdl_begin by all kRopeStoreThreads threads.
+template <int T, class CacheRow>
+__device__ __forceinline__ void rope_store_row(const RopeStoreArgs& a, int row, int position,
+                                               const CacheRow& cache_row) {
+  constexpr int kMaxPairs = kRopeStoreMaxHeadDim / 2;
+  __shared__ float cos_s[kMaxPairs], sin_s[kMaxPairs];
+  __shared__ half staged[kRopeStoreWarps][kRopeStoreMaxHeadDim];
+  const int D = a.store.head_dim, n_kv = a.store.n_kv_heads;
+  rope_cos_sin(a, position, cos_s, sin_s, threadIdx.x, kRopeStoreThreads);
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int head = blockIdx.y * kRopeStoreWarps + warp;
+  if (head >= a.n_heads + 2 * n_kv) return;  // no block-wide barrier follows
+
+  if (head < a.n_heads) {  // q: in place
+    half* x = a.q + (static_cast<int64_t>(row) * a.n_heads + head) * D;
+    rope_head(a, x, x, cos_s, sin_s, lane, false);
+    return;
+  }
+  const int kv = head >= a.n_heads + n_kv ? 1 : 0;  // 0: a key head, 1: a value head
+  const int h = head - a.n_heads - kv * n_kv;
+  store_kv_head<T>(a, row, kv, h, cos_s, sin_s, staged[warp], cache_row(h), lane);
 }
 
 }  // namespace gyre::cuda
