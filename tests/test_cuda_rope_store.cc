@@ -4,9 +4,10 @@
 // test_cpu_paged_attention.cc), and against the CUDA backend's own unfused pair on a second
 // cache. Each case runs two steps: prompts as chunks (the fused kernel stores rotated keys), then
 // decode rows and further chunks that attend over those stored keys, so both the in-place q and
-// the cache contents are checked. Shapes: head dims 8/40/64/80/96/128/256, GQA and none, page
-// sizes 5/7/16/32, NeoX and interleaved pairs, partial rotation, a YaRN-style attn_factor, and
-// f16/q8/q4 caches. Skipped when no GPU is present.
+// the cache contents are checked; then one decode row per sequence (the decode attention kernel
+// rotates and stores itself, attention_decode.cuh). Shapes: head dims 8/40/64/80/96/128/256, GQA
+// and none, page sizes 5/7/16/32, NeoX and interleaved pairs, partial rotation, a YaRN-style
+// attn_factor, and f16/q8/q4 caches. Skipped when no GPU is present.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -131,29 +132,35 @@ void run_case(const Case& c, std::vector<Seq> seqs, uint32_t seed, const char* k
   std::mt19937 rng(seed);
   // Pages scattered over the pool.
   int total = 0;
-  for (const Seq& q : seqs) total += (q.prompt + q.rows + c.page_size - 1) / c.page_size;
+  for (const Seq& q : seqs) total += (q.prompt + q.rows + 1 + c.page_size - 1) / c.page_size;
   std::vector<int32_t> pool(size_t(total + 5));
   std::iota(pool.begin(), pool.end(), 0);
   std::shuffle(pool.begin(), pool.end(), rng);
   size_t at = 0;
   for (Seq& q : seqs)
-    for (int i = 0; i < (q.prompt + q.rows + c.page_size - 1) / c.page_size; ++i)
+    for (int i = 0; i < (q.prompt + q.rows + 1 + c.page_size - 1) / c.page_size; ++i)
       q.pages.push_back(pool[at++]);
   Runner runner(c, kv, static_cast<int>(pool.size()));
 
   const bool quantized = parse_kv_type(kv) != KvType::F16;
   const double tol = quantized ? 5e-3 : 3e-3;
-  std::vector<int> zeros(seqs.size(), 0), prompts, rows;
-  for (const Seq& q : seqs) prompts.push_back(q.prompt), rows.push_back(q.rows);
+  std::vector<int> zeros(seqs.size(), 0), prompts, rows, ends, ones(seqs.size(), 1);
+  for (const Seq& q : seqs)
+    prompts.push_back(q.prompt), rows.push_back(q.rows), ends.push_back(q.prompt + q.rows);
   for (int layer = 0; layer < Runner::kLayers; ++layer) {
     SCOPED_TRACE("layer " + std::to_string(layer));
     const StepErrors prompt = runner.step(seqs, zeros, prompts, layer, 1 + uint64_t(layer), rng);
     const StepErrors next = runner.step(seqs, prompts, rows, layer, 10 + uint64_t(layer), rng);
-    for (const StepErrors& e : {prompt, next}) {
+    // One decode row per sequence: the decode kernel rotates and stores itself (q's contents
+    // afterwards are unspecified, so only the outputs are compared).
+    const StepErrors decode = runner.step(seqs, ends, ones, layer, 20 + uint64_t(layer), rng);
+    for (const StepErrors& e : {prompt, next, decode}) {
       EXPECT_LT(e.out_cpu, tol);
-      EXPECT_LT(e.q_cpu, 1e-3);
       // The same FP16 rounding as rope then store: equal up to the odd last-bit difference.
       EXPECT_LT(e.out_unfused, 1e-3);
+    }
+    for (const StepErrors& e : {prompt, next}) {  // steps the separate rope/store kernel runs
+      EXPECT_LT(e.q_cpu, 1e-3);
       EXPECT_LT(e.q_unfused, 1e-3);
     }
   }

@@ -204,9 +204,9 @@ class Backend {
   virtual void attention_paged(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
                                PagedKvCache& cache, int layer, const PagedBatch& batch,
                                const AttentionParams& p);
-  // rope_qk of q and k at the batch's positions, then attention_paged (q is left rotated; k's
-  // contents afterwards are unspecified). Default: those two calls; a backend may rotate k on its
-  // way into the cache instead (one pass over q, k and v per layer).
+  // rope_qk of q and k at the batch's positions, then attention_paged (q's and k's contents
+  // afterwards are unspecified). Default: those two calls; a backend may rotate k on its way into
+  // the cache and q as the attention reads it instead (CUDA: decode-only steps).
   virtual void rope_attention_paged(Tensor& out, Tensor& q, Tensor& k, const Tensor& v,
                                     PagedKvCache& cache, int layer, const PagedBatch& batch,
                                     const AttentionParams& p, const RopeTable& table);

@@ -101,60 +101,6 @@ __device__ __forceinline__ void prefetch_share(const AttentionArgs& a, int kvh, 
 #endif
 }
 
-// rope_kv_store's work for one decode row inside the attention kernel (ROPE), arranged for
-// latency: cos/sin before the PDL wait (the position is staged by the host, the table is
-// constant); q rotated in registers as decode_attend loads it (QRope); the new key (rotated) and
-// value stored into the cache by the block whose share ends at it, before its own key loop reads
-// them back (one round of 16-byte loads into shared memory, the rotation there, the store). With
-// two query-head groups per KV head both such blocks store the same bytes.
-struct RopeSmem {
-  float cos[decode_attn::kMaxHeadDim / 2], sin[decode_attn::kMaxHeadDim / 2];
-  __align__(16) half kv[2][decode_attn::kMaxHeadDim];
-};
-
-template <int T>
-__device__ __forceinline__ void store_new_row(const AttentionArgs& a, int kvh, int pos,
-                                              RopeSmem& sm) {
-  const RopeStoreArgs& r = a.rope;
-  const int D = a.head_dim, chunks = D / 8;
-  for (int i = threadIdx.x; i < 2 * chunks; i += decode_attn::kThreads) {
-    const int kv = i / chunks, c = i - kv * chunks;
-    const half* src = (kv ? r.v : r.k) + static_cast<int64_t>(kvh) * D + 8 * c;
-    *reinterpret_cast<uint4*>(sm.kv[kv] + 8 * c) = *reinterpret_cast<const uint4*>(src);
-  }
-  __syncthreads();
-  const int half_rot = r.rot_dim / 2;
-  for (int i = threadIdx.x; i < half_rot; i += decode_attn::kThreads) {
-    const int2 d = rope_pair_dims(i, half_rot, r.interleaved);
-    const float x0 = __half2float(sm.kv[0][d.x]), x1 = __half2float(sm.kv[0][d.y]);
-    sm.kv[0][d.x] = __float2half(x0 * sm.cos[i] - x1 * sm.sin[i]);
-    sm.kv[0][d.y] = __float2half(x0 * sm.sin[i] + x1 * sm.cos[i]);
-  }
-  __syncthreads();
-  const int64_t crow = static_cast<int64_t>(kvh) * a.max_seq + pos;
-  if constexpr (T == kKvF16) {
-    for (int i = threadIdx.x; i < 2 * chunks; i += decode_attn::kThreads) {
-      const int kv = i / chunks, c = i - kv * chunks;
-      half* dst = static_cast<half*>(kv ? r.store.v_codes : r.store.k_codes) + crow * D + 8 * c;
-      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(sm.kv[kv] + 8 * c);
-    }
-  } else {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (warp < 2) {
-      uint8_t* codes = static_cast<uint8_t*>(warp ? r.store.v_codes : r.store.k_codes) +
-                       crow * kv_code_bytes_of<T>(D);
-      half* params = (warp ? r.store.v_params : r.store.k_params) + crow * kv_param_halves_of<T>(D);
-      for (int b0 = 0; b0 < D; b0 += 32) {  // warp-uniform trip count (the quantizer shuffles)
-        const int d = b0 + lane;
-        const bool active = d < D;
-        kv_quantize_block<T>(active ? __half2float(sm.kv[warp][d]) : 0.0f, active, b0, codes,
-                             params);
-      }
-    }
-  }
-  __syncthreads();
-}
-
 template <int T, int L, int G, bool ROPE>
 __global__ void __launch_bounds__(decode_attn::kThreads) decode_kernel(AttentionArgs a, int n_sub) {
   const int D = a.head_dim;
@@ -171,17 +117,14 @@ __global__ void __launch_bounds__(decode_attn::kThreads) decode_kernel(Attention
   const int64_t first = static_cast<int64_t>(qi) * a.n_heads + head0;
   float* part = a.splits > 1 ? a.partial + first * a.splits * (D + 2) : nullptr;
   if constexpr (ROPE) {  // n_q == 1
-    __shared__ RopeSmem sm;
+    __shared__ decode_attn::RopeSmem sm;
     const split_share::Combine cmb = block_combine(a);
     const split_share::Share sh = split_share::share_of(lo, pos + 1, blockIdx.x, a.splits,
                                                         cmb.counter != nullptr, cmb.single_span);
     if (sh.idle) return;
-    rope_cos_sin(a.rope, pos, sm.cos, sm.sin, threadIdx.x, decode_attn::kThreads);
-    __syncthreads();
-    pdl_wait();  // the block lets the next kernel in (attention_share.cuh)
-    if (sh.hi == pos + 1) store_new_row<T>(a, kvh, pos, sm);
-    const decode_attn::QRope rq{sm.cos, sm.sin, a.rope.rot_dim / 2, a.rope.rot_dim,
-                                a.rope.interleaved};
+    // (pdl_wait inside; the block lets the next kernel in: attention_share.cuh)
+    const decode_attn::QRope rq = decode_attn::rope_prologue<T>(
+        a.rope, 0, kvh, pos, static_cast<int64_t>(kvh) * a.max_seq + pos, sh.hi == pos + 1, sm);
     decode_attn::decode_attend<T, L, G>(contiguous_kv(a, kvh), a.q + first * D, a.out + first * D,
                                         part, D, gn, lo, pos + 1, blockIdx.x, a.splits, a.scale,
                                         cmb, &rq);
@@ -323,15 +266,10 @@ void attention(const AttentionArgs& args, cudaStream_t s) {
 
 bool attention_fuses_rope(const AttentionArgs& a) {
   const RopeStoreArgs& r = a.rope;
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return a.n_q == 1 && aligned(r.k) && aligned(r.v) && aligned(r.store.k_codes) &&
-         aligned(r.store.v_codes) && decode_attn::usable(a.head_dim, a.q) && !a.generic_block &&
-         (a.splits == 1 || a.counters != nullptr) && r.q == a.q && r.inv_freq != nullptr &&
-         r.store.n == 1 && r.store.head_dim == a.head_dim && r.store.kv_type == a.kv_type &&
-         r.store.n_kv_heads == a.n_kv_heads && r.store.max_seq == a.max_seq &&
-         r.store.k_codes == a.k_cache && r.store.v_codes == a.v_cache && r.n_heads == a.n_heads &&
-         r.rot_dim > 0 && r.rot_dim <= a.head_dim && r.rot_dim % 2 == 0 &&
-         (r.interleaved || (r.rot_dim / 2) % 8 == 0);
+  return a.n_q == 1 && r.q == a.q && !a.generic_block && (a.splits == 1 || a.counters != nullptr) &&
+         r.store.n == 1 && r.store.max_seq == a.max_seq && r.store.k_codes == a.k_cache &&
+         r.store.v_codes == a.v_cache &&
+         decode_attn::rope_fusable(r, a.head_dim, a.n_heads, a.n_kv_heads, a.kv_type);
 }
 
 size_t attention_counters(int n_q, int n_heads, int n_kv_heads) {

@@ -21,6 +21,7 @@
 #include "backend/cuda/attention_share.cuh"
 #include "backend/cuda/kv_quant.cuh"
 #include "backend/cuda/launch.h"
+#include "backend/cuda/rope_store.cuh"
 
 namespace gyre::cuda::decode_attn {
 
@@ -152,6 +153,86 @@ __device__ __forceinline__ void rope_q8(const QRopeLane& r, bool interleaved, fl
   }
 #pragma unroll
   for (int e = 0; e < 8; ++e) x[e] = __half2float(__float2half(x[e] * r.c[e] + y[e] * r.s[e]));
+}
+
+// rope_kv_store's work for a decode row inside the attention kernels that do it (contiguous
+// cache: attention.cu; paged: paged_attention.cu), arranged for latency: cos/sin before the PDL
+// wait (positions are staged by the host, the table is constant), q rotated in registers as
+// decode_attend loads it (QRope), and the new key (rotated) and value stored into the cache by the
+// block whose share ends at it, before its own key loop reads them (one round of 16-byte loads
+// into shared memory, the rotation there, the store). With two query-head groups per KV head both
+// such blocks store the same bytes.
+struct RopeSmem {
+  float cos[kMaxHeadDim / 2], sin[kMaxHeadDim / 2];
+  __align__(16) half kv[2][kMaxHeadDim];
+};
+
+// Key (rotated) and value of KV head kvh of row `row` of r.k / r.v into cache row crow.
+template <int T>
+__device__ __forceinline__ void store_new_row(const RopeStoreArgs& r, int row, int kvh,
+                                              int64_t crow, RopeSmem& sm) {
+  const int D = r.store.head_dim, chunks = D / 8;
+  const int64_t src_row = static_cast<int64_t>(row) * r.store.n_kv_heads + kvh;
+  for (int i = threadIdx.x; i < 2 * chunks; i += kThreads) {
+    const int kv = i / chunks, c = i - kv * chunks;
+    const half* src = (kv ? r.v : r.k) + src_row * D + 8 * c;
+    *reinterpret_cast<uint4*>(sm.kv[kv] + 8 * c) = *reinterpret_cast<const uint4*>(src);
+  }
+  __syncthreads();
+  const int half_rot = r.rot_dim / 2;
+  for (int i = threadIdx.x; i < half_rot; i += kThreads) {
+    const int2 d = rope_pair_dims(i, half_rot, r.interleaved);
+    const float x0 = __half2float(sm.kv[0][d.x]), x1 = __half2float(sm.kv[0][d.y]);
+    sm.kv[0][d.x] = __float2half(x0 * sm.cos[i] - x1 * sm.sin[i]);
+    sm.kv[0][d.y] = __float2half(x0 * sm.sin[i] + x1 * sm.cos[i]);
+  }
+  __syncthreads();
+  if constexpr (T == kKvF16) {
+    for (int i = threadIdx.x; i < 2 * chunks; i += kThreads) {
+      const int kv = i / chunks, c = i - kv * chunks;
+      half* dst = static_cast<half*>(kv ? r.store.v_codes : r.store.k_codes) + crow * D + 8 * c;
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(sm.kv[kv] + 8 * c);
+    }
+  } else {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (warp < 2) {
+      uint8_t* codes = static_cast<uint8_t*>(warp ? r.store.v_codes : r.store.k_codes) +
+                       crow * kv_code_bytes_of<T>(D);
+      half* params = (warp ? r.store.v_params : r.store.k_params) + crow * kv_param_halves_of<T>(D);
+      for (int b0 = 0; b0 < D; b0 += 32) {  // warp-uniform trip count (the quantizer shuffles)
+        const int d = b0 + lane;
+        const bool active = d < D;
+        kv_quantize_block<T>(active ? __half2float(sm.kv[warp][d]) : 0.0f, active, b0, codes,
+                             params);
+      }
+    }
+  }
+  __syncthreads();
+}
+
+// The block's part before decode_attend (every thread; not for a block without keys): cos/sin at
+// `pos`, the PDL wait, the new row stored at crow when `store`; returns decode_attend's QRope.
+template <int T>
+__device__ __forceinline__ QRope rope_prologue(const RopeStoreArgs& r, int row, int kvh, int pos,
+                                               int64_t crow, bool store, RopeSmem& sm) {
+  rope_cos_sin(r, pos, sm.cos, sm.sin, threadIdx.x, kThreads);
+  __syncthreads();
+  pdl_wait();
+  if (store) store_new_row<T>(r, row, kvh, crow, sm);
+  return QRope{sm.cos, sm.sin, r.rot_dim / 2, r.rot_dim, r.interleaved};
+}
+
+// Whether a decode kernel can do rope_kv_store's work for r on attention rows of head_dim with
+// cache type kv_type (q and the source rows 16-byte aligned: each lane loads 8 dims at once;
+// neox rotations need half_rot % 8 == 0, QRope).
+inline bool rope_fusable(const RopeStoreArgs& r, int head_dim, int n_heads, int n_kv_heads,
+                         int kv_type) {
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return supported(head_dim) && aligned(r.q) && aligned(r.k) && aligned(r.v) &&
+         aligned(r.store.k_codes) && aligned(r.store.v_codes) && r.inv_freq != nullptr &&
+         r.store.head_dim == head_dim && r.store.kv_type == kv_type &&
+         r.store.n_kv_heads == n_kv_heads && r.n_heads == n_heads && r.rot_dim > 0 &&
+         r.rot_dim <= head_dim && r.rot_dim % 2 == 0 && (r.interleaved || (r.rot_dim / 2) % 8 == 0);
 }
 
 // Reduce-scatter of N values across the lanes of a group (bits O, O/2, .., 1 of the lane):

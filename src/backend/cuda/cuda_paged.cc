@@ -327,17 +327,13 @@ void CudaBackend::attend_paged(Tensor& out, const Tensor& q, const Tensor& k, co
   store.n = static_cast<int>(n);
   store.n_kv_heads = p.n_kv_heads;
   store.head_dim = p.head_dim;
+  PagedRopeStoreArgs rs;
   if (rope) {
-    PagedRopeStoreArgs rs;
     // q is the caller's non-const tensor (rope_attention_paged).
     rs.rope = rope_store_args(static_cast<half*>(q.data), k, v, store, *rope, inv_freq, p.n_heads);
     rs.positions = st.positions;
     rs.slots = st.slots;
     rs.page_size = c.page_size();
-    paged_rope_store(rs, stream_);
-  } else {
-    paged_kv_store(store, st.slots, c.page_size(), static_cast<const half*>(k.data),
-                   static_cast<const half*>(v.data), stream_);
   }
 
   PagedAttentionArgs a;
@@ -368,6 +364,18 @@ void CudaBackend::attend_paged(Tensor& out, const Tensor& q, const Tensor& k, co
   if (a.splits > 1)
     a.partial = workspace(paged_workspace_floats(st.n_split_rows, p.n_heads, p.head_dim, a.splits));
   set_split_combine(a, attention_counters(st.n_split_rows, p.n_heads, p.n_kv_heads));
+  // A decode-only step (each row its sequence's only one, padding rows included) rotates and
+  // stores inside the decode kernel (GYRE_CUDA_ROPE_IN_ATTENTION=0: never).
+  if (rope && rope_in_attention_ && batch.rows == batch.seqs + batch.padding_rows) {
+    a.rope = rs.rope;
+    a.slots = st.slots;
+    a.fuse_rope = paged_attention_fuses_rope(a);
+  }
+  if (rope && !a.fuse_rope)
+    paged_rope_store(rs, stream_);
+  else if (!rope)
+    paged_kv_store(store, st.slots, c.page_size(), static_cast<const half*>(k.data),
+                   static_cast<const half*>(v.data), stream_);
   paged_attention(a, stream_);
 }
 

@@ -111,14 +111,35 @@ constexpr int paged_min_blocks() {
 }
 
 // The same grid with the decode block (head dims % 8 == 0 up to 128).
-template <int T, int L, int G>
+// ROPE: the step's rope + store too (PagedAttentionArgs::fuse_rope; the row arrays were staged by
+// the host before the step, so they are read before the PDL wait).
+template <int T, int L, int G, bool ROPE>
 __global__ void __launch_bounds__(decode_attn::kThreads, (paged_min_blocks<T, L, G>()))
     paged_decode_kernel(PagedAttentionArgs a, int n_sub) {
-  pdl_wait();  // the block lets the next kernel in (attention_share.cuh)
-  const PagedSplitBlock b = paged_split_block(a, n_sub);
-  decode_attn::decode_attend<T, L, G>(
-      paged_kv(a, a.row_seq[b.row], b.kvh), a.q + b.first * b.D, a.out + b.first * b.D, b.part, b.D,
-      b.gn, b.lo, b.end, blockIdx.x, a.splits, a.scale, {b.counter, a.single_span, a.trigger_span});
+  if constexpr (ROPE) {
+    __shared__ decode_attn::RopeSmem sm;
+    const PagedSplitBlock b = paged_split_block(a, n_sub);
+    const split_share::Combine cmb{b.counter, a.single_span, a.trigger_span};
+    const split_share::Share sh = split_share::share_of(b.lo, b.end, blockIdx.x, a.splits,
+                                                        b.counter != nullptr, a.single_span);
+    if (sh.idle) return;
+    const int64_t slot = a.slots[b.row];
+    const int64_t crow =
+        (slot / a.page_size * a.n_kv_heads + b.kvh) * a.page_size + slot % a.page_size;
+    // (pdl_wait inside; the block lets the next kernel in: attention_share.cuh)
+    const decode_attn::QRope rq =
+        decode_attn::rope_prologue<T>(a.rope, b.row, b.kvh, b.end - 1, crow, sh.hi == b.end, sm);
+    decode_attn::decode_attend<T, L, G>(paged_kv(a, a.row_seq[b.row], b.kvh), a.q + b.first * b.D,
+                                        a.out + b.first * b.D, b.part, b.D, b.gn, b.lo, b.end,
+                                        blockIdx.x, a.splits, a.scale, cmb, &rq);
+  } else {
+    pdl_wait();  // the block lets the next kernel in (attention_share.cuh)
+    const PagedSplitBlock b = paged_split_block(a, n_sub);
+    decode_attn::decode_attend<T, L, G>(paged_kv(a, a.row_seq[b.row], b.kvh), a.q + b.first * b.D,
+                                        a.out + b.first * b.D, b.part, b.D, b.gn, b.lo, b.end,
+                                        blockIdx.x, a.splits, a.scale,
+                                        {b.counter, a.single_span, a.trigger_span});
+  }
 }
 
 template <int D, int T>
@@ -169,6 +190,14 @@ void paged_kv_store(const KvStoreArgs& a, const int64_t* slots, int page_size, c
   GYRE_CUDA_LAUNCHED();
 }
 
+bool paged_attention_fuses_rope(const PagedAttentionArgs& a) {
+  const RopeStoreArgs& r = a.rope;
+  return a.n_tiles == 0 && a.n_split_rows > 0 && r.store.n == a.n_split_rows && r.q == a.q &&
+         a.slots != nullptr && !a.generic_block && (a.splits == 1 || a.counters != nullptr) &&
+         r.store.k_codes == a.k_cache && r.store.v_codes == a.v_cache &&
+         decode_attn::rope_fusable(r, a.head_dim, a.n_heads, a.n_kv_heads, a.kv_type);
+}
+
 void paged_attention(const PagedAttentionArgs& a, cudaStream_t s) {
   using namespace split_attn;
   GYRE_CHECK(a.head_dim > 0 && a.head_dim <= kMaxHeadDim,
@@ -202,10 +231,16 @@ void paged_attention(const PagedAttentionArgs& a, cudaStream_t s) {
     const int n_sub = (group + kMaxGroup - 1) / kMaxGroup;
     const dim3 grid(static_cast<unsigned>(a.splits), static_cast<unsigned>(a.n_kv_heads * n_sub),
                     static_cast<unsigned>(a.n_split_rows));
-    if (decode_attn::usable(a.head_dim, a.q) && !a.generic_block) {
+    if (a.fuse_rope) {
+      GYRE_CHECK(paged_attention_fuses_rope(a), "paged attention: fuse_rope where it cannot");
       decode_attn::with_shape(a.head_dim, std::min(group, kMaxGroup), [&](auto lanes, auto g) {
-        launch(paged_decode_kernel<T, lanes.value, g.value>, grid, decode_attn::kThreads, 0, s, a,
-               n_sub);
+        launch(paged_decode_kernel<T, lanes.value, g.value, true>, grid, decode_attn::kThreads, 0,
+               s, a, n_sub);
+      });
+    } else if (decode_attn::usable(a.head_dim, a.q) && !a.generic_block) {
+      decode_attn::with_shape(a.head_dim, std::min(group, kMaxGroup), [&](auto lanes, auto g) {
+        launch(paged_decode_kernel<T, lanes.value, g.value, false>, grid, decode_attn::kThreads, 0,
+               s, a, n_sub);
       });
     } else {
       launch(paged_split_kernel<T>, grid, kThreads, smem_bytes(a.head_dim, T), s, a, n_sub);

@@ -37,6 +37,12 @@ struct PagedAttentionArgs {
   const int32_t* tiles = nullptr;
   int n_tiles = 0;
   bool generic_block = false;  // split_attend for every head dim (benches comparing the blocks)
+  // A decode-only step (one row per sequence, no tiles): the decode kernel rotates q as it loads
+  // it and stores each row's rotated key and value at slots[row] (rope_kv_store's work, see
+  // attention_decode.cuh; q stays unrotated in memory). Only where paged_attention_fuses_rope().
+  bool fuse_rope = false;
+  RopeStoreArgs rope;
+  const int64_t* slots = nullptr;  // [rows] (device)
 };
 
 constexpr int kPagedTileRows = 64;
@@ -48,6 +54,9 @@ size_t paged_workspace_floats(int n_split_rows, int n_heads, int head_dim, int s
 void paged_kv_store(const KvStoreArgs& a, const int64_t* slots, int page_size, const half* k,
                     const half* v, cudaStream_t s);
 void paged_attention(const PagedAttentionArgs& a, cudaStream_t s);
+// Whether paged_attention can do the rope + store of a.rope itself (a filled for the launch; the
+// caller checks that every row is its sequence's only row of the step).
+bool paged_attention_fuses_rope(const PagedAttentionArgs& a);
 
 // rope of q and k fused with the store at slots[r] (paged_rope_store.cu; RopeStoreArgs in
 // cuda_common.h; rope.store.max_seq is not used).
