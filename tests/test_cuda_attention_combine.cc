@@ -7,8 +7,8 @@
 // the next launch); head dims 13 (the generic block), 40, 64, 80, 96, 128, 256; GQA and MHA;
 // f16/q8/q4 caches; every share mode through the environment switches read when a CUDA backend is
 // made (GYRE_CUDA_ATTN_SINGLE: 0 = always split, huge = always one block;
-// GYRE_CUDA_SPLIT_COMBINE=kernel: the separate combine kernel). Inputs are FP16-exact, so both
-// backends store identical rows. Skipped without a GPU.
+// GYRE_CUDA_SPLIT_COMBINE=kernel: the separate combine kernel; GYRE_CUDA_ATTN_CHUNK: the smallest
+// share). Inputs are FP16-exact, so both backends store identical rows. Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -115,10 +115,9 @@ TEST(CudaAttentionCombine, EveryShareMode) {
   GYRE_SKIP_WITHOUT_GPU();
   std::mt19937 rng(778);
   const std::vector<std::vector<std::pair<const char*, std::string>>> modes = {
-      {{"GYRE_CUDA_ATTN_SINGLE", "0"}},
-      {{"GYRE_CUDA_ATTN_SINGLE", "100000"}},
-      {{"GYRE_CUDA_ATTN_SINGLE", "200"}},
-      {{"GYRE_CUDA_SPLIT_COMBINE", "kernel"}}};
+      {{"GYRE_CUDA_ATTN_SINGLE", "0"}},   {{"GYRE_CUDA_ATTN_SINGLE", "100000"}},
+      {{"GYRE_CUDA_ATTN_SINGLE", "200"}}, {{"GYRE_CUDA_SPLIT_COMBINE", "kernel"}},
+      {{"GYRE_CUDA_ATTN_CHUNK", "32"}},   {{"GYRE_CUDA_ATTN_CHUNK", "200"}}};
   for (const auto& env : modes)
     for (const char* type : {"f16", "q4"})
       for (const Shape& s : {Shape{4, 1, 128}, Shape{2, 1, 13}})

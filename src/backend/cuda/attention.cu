@@ -42,7 +42,7 @@ __global__ void kv_store_kernel(KvStoreArgs a, const half* k, const half* v, con
 // kernel runs after), the single-block span and the PDL trigger span.
 __device__ __forceinline__ split_share::Combine block_combine(const AttentionArgs& a) {
   return {a.counters && a.splits > 1 ? a.counters + blockIdx.z * gridDim.y + blockIdx.y : nullptr,
-          a.single_span, a.trigger_span};
+          a.single_span, a.trigger_span, a.min_chunk};
 }
 
 // rope_store.cuh's body at the rows kv_store writes (position *pos0 + row).
@@ -84,8 +84,8 @@ __device__ __forceinline__ void prefetch_share(const AttentionArgs& a, int kvh, 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const uint32_t row_bytes = static_cast<uint32_t>(kv_code_bytes_of<T>(a.head_dim));
   const split_share::Combine cmb = block_combine(a);
-  const split_share::Share sh =
-      split_share::share_of(lo, hi, blockIdx.x, a.splits, cmb.counter != nullptr, cmb.single_span);
+  const split_share::Share sh = split_share::share_of(
+      lo, hi, blockIdx.x, a.splits, cmb.counter != nullptr, cmb.single_span, cmb.min_chunk);
   if (sh.idle || sh.hi <= sh.lo || row_bytes % 16 != 0) return;
   const int64_t first = static_cast<int64_t>(kvh) * a.max_seq + sh.lo;
   const uint32_t bytes = static_cast<uint32_t>(sh.hi - sh.lo) * row_bytes;
@@ -119,8 +119,8 @@ __global__ void __launch_bounds__(decode_attn::kThreads) decode_kernel(Attention
   if constexpr (ROPE) {  // n_q == 1
     __shared__ decode_attn::RopeSmem sm;
     const split_share::Combine cmb = block_combine(a);
-    const split_share::Share sh = split_share::share_of(lo, pos + 1, blockIdx.x, a.splits,
-                                                        cmb.counter != nullptr, cmb.single_span);
+    const split_share::Share sh = split_share::share_of(
+        lo, pos + 1, blockIdx.x, a.splits, cmb.counter != nullptr, cmb.single_span, cmb.min_chunk);
     if (sh.idle) return;
     // (pdl_wait inside; the block lets the next kernel in: attention_share.cuh)
     const decode_attn::QRope rq = decode_attn::rope_prologue<T>(
@@ -153,7 +153,7 @@ int attention_splits(int rows, int n_heads, int n_kv_heads, int head_dim, int kv
                      int sm_count, bool generic_block, bool fused_rope) {
   const int group = n_heads / n_kv_heads;
   const int blocks = std::max(1, rows * n_kv_heads * ((group + kMaxGroup - 1) / kMaxGroup));
-  const int max_useful = std::max(1, (max_span + kMinChunk - 1) / kMinChunk);
+  const int max_useful = std::max(1, (max_span + kMinChunk - 1) / kMinChunk);  // (the smallest)
   // split_attend: enough 13.5 KB blocks to fill the GPU a few times over.
   if (!decode_attn::supported(head_dim) || generic_block)
     return blocks >= 2 * sm_count

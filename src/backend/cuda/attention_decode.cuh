@@ -286,8 +286,8 @@ __device__ __forceinline__ void decode_attend(const Kv& kv, const half* qrow, ha
   const bool active = d0 < D;
 
   const bool triggered = split_share::early_trigger(hi - lo, cmb);
-  const split_share::Share share =
-      split_share::share_of(lo, hi, split, splits, cmb.counter != nullptr, cmb.single_span);
+  const split_share::Share share = split_share::share_of(
+      lo, hi, split, splits, cmb.counter != nullptr, cmb.single_span, cmb.min_chunk);
   if (share.idle) return;
   const int my_lo = share.lo, my_hi = share.hi;
 

@@ -37,6 +37,7 @@ struct Combine {
   unsigned* counter;  // this block's (row, head group) counter; null: the combine kernel
   int single_span;    // contexts of at most this many keys take one share
   int trigger_span;
+  int min_chunk = kMinChunk;  // the smallest share
 };
 
 // Lets the next kernel launch (PDL) at the block's start (after pdl_wait) for spans of at most
@@ -56,11 +57,12 @@ struct Share {
 // Share `split` of keys [lo, hi) (hi > lo) among `splits` blocks. combine_in_kernel: counters
 // are used (else every block writes a partial); single_span: contexts this short take one share.
 __device__ __forceinline__ Share share_of(int lo, int hi, int split, int splits,
-                                          bool combine_in_kernel, int single_span) {
+                                          bool combine_in_kernel, int single_span,
+                                          int min_chunk = kMinChunk) {
   const int span = max(1, hi - lo);
   int chunk = span;
   if (splits > 1 && !(combine_in_kernel && span <= single_span))
-    chunk = max((span + splits - 1) / splits, kMinChunk);
+    chunk = max((span + splits - 1) / splits, min_chunk);
   Share s;
   s.lo = min(hi, lo + split * chunk);
   s.hi = min(hi, s.lo + chunk);

@@ -282,6 +282,10 @@ class CudaBackend final : public Backend {
   bool fused_rope_store_ = true;  // also the contiguous cache's rope_attention
   // GYRE_CUDA_ROPE_IN_ATTENTION=0: a decode step's rope + KV store stays its own launch.
   bool rope_in_attention_ = true;
+  // GYRE_CUDA_ATTN_CHUNK=N: the contiguous decode attention's smallest share of keys (32..1024).
+  // 64 = one 16-key step for each of the decode block's 4 warps (H100, 4-bit Llama-3-8B decode
+  // at 129-256 keys: 458.1 -> 461.6-464.7 tok/s against 32; at 8k the shares are longer anyway).
+  int attention_min_chunk_ = 64;
   uint64_t graph_replays_ = 0;
   bool synthetic_ = false;
   uint64_t synthetic_seed_ = 0;
