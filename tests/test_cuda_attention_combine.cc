@@ -8,7 +8,8 @@
 // f16/q8/q4 caches; every share mode through the environment switches read when a CUDA backend is
 // made (GYRE_CUDA_ATTN_SINGLE: 0 = always split, huge = always one block;
 // GYRE_CUDA_SPLIT_COMBINE=kernel: the separate combine kernel; GYRE_CUDA_ATTN_CHUNK: the smallest
-// share). Inputs are FP16-exact, so both backends store identical rows. Skipped without a GPU.
+// share; GYRE_CUDA_ATTN_MERGE=online: no weighted merge past 16 shares). Inputs are FP16-exact, so
+// both backends store identical rows. Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -115,9 +116,10 @@ TEST(CudaAttentionCombine, EveryShareMode) {
   GYRE_SKIP_WITHOUT_GPU();
   std::mt19937 rng(778);
   const std::vector<std::vector<std::pair<const char*, std::string>>> modes = {
-      {{"GYRE_CUDA_ATTN_SINGLE", "0"}},   {{"GYRE_CUDA_ATTN_SINGLE", "100000"}},
-      {{"GYRE_CUDA_ATTN_SINGLE", "200"}}, {{"GYRE_CUDA_SPLIT_COMBINE", "kernel"}},
-      {{"GYRE_CUDA_ATTN_CHUNK", "32"}},   {{"GYRE_CUDA_ATTN_CHUNK", "200"}}};
+      {{"GYRE_CUDA_ATTN_SINGLE", "0"}},    {{"GYRE_CUDA_ATTN_SINGLE", "100000"}},
+      {{"GYRE_CUDA_ATTN_SINGLE", "200"}},  {{"GYRE_CUDA_SPLIT_COMBINE", "kernel"}},
+      {{"GYRE_CUDA_ATTN_CHUNK", "32"}},    {{"GYRE_CUDA_ATTN_CHUNK", "200"}},
+      {{"GYRE_CUDA_ATTN_MERGE", "online"}}};
   for (const auto& env : modes)
     for (const char* type : {"f16", "q4"})
       for (const Shape& s : {Shape{4, 1, 128}, Shape{2, 1, 13}})
@@ -127,8 +129,10 @@ TEST(CudaAttentionCombine, EveryShareMode) {
 TEST(CudaAttentionCombine, LongContextManyShares) {
   GYRE_SKIP_WITHOUT_GPU();
   std::mt19937 rng(779);
-  // 4100 keys: 128 splits of >= 32 keys (125 shares).
+  // 4100 keys: 128 splits of >= 32 keys (125 shares: the weighted merge, and the online one).
   run_attention("f16", Shape{2, 1, 64}, {4099, 1}, {}, rng);
+  run_attention("f16", Shape{2, 1, 64}, {4099, 1}, {{"GYRE_CUDA_ATTN_MERGE", "online"}}, rng);
+  run_attention("q8", Shape{8, 2, 128}, {4099, 1}, {}, rng);
 }
 
 // rope_attention: CPU default (rope_qk + attention) vs the GPU's fused kernel, and vs the GPU's

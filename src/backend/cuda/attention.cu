@@ -42,7 +42,7 @@ __global__ void kv_store_kernel(KvStoreArgs a, const half* k, const half* v, con
 // kernel runs after), the single-block span and the PDL trigger span.
 __device__ __forceinline__ split_share::Combine block_combine(const AttentionArgs& a) {
   return {a.counters && a.splits > 1 ? a.counters + blockIdx.z * gridDim.y + blockIdx.y : nullptr,
-          a.single_span, a.trigger_span, a.min_chunk};
+          a.single_span, a.trigger_span, a.min_chunk, a.weighted_from};
 }
 
 // rope_store.cuh's body at the rows kv_store writes (position *pos0 + row).

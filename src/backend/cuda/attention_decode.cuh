@@ -438,7 +438,8 @@ __device__ __forceinline__ void decode_attend(const Kv& kv, const half* qrow, ha
     }
   }
   if (share.shares > 1 && cmb.counter != nullptr)
-    split_share::combine_if_last(part, orow, cmb.counter, D, gn, splits, share.shares);
+    split_share::combine_if_last<(G >= 4)>(part, orow, cmb.counter, D, gn, splits, share.shares,
+                                           cmb.weighted_from);
 }
 
 // Calls f(std::integral_constant<int, L>{}, std::integral_constant<int, G>{}) for the lanes per

@@ -33,11 +33,15 @@ constexpr int kMaxSplits = 128;
 // competed with the attention's reads (decode 327.6 -> 319.1 tok/s against the separate combine
 // kernel, which lets the GEMV in only once the attention is done), while at 128 keys the overlap
 // helps.
+// Shares from which the last block merges by weights (weighted_merge) instead of online.
+constexpr int kWeightedMerge = 16;
+
 struct Combine {
   unsigned* counter;  // this block's (row, head group) counter; null: the combine kernel
   int single_span;    // contexts of at most this many keys take one share
   int trigger_span;
-  int min_chunk = kMinChunk;  // the smallest share
+  int min_chunk = kMinChunk;           // the smallest share
+  int weighted_from = kWeightedMerge;  // more shares than this: weighted_merge
 };
 
 // Lets the next kernel launch (PDL) at the block's start (after pdl_wait) for spans of at most
@@ -83,9 +87,91 @@ __device__ __forceinline__ Share share_of(int lo, int hi, int split, int splits,
 // round in flight; 16 took the kernels' registers past the attention loop's). Not inlined:
 // inlined, it moved ptxas's register choices for the attention loop before it (one FP16 head of
 // the decode block 96 -> 108 registers, 5 -> 4 resident blocks; one q4 head 128 -> 227).
+// Many shares (long contexts: 49 per head group for Llama-3-8B at 8k keys): the online merge's
+// per-split m and l loads would take most of the last block's round trips, so first one round of
+// them for every (head, share), their weights e^(m_s - M) / L in shared memory, then only the
+// accumulators, 16 splits in flight per output (the registers of 8 in the online merge). Only in
+// the decode blocks of >= 4 query heads (WEIGHTED): the one-head blocks' attention loop needs
+// fewer registers, and the merge's would lower their occupancy (FP16: 96 -> 110 registers).
+// H100, 4-bit Llama-3-8B decode at 8k: see bench/NOTES.md "Session 13".
+constexpr int kMaxMergeHeads = 8;  // a block's query heads (attention_split.cuh: kMaxGroup)
+
+static __device__ __forceinline__ void weighted_merge(const float* part, half* orow, int D, int gn,
+                                                      int splits, int shares) {
+  __shared__ float wn[kMaxMergeHeads][kMaxSplits];
+  const int stride = D + 2;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  constexpr int kPerLane = kMaxSplits / 32;
+  for (int g = warp; g < gn; g += warps) {
+    const float* hp = part + static_cast<int64_t>(g) * splits * stride;
+    float m[kPerLane], ls[kPerLane], mx = -FLT_MAX;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int sh = lane + 32 * k;
+      m[k] = sh < shares ? __ldcg(hp + sh * stride + D) : -FLT_MAX;
+      ls[k] = sh < shares ? __ldcg(hp + sh * stride + D + 1) : 0.0f;
+      mx = fmaxf(mx, m[k]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float w[kPerLane], sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      w[k] = lane + 32 * k < shares ? __expf(m[k] - mx) : 0.0f;
+      sum += ls[k] * w[k];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k)
+      if (lane + 32 * k < shares) wn[g][lane + 32 * k] = w[k] * inv;
+  }
+  __syncthreads();
+  const int width = (D & 1) == 0 ? 2 : 1;
+  const int per_head = D / width, total = gn * per_head;
+  constexpr int kOut = 2;
+  for (int i0 = threadIdx.x; i0 < total; i0 += kOut * blockDim.x) {
+    const float* head[kOut];
+    int dim[kOut], g[kOut];
+    float ax[kOut], ay[kOut];
+#pragma unroll
+    for (int o = 0; o < kOut; ++o) {
+      const int i = min(i0 + o * static_cast<int>(blockDim.x), total - 1);
+      g[o] = i / per_head;
+      head[o] = part + static_cast<int64_t>(g[o]) * splits * stride;
+      dim[o] = width * (i % per_head);
+      ax[o] = ay[o] = 0.0f;
+    }
+#pragma unroll 16
+    for (int sh = 0; sh < shares; ++sh) {
+#pragma unroll
+      for (int o = 0; o < kOut; ++o) {
+        const float* ps = head[o] + sh * stride;
+        const float2 v = width == 2 ? __ldcg(reinterpret_cast<const float2*>(ps + dim[o]))
+                                    : make_float2(__ldcg(ps + dim[o]), 0.0f);
+        const float wt = wn[g[o]][sh];
+        ax[o] += v.x * wt;
+        ay[o] += v.y * wt;
+      }
+    }
+#pragma unroll
+    for (int o = 0; o < kOut; ++o) {
+      const int i = i0 + o * static_cast<int>(blockDim.x);
+      if (i >= total) break;
+      const int d = dim[o];
+      if (width == 2)
+        *reinterpret_cast<half2*>(orow + g[o] * D + d) = __floats2half2_rn(ax[o], ay[o]);
+      else
+        orow[g[o] * D + d] = __float2half(ax[o]);
+    }
+  }
+}
+
+template <bool WEIGHTED = false>
 static __device__ __noinline__ void combine_if_last(const float* part, half* orow,
                                                     unsigned* counter, int D, int gn, int splits,
-                                                    int shares) {
+                                                    int shares, int weighted_from) {
   __shared__ bool last_s;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -105,6 +191,12 @@ static __device__ __noinline__ void combine_if_last(const float* part, half* oro
   const int width = (D & 1) == 0 ? 2 : 1;
   const int per_head = D / width, total = gn * per_head;
   constexpr int kOut = 2;
+  if constexpr (WEIGHTED) {
+    if (shares > weighted_from && shares <= kMaxSplits && gn <= kMaxMergeHeads) {
+      weighted_merge(part, orow, D, gn, splits, shares);
+      return;
+    }
+  }
   for (int i0 = threadIdx.x; i0 < total; i0 += kOut * blockDim.x) {
     const float* head[kOut];  // the head's partial of split 0
     int dim[kOut];

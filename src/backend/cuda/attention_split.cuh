@@ -223,7 +223,8 @@ __device__ __forceinline__ void split_attend(const Kv& kv, const half* qrow, hal
       p[d] = d < D ? acc_s[g * D + d] : (d == D ? m_s[g] : l_s[g]);
     }
     if (cmb.counter != nullptr)
-      split_share::combine_if_last(part, orow, cmb.counter, D, gn, splits, share.shares);
+      split_share::combine_if_last(part, orow, cmb.counter, D, gn, splits, share.shares,
+                                   cmb.weighted_from);
   }
 }
 

@@ -100,6 +100,8 @@ CudaBackend::CudaBackend(int device, const BackendOptions& options)
     fused_rope_store_ = std::string(f) != "0";
   if (const char* r = std::getenv("GYRE_CUDA_ROPE_IN_ATTENTION"))
     rope_in_attention_ = std::string(r) != "0";
+  if (const char* m = std::getenv("GYRE_CUDA_ATTN_MERGE"); m && std::string(m) == "online")
+    attention_weighted_from_ = 1 << 20;
   if (const char* m = std::getenv("GYRE_CUDA_ATTN_CHUNK"); m && *m)
     attention_min_chunk_ = std::clamp(std::atoi(m), 32, 1024);
   if (const char* c = std::getenv("GYRE_CUDA_SPLIT_COMBINE"))

@@ -286,6 +286,9 @@ class CudaBackend final : public Backend {
   // 64 = one 16-key step for each of the decode block's 4 warps (H100, 4-bit Llama-3-8B decode
   // at 129-256 keys: 458.1 -> 461.6-464.7 tok/s against 32; at 8k the shares are longer anyway).
   int attention_min_chunk_ = 64;
+  // GYRE_CUDA_ATTN_MERGE=online: the contiguous decode attention's last block always merges
+  // online (else by weights past 16 shares, attention_share.cuh).
+  int attention_weighted_from_ = 16;
   uint64_t graph_replays_ = 0;
   bool synthetic_ = false;
   uint64_t synthetic_seed_ = 0;

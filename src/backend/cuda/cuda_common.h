@@ -107,6 +107,7 @@ struct AttentionArgs {
   int single_span = 0;
   int trigger_span = 1 << 30;  // PDL: longer contexts let the next kernel in after their keys
   int min_chunk = 32;          // the smallest share of keys (attention_share.cuh: kMinChunk)
+  int weighted_from = 16;      // more shares than this: the weighted merge (attention_share.cuh)
   bool prefetch_kv = false;    // the decode block asks L2 for its keys before its PDL wait (sm_90)
   // Decode (n_q 1, the decode block, in-kernel combine or one split): the rope.k/v row is rotated
   // and stored, and q rotated as it is loaded, by the attention kernel itself (rope_kv_store's

@@ -284,6 +284,7 @@ void CudaBackend::attend(Tensor& out, const Tensor& q, const Tensor& k, const Te
   a.partial = workspace(attention_workspace_floats(n, p.n_heads, p.head_dim, a.splits));
   set_split_combine(a, attention_counters(n, p.n_heads, p.n_kv_heads));
   a.min_chunk = attention_min_chunk_;
+  a.weighted_from = attention_weighted_from_;
   a.fuse_rope = try_fuse && attention_fuses_rope(a);
   if (!a.fuse_rope) store();
   cuda::attention(a, stream_);
