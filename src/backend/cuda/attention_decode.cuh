@@ -187,26 +187,8 @@ __device__ __forceinline__ void store_new_row(const RopeStoreArgs& r, int row, i
     sm.kv[0][d.y] = __float2half(x0 * sm.sin[i] + x1 * sm.cos[i]);
   }
   __syncthreads();
-  if constexpr (T == kKvF16) {
-    for (int i = threadIdx.x; i < 2 * chunks; i += kThreads) {
-      const int kv = i / chunks, c = i - kv * chunks;
-      half* dst = static_cast<half*>(kv ? r.store.v_codes : r.store.k_codes) + crow * D + 8 * c;
-      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(sm.kv[kv] + 8 * c);
-    }
-  } else {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (warp < 2) {
-      uint8_t* codes = static_cast<uint8_t*>(warp ? r.store.v_codes : r.store.k_codes) +
-                       crow * kv_code_bytes_of<T>(D);
-      half* params = (warp ? r.store.v_params : r.store.k_params) + crow * kv_param_halves_of<T>(D);
-      for (int b0 = 0; b0 < D; b0 += 32) {  // warp-uniform trip count (the quantizer shuffles)
-        const int d = b0 + lane;
-        const bool active = d < D;
-        kv_quantize_block<T>(active ? __half2float(sm.kv[warp][d]) : 0.0f, active, b0, codes,
-                             params);
-      }
-    }
-  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;  // key: warp 0, value: warp 1
+  if (warp < 2) store_staged_row<T>(r.store, warp, sm.kv[warp], crow, lane);
   __syncthreads();
 }
 

@@ -186,17 +186,17 @@ static __device__ __noinline__ void combine_if_last(const float* part, half* oro
   }
   __syncthreads();
   if (!last_s) return;
-  const int stride = D + 2;
-  // Dim pairs (8-byte loads: the stride is even) when D is even.
-  const int width = (D & 1) == 0 ? 2 : 1;
-  const int per_head = D / width, total = gn * per_head;
-  constexpr int kOut = 2;
   if constexpr (WEIGHTED) {
     if (shares > weighted_from && shares <= kMaxSplits && gn <= kMaxMergeHeads) {
       weighted_merge(part, orow, D, gn, splits, shares);
       return;
     }
   }
+  const int stride = D + 2;
+  // Dim pairs (8-byte loads: the stride is even) when D is even.
+  const int width = (D & 1) == 0 ? 2 : 1;
+  const int per_head = D / width, total = gn * per_head;
+  constexpr int kOut = 2;
   for (int i0 = threadIdx.x; i0 < total; i0 += kOut * blockDim.x) {
     const float* head[kOut];  // the head's partial of split 0
     int dim[kOut];

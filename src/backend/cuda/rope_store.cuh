@@ -66,6 +66,26 @@ __device__ __forceinline__ void rope_head(const RopeStoreArgs& a, const half* sr
     for (int d = a.rot_dim + lane; d < a.store.head_dim; d += 32) dst[d] = src[d];
 }
 
+// A staged FP16 row buf [head_dim] into cache row crow of the key (kv 0) or value (kv 1) plane,
+// quantized for q8/q4 (one warp; warp-uniform).
+template <int T>
+__device__ __forceinline__ void store_staged_row(const KvStoreArgs& st, int kv, const half* buf,
+                                                 int64_t crow, int lane) {
+  const int D = st.head_dim;
+  uint8_t* codes =
+      static_cast<uint8_t*>(kv ? st.v_codes : st.k_codes) + crow * kv_code_bytes_of<T>(D);
+  for (int b0 = 0; b0 < D; b0 += 32) {  // warp-uniform trip count (the quantizer shuffles)
+    const int d = b0 + lane;
+    const bool active = d < D;
+    if constexpr (T == kKvF16) {
+      if (active) reinterpret_cast<half*>(codes)[d] = buf[d];
+    } else {
+      half* params = (kv ? st.v_params : st.k_params) + crow * kv_param_halves_of<T>(D);
+      kv_quantize_block<T>(active ? __half2float(buf[d]) : 0.0f, active, b0, codes, params);
+    }
+  }
+}
+
 // Key head (kv 0: rotated) or value head (kv 1) h of row `row` into cache row crow, through the
 // warp's staging buffer buf [head_dim] (one warp; warp-uniform).
 template <int T>
@@ -78,18 +98,7 @@ __device__ __forceinline__ void store_kv_head(const RopeStoreArgs& a, int row, i
   if (kv)  // values go as they are
     for (int d = lane; d < D; d += 32) buf[d] = src[d];
   __syncwarp();
-  uint8_t* codes =
-      static_cast<uint8_t*>(kv ? a.store.v_codes : a.store.k_codes) + crow * kv_code_bytes_of<T>(D);
-  for (int b0 = 0; b0 < D; b0 += 32) {  // warp-uniform trip count (the quantizer shuffles)
-    const int d = b0 + lane;
-    const bool active = d < D;
-    if constexpr (T == kKvF16) {
-      if (active) reinterpret_cast<half*>(codes)[d] = buf[d];
-    } else {
-      half* params = (kv ? a.store.v_params : a.store.k_params) + crow * kv_param_halves_of<T>(D);
-      kv_quantize_block<T>(active ? __half2float(buf[d]) : 0.0f, active, b0, codes, params);
-    }
-  }
+  store_staged_row<T>(a.store, kv, buf, crow, lane);
 }
 
 // The block's share of row `row` at position `position`; cache_row(h) is the cache row of KV
