@@ -13,6 +13,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/qlinear_ref.h"
@@ -26,6 +27,16 @@ inline bool have_gpu() {
 }
 
 #define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+// Runs f on scope exit: a test's knob reset even when an assertion returns early.
+template <class F>
+struct AtExit {
+  explicit AtExit(F fn) : f(std::move(fn)) {}
+  AtExit(const AtExit&) = delete;
+  AtExit& operator=(const AtExit&) = delete;
+  ~AtExit() { f(); }
+  F f;
+};
 
 // A device buffer of `n` halves, freed on scope exit.
 struct DeviceHalves {

@@ -1,6 +1,7 @@
 // 2/3/5/6-bit quantized weights on the GPU against the CPU reference dequantizer (qlinear_ref) in
-// float64: GEMV at every n through qlinear_matmul (awkward row and column counts, short tiles),
-// split outputs, and the FP16 dequantization, in the tiled layout with the stream GEMV
+// float64: GEMV at every n through qlinear_matmul (awkward row and column counts, short tiles), the
+// serving-batch kernel beyond 8 tokens, split outputs, and the FP16 dequantization, in the tiled
+// layout with the stream GEMV
 // (qlinear_bits_stream.cu, the default) and in the host layout (qlinear_bits.cu,
 // set_bits_stream(0)); the stream GEMV's fusions (RMSNorm, y +=, SwiGLU); the 2/3/5/6-bit in-place
 // arrangement (qlinear_inplace.h) and the split planes' one (set_bits_decode). Skipped without a
@@ -89,20 +90,26 @@ void expect_dequantized(QWeightDevice& dw, const std::vector<double>& ref,
         << what << " dequantized at " << i;
 }
 
-void check_matmul(const QWeightHost& w, int n, uint32_t seed) {
+// qlinear_matmul of the uploaded dw (w's) on random x and bias (seeds seed, seed + 1) against
+// float64. ref: dequantized(w) when the caller has it.
+void check_uploaded(const QWeightHost& w, const QWeightDevice& dw, int n, uint32_t seed,
+                    const std::vector<double>* ref = nullptr) {
   const int rows = w.desc.rows, cols = w.desc.cols;
   const std::vector<uint16_t> xh = random_halves(size_t(n) * cols, 1.0f, seed);
   const std::vector<uint16_t> bh = random_halves(rows, 0.5f, seed + 1);
-  QWeightDevice dw = qweight_upload(w);
   Halves x(size_t(n) * cols), y(size_t(n) * rows), b(rows);
   x.upload(xh);
   b.upload(bh);
   y.poison();
   qlinear_matmul(dw, x.p, y.p, n, b.p, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
-  const std::vector<uint16_t> yh = y.download();
+  expect_close(w, xh, bh, y.download(), n, ref);
+}
+
+void check_matmul(const QWeightHost& w, int n, uint32_t seed) {
+  QWeightDevice dw = qweight_upload(w);
+  check_uploaded(w, dw, n, seed);
   qweight_free(dw);
-  expect_close(w, xh, bh, yh, n);
 }
 
 struct Narrow {
@@ -120,6 +127,8 @@ const Narrow kLayouts[] = {{2, 32, false, false}, {2, 128, true, false},  {3, 64
 // shared-memory ring on and off), and the FP16 dequantization of each.
 TEST(CudaQbits, OldAndNewDecodeMatchFloat64) {
   if (!qtest::have_gpu()) GTEST_SKIP() << "no CUDA device";
+  qlinear_detail::set_bits_batch(0);  // the stream GEMV at n = 8 too (reset by the scope guard)
+  const qtest::AtExit reset([] { qlinear_detail::set_bits_batch(-1); });
   uint32_t seed = 2000;
   for (const int decode : {1, 0})
     for (const int bits : {2, 3, 5, 6})
@@ -148,18 +157,10 @@ TEST(CudaQbits, OldAndNewDecodeMatchFloat64) {
                 if (mode >= 2 && (decode != 1 || asym || pieces > 2)) continue;
                 qlinear_detail::set_bits_stream_depth(mode == 1 ? 4 : 0);
                 qlinear_detail::set_bits_smem_ring(mode == 2 ? 4 : mode == 3 ? 0 : -1);
-                const int cols = w.desc.cols, rows = w.desc.rows;
-                const std::vector<uint16_t> xh = random_halves(size_t(n) * cols, 1.0f, seed++);
-                const std::vector<uint16_t> bh = random_halves(rows, 0.5f, seed++);
-                Halves x(size_t(n) * cols), y(size_t(n) * rows), b(rows);
-                x.upload(xh);
-                b.upload(bh);
-                y.poison();
-                qlinear_matmul(dw, x.p, y.p, n, b.p, nullptr);
+                check_uploaded(w, dw, n, seed, &ref);
+                seed += 2;
                 qlinear_detail::set_bits_stream_depth(0);
                 qlinear_detail::set_bits_smem_ring(-1);
-                CUDA_OK(cudaDeviceSynchronize());
-                expect_close(w, xh, bh, y.download(), n, &ref);
                 if (HasFatalFailure()) break;
               }
             if (HasFatalFailure()) {
@@ -189,6 +190,63 @@ TEST(CudaQbits, MatmulMatchesFloat64AtEveryN) {
         check_matmul(w, n, seed++);
       }
     }
+}
+
+// The serving-batch kernel (qlinear_batch_stream.cu) on tiled narrow weights beyond 8 tokens:
+// every width, group and symmetry at its default pieces (padded block counts: 1152 columns are 18
+// blocks), act-order in some, token counts that fill 2, 4 and 8-token tiles partly and wholly and
+// take two passes (65, 128), and 2 and 5 tokens with the kernel taking over from 2 rows, on the
+// automatic plan, the K-chunk grid and a stream-K of 3 blocks (ranges that split tile groups); then
+// the GEMV per 8 tokens where the pieces are not the default (no batch instantiation) and with the
+// kernel switched off.
+TEST(CudaQbits, BatchKernelMatchesFloat64) {
+  if (!qtest::have_gpu()) GTEST_SKIP() << "no CUDA device";
+  uint32_t seed = 3000;
+  const int shapes[][2] = {{77, 1152}, {301, 2560}};
+  for (const int bits : {2, 3, 5, 6})
+    for (const int group : {32, 64, 128})
+      for (const bool asym : {false, true})
+        for (const auto& sh : shapes) {
+          const bool perm = (group == 64) != asym;
+          const QWeightHost w = make_weight(bits, group, asym, perm, sh[0], sh[1], seed++);
+          const std::vector<double> ref = dequantized(w);
+          QWeightDevice dw = qweight_upload(w);
+          for (const int plan : {-1, -2, 3})
+            for (const int n : {2, 5, 9, 16, 17, 40, 64, 65, 128}) {
+              if (plan != -1 && n != 17 && n != 40) continue;
+              qlinear_detail::set_bits_batch(n < 5 ? 2 : -1);  // from 2 rows: n = 2 too
+              SCOPED_TRACE(std::to_string(bits) + "b g" + std::to_string(group) +
+                           (asym ? " asym" : " sym") + (perm ? " perm" : "") + " rows " +
+                           std::to_string(sh[0]) + " n " + std::to_string(n) + " plan " +
+                           std::to_string(plan));
+              ASSERT_TRUE(qlinear_runs_direct(dw, n));
+              qlinear_detail::set_batch_stream_config(0, 0, 0, plan);
+              check_uploaded(w, dw, n, seed, &ref);
+              seed += 2;
+              qlinear_detail::set_batch_stream_config(0, 0, 0, -1);
+              qlinear_detail::set_bits_batch(-1);
+              if (HasFatalFailure()) {
+                qweight_free(dw);
+                return;
+              }
+            }
+          qweight_free(dw);
+        }
+  // Not the default pieces, or switched off: not direct (the backend dequantizes); qlinear_matmul
+  // still right through the GEMV per 8 tokens.
+  const QWeightHost w = make_weight(3, 64, false, false, 77, 1152, seed++);
+  const std::vector<double> ref = dequantized(w);
+  for (const int mode : {0, 1}) {
+    qlinear_detail::set_bits_stream_pieces(mode == 0 ? 0 : 1);
+    qlinear_detail::set_bits_batch(mode == 0 ? 0 : -1);  // 0: never
+    QWeightDevice dw = qweight_upload(w);
+    qlinear_detail::set_bits_stream_pieces(0);
+    EXPECT_FALSE(qlinear_runs_direct(dw, 9));
+    check_uploaded(w, dw, 20, seed, &ref);
+    seed += 2;
+    qlinear_detail::set_bits_batch(-1);
+    qweight_free(dw);
+  }
 }
 
 // The host layout and its kernel (GYRE_CUDA_BITS_STREAM=0) on the same awkward shapes.
@@ -236,7 +294,7 @@ TEST(CudaQbits, TallWeightMatchesFloat64) {
 TEST(CudaQbits, SplitOutputsMatchTheWholeWeight) {
   if (!qtest::have_gpu()) GTEST_SKIP() << "no CUDA device";
   const QWeightHost w = make_weight(5, 32, false, false, 70, 1056, 7);
-  for (const int n : {3, 9}) {
+  for (const int n : {3, 9, 70}) {  // the GEMV, the batch kernel, two passes of it
     const int cols = w.desc.cols;
     const std::vector<uint16_t> xh = random_halves(size_t(n) * cols, 1.0f, 70u + n);
     QWeightDevice dw = qweight_upload(w);
@@ -294,6 +352,8 @@ TEST(CudaQbits, DequantizeMatchesReference) {
 // shared memory): they keep the host layout and its kernel.
 TEST(CudaQbits, StreamPiecesAndLongRowsMatchFloat64) {
   if (!qtest::have_gpu()) GTEST_SKIP() << "no CUDA device";
+  qlinear_detail::set_bits_batch(0);  // the stream GEMV at n = 7 too
+  const qtest::AtExit reset([] { qlinear_detail::set_bits_batch(-1); });
   uint32_t seed = 900;
   for (const int pieces : {1, 2, 4, 8}) {  // 8: 2 bits (the others take 4)
     qlinear_detail::set_bits_stream_pieces(pieces);
@@ -337,9 +397,12 @@ TEST(CudaQbits, FusedNormAndAccumulateMatchFloat64) {
       Halves x(size_t(8) * cols), y(size_t(8) * rows), norm(cols);
       x.upload(xh);
       norm.upload(nh);
-      for (const int n : {1, 2, 5, 8}) {
-        ASSERT_TRUE(qlinear_fuses_norm(dw, n));
-        for (int mode = 0; mode < 3; ++mode) {  // norm, y +=, both
+      // The stream GEMV at every n (the batch kernel off), then y += on the batch kernel (from 5
+      // rows by default; the norm is not fused there).
+      for (const int n : {1, 2, 5, 8, -5, -8}) {
+        qlinear_detail::set_bits_batch(n > 0 ? 0 : -1);
+        ASSERT_EQ(qlinear_fuses_norm(dw, std::abs(n)), n > 0);
+        for (int mode = n > 0 ? 0 : 1; mode < (n > 0 ? 3 : 2); ++mode) {  // norm, y +=, both
           SCOPED_TRACE(std::to_string(l.bits) + "b g" + std::to_string(l.group) + " cols " +
                        std::to_string(cols) + " n " + std::to_string(n) + " mode " +
                        std::to_string(mode));
@@ -354,12 +417,11 @@ TEST(CudaQbits, FusedNormAndAccumulateMatchFloat64) {
           } else {
             y.poison();
           }
-          qlinear_matmul(dw, x.p, y.p, n, nullptr, nullptr, f);
+          qlinear_matmul(dw, x.p, y.p, std::abs(n), nullptr, nullptr, f);
           CUDA_OK(cudaDeviceSynchronize());
           std::vector<uint16_t> got = y.download();
           // y += x W: the reference adds the old y as a bias per token.
-          std::vector<uint16_t> sub(size_t(rows) * n);
-          for (int t = 0; t < n; ++t) {
+          for (int t = 0; t < std::abs(n); ++t) {
             std::vector<uint16_t> gt(got.begin() + size_t(t) * rows,
                                      got.begin() + size_t(t + 1) * rows);
             std::vector<uint16_t> bias;
@@ -375,6 +437,7 @@ TEST(CudaQbits, FusedNormAndAccumulateMatchFloat64) {
         }
         if (HasFatalFailure()) break;
       }
+      qlinear_detail::set_bits_batch(-1);
       qweight_free(dw);
       if (HasFatalFailure()) return;
     }
@@ -399,7 +462,7 @@ TEST(CudaQbits, SwigluMatchesFloat64) {
       const QWeightHost fused = qweight_interleave_rows(gate, up, cuda::kSwigluBlock);
       const std::vector<double> gf = dequantized(gate), uf = dequantized(up);
       QWeightDevice dw = qweight_upload(fused);
-      for (const int n : {1, 3, 8}) {
+      for (const int n : {1, 3, 8, 9, 40, 72}) {  // the GEMV, then the batch kernel
         const std::vector<uint16_t> xh = random_halves(size_t(n) * cols, 1.0f, seed++);
         Halves x(size_t(n) * cols), out(size_t(n) * hidden);
         x.upload(xh);

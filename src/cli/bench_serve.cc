@@ -202,7 +202,8 @@ std::vector<int> parse_concurrency(const std::string& list) {
 
 void run_serve_bench(const ServeBenchOptions& o) {
   GYRE_CHECK(o.model.empty() != o.synthetic.empty(), "give either -m MODEL or --synthetic NAME");
-  GYRE_CHECK(o.bits == 16 || o.bits == 8 || o.bits == 4, "--bits must be 16, 8 or 4");
+  GYRE_CHECK(o.bits == 16 || o.bits == 8 || (o.bits >= 2 && o.bits <= 6),
+             "--bits must be 16, 8, 6, 5, 4, 3 or 2");
   GYRE_CHECK(o.decode > 0 && o.prefix > 0 && o.ttft_requests >= 0,
              "bad -n/--prefix/--ttft-requests");
   BackendOptions bo;
@@ -211,6 +212,8 @@ void run_serve_bench(const ServeBenchOptions& o) {
   bo.kv_cache = o.kv_cache;
   std::unique_ptr<Backend> backend = backend_create(o.device, bo);
   const bool cuda = backend->name().rfind("cuda", 0) == 0;
+  GYRE_CHECK(cuda || o.bits == 16 || o.bits == 8 || o.bits == 4,
+             "--bits 2, 3, 5 and 6 need a CUDA device");
 
   std::unique_ptr<LoadedModel> lm;
   if (!o.synthetic.empty()) {

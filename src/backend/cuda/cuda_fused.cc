@@ -230,8 +230,7 @@ void CudaBackend::matmul_split(const std::vector<Tensor*>& outs, const Tensor& x
     split_rows(split, fused, n, o, stream_);
     return;
   }
-  if (is_quantized_tensor(w) && n < kDequantGemmMinRows &&
-      n <= qlinear_direct_max_rows(qweight_of(w).desc)) {
+  if (is_quantized_tensor(w) && n < kDequantGemmMinRows && qlinear_runs_direct(qweight_of(w), n)) {
     qlinear_matmul_split(qweight_of(w), xd, split, n, b, stream_);
     return;
   }
@@ -279,7 +278,7 @@ void CudaBackend::matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_ga
   // No fused epilogue for this path: the fused [n, rows] output, then one SwiGLU kernel.
   half* fused = fused_scratch(static_cast<size_t>(n) * rows);
   if (is_quantized_tensor(w_gate_up) && n < kDequantGemmMinRows &&
-      n <= qlinear_direct_max_rows(qweight_of(w_gate_up).desc)) {
+      qlinear_runs_direct(qweight_of(w_gate_up), n)) {
     qlinear_matmul(qweight_of(w_gate_up), xd, fused, n, nullptr, stream_);
   } else {
     const half* wd = dense_weight(w_gate_up);
@@ -356,8 +355,7 @@ void CudaBackend::norm_matmul_swiglu(Tensor& out, const NormedInput& in, const T
 
 void CudaBackend::matmul_add(Tensor& residual, const Tensor& x, const Tensor& w, Tensor& scratch) {
   const int n = static_cast<int>(x.rows);
-  if (is_quantized_tensor(w) && n < kDequantGemmMinRows &&
-      n <= qlinear_direct_max_rows(qweight_of(w).desc)) {
+  if (is_quantized_tensor(w) && n < kDequantGemmMinRows && qlinear_runs_direct(qweight_of(w), n)) {
     check_f16(residual, "matmul_add");
     check_f16(x, "matmul_add");
     GYRE_CHECK(x.cols == w.cols && residual.cols == w.rows && residual.rows == x.rows,

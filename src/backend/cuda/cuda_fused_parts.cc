@@ -138,8 +138,7 @@ Tensor CudaBackend::upload_parts(const std::vector<TensorView>& parts, FusedKind
 void CudaBackend::group_matmul(const Tensor& w, const half* x, const OutSplit& split, int n,
                                const half* bias, const QlinearFusion& f) {
   const int rows = static_cast<int>(w.rows), in = static_cast<int>(w.cols);
-  if (is_quantized_tensor(w) && n < kDequantGemmMinRows &&
-      n <= qlinear_direct_max_rows(qweight_of(w).desc)) {
+  if (is_quantized_tensor(w) && n < kDequantGemmMinRows && qlinear_runs_direct(qweight_of(w), n)) {
     if (split.parts == 1)
       qlinear_matmul(qweight_of(w), x, split.out[0], n, bias, stream_, f);
     else

@@ -89,7 +89,7 @@ void CudaBackend::matmul(Tensor& out, const Tensor& x, const Tensor& w, const Te
     // longer prefills dequantize the weight into a scratch buffer and use cuBLAS (measured on
     // H100, Llama-3-8B shape: the qlinear WMMA GEMM prefilled 2048 tokens at ~12k tok/s against
     // ~30k for FP16 cuBLAS).
-    if (n < kDequantGemmMinRows && n <= qlinear_direct_max_rows(qweight_of(w).desc)) {
+    if (n < kDequantGemmMinRows && qlinear_runs_direct(qweight_of(w), n)) {
       qlinear_matmul(qweight_of(w), xr, h(out), n, b, stream_);
       return;
     }

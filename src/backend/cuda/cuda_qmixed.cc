@@ -80,7 +80,7 @@ half* CudaBackend::mixed_scratch(size_t halves) {
 
 void CudaBackend::packed_part_matmul(const QWeightDevice& w, const half* x, half* y, int n,
                                      const half* bias) {
-  if (n < kDequantGemmMinRows && n <= qlinear_direct_max_rows(w.desc)) {
+  if (n < kDequantGemmMinRows && qlinear_runs_direct(w, n)) {
     qlinear_matmul(w, x, y, n, bias, stream_);
     return;
   }

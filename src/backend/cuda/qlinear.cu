@@ -26,11 +26,13 @@ void tile_int4_upload(const uint8_t* host_q, const uint8_t* host_scales, const u
                       const Params& p, uint8_t* dst_q, uint8_t* dst_scales, uint8_t* dst_mins);
 void launch_gemv4(const Params& p, cudaStream_t stream);
 void launch_dequant4(const Params& p, __half* out, cudaStream_t stream);
-void launch_batch(const Params& p, cudaStream_t stream);  // qlinear_batch.cu
-bool batch_prefers_gemm(const Params& p);                 // qlinear_batch.cu
-void prepare_batch4();                                    // qlinear_batch4.cu
-void prepare_batch_bulk();                                // qlinear_batch_bulk.cu
-void prepare_batch_stream();                              // qlinear_batch_stream.cu
+void launch_batch(const Params& p, cudaStream_t stream);     // qlinear_batch.cu
+bool batch_prefers_gemm(const Params& p);                    // qlinear_batch.cu
+void prepare_batch4();                                       // qlinear_batch4.cu
+void prepare_batch_bulk();                                   // qlinear_batch_bulk.cu
+void prepare_batch_stream();                                 // qlinear_batch_stream.cu
+bool batch_stream_supported(const Params& p, int pieces_s);  // qlinear_batch_stream.cu
+void launch_batch_stream(const Params& p, cudaStream_t stream, int pieces_s);  // same
 // qlinear_bits.cu: 2/3/5/6 bits (any n, eight tokens per pass) and their dequantization.
 void launch_gemv_bits(const Params& p, cudaStream_t stream);
 void launch_dequant_bits(const Params& p, __half* out, cudaStream_t stream);
@@ -337,6 +339,7 @@ QWeightDevice qweight_upload(const QWeightHost& w) {
           const_cast<uint8_t*>(out.qweight), static_cast<uint8_t*>(const_cast<void*>(out.scales)),
           static_cast<uint8_t*>(const_cast<void*>(out.mins)));
     } else if (out.narrow_tiled) {
+      qlinear_detail::prepare_batch_stream();
       qlinear_detail::tile_bits_upload(w, layout_params(out), out.narrow_tiled,
                                        const_cast<uint8_t*>(out.qweight),
                                        static_cast<uint8_t*>(const_cast<void*>(out.scales)),
@@ -365,11 +368,48 @@ bool gemv4_stream_supported(const Params& p);  // qlinear_gemv_stream.cu
 
 namespace {
 // 2/3/5/6 bits: the kernel of the weight's layout.
+// Tokens per pass of the serving-batch kernel on a tiled narrow weight at p.n > 8 tokens: 64, or
+// fewer where the plan needs it (its split-K workspace on the LM head); 0 where it cannot run.
+Params with_rows(const QWeightDevice& w, int n) {
+  Params p = layout_params(w);
+  p.n = n;
+  return p;
+}
+
+int g_bits_batch = -1;  // set_bits_batch
+
+// The fewest rows for the narrow serving-batch kernel (0: never). By default 5: on H100
+// (synthetic llama3-8b serving, forward ms per step, bench/NOTES.md session 14) the stream GEMV
+// wins at 2 rows (3-bit 2.41 against 2.86), ties at 4 (2.90 / 2.86) and loses at 8 (4.69 / 2.93).
+constexpr int kBitsBatchMinRows = 5;
+int bits_batch_min_rows() {
+  if (g_bits_batch < 0) {
+    const char* e = std::getenv("GYRE_CUDA_BITS_BATCH");
+    g_bits_batch =
+        e != nullptr ? std::clamp(std::atoi(e), 0, kQlinearBatchMaxRows + 1) : kBitsBatchMinRows;
+  }
+  return g_bits_batch == 0 ? kQlinearBatchMaxRows + 1 : g_bits_batch;
+}
+
+int narrow_batch_chunk(const QWeightDevice& w, Params p) {
+  if (w.narrow_tiled == 0 || p.n < bits_batch_min_rows()) return 0;
+  for (const int chunk : {64, 32, 16}) {
+    p.n = std::min(p.n, chunk);
+    if (qlinear_detail::batch_stream_supported(p, w.narrow_tiled)) return chunk;
+  }
+  return 0;
+}
+
 void launch_narrow(const QWeightDevice& w, const Params& p, cudaStream_t stream) {
-  if (w.narrow_tiled > 0)
+  if (const int chunk = narrow_batch_chunk(w, p); chunk > 0) {
+    for (int t0 = 0; t0 < p.n; t0 += chunk)
+      qlinear_detail::launch_batch_stream(token_chunk(p, t0, std::min(chunk, p.n - t0)), stream,
+                                          w.narrow_tiled);
+  } else if (w.narrow_tiled > 0) {
     qlinear_detail::launch_gemv_bits_stream(p, w.narrow_tiled, stream);
-  else
+  } else {
     qlinear_detail::launch_gemv_bits(p, stream);
+  }
 }
 
 // The fusions go into the kernel's parameters; the norm only where the stream GEMV runs.
@@ -394,7 +434,8 @@ Params fused_params(const QWeightDevice& w, const __half* x, __half* y, int n, c
 
 bool qlinear_fuses_norm(const QWeightDevice& w, int n) {
   if (w.desc.trellis) return false;  // always rotated: the backend normalises and rotates first
-  if (w.narrow_tiled > 0) return n >= 1 && n <= 8;       // the stream GEMV, x staged per pass
+  if (w.narrow_tiled > 0)            // the stream GEMV, x staged per pass
+    return n >= 1 && n <= 8 && narrow_batch_chunk(w, with_rows(w, n)) == 0;
   if (w.desc.bits != 4 || n < 1 || n > 2) return false;  // where the stream GEMV is the default
   Params p = layout_params(w);
   p.n = n;
@@ -426,7 +467,8 @@ bool qlinear_fuses_rotation(const QWeightDevice& w, int n) {
       (b & (b - 1)) != 0 || w.desc.cols % b != 0 || w.perm != nullptr ||
       reinterpret_cast<uintptr_t>(w.had_signs) % 16 != 0 || w.had_signs == nullptr)
     return false;
-  if (w.narrow_tiled > 0) return n >= 1 && n <= 8;  // bits_tiled_layout leaves room for the signs
+  if (w.narrow_tiled > 0)  // bits_tiled_layout leaves room for the signs
+    return n >= 1 && n <= 8 && narrow_batch_chunk(w, with_rows(w, n)) == 0;
   if (w.desc.bits != 4 || n < 1 || n > 2) return false;
   Params p = layout_params(w);
   p.n = n;
@@ -484,7 +526,7 @@ bool qlinear_gemv_swiglu(const QWeightDevice& w, const __half* x, __half* out, i
   // 8-bit decode: the CUDA-core GEMV + SwiGLU kernel beats the batch kernel at n <= 4 (28672
   // rows, n = 1: 47 + ~3 us against 72 us on H100).
   if (n < 1 || n > kQlinearBatchMaxRows || (w.desc.bits == 8 && n <= kGemv8MaxRows) ||
-      (w.desc.narrow() && (w.narrow_tiled == 0 || n > 8)) ||
+      (w.desc.narrow() && !qlinear_runs_direct(w, n)) ||
       (w.desc.trellis && n > 8))  // else the caller's matmul + SwiGLU
     return false;
   GYRE_CHECK(!f.accumulate, "qlinear: SwiGLU outputs do not accumulate");
@@ -501,7 +543,7 @@ bool qlinear_gemv_swiglu(const QWeightDevice& w, const __half* x, __half* out, i
     return false;  // the caller's GEMM + SwiGLU path
   p.swiglu_hidden = hidden;
   if (w.narrow_tiled > 0) {
-    qlinear_detail::launch_gemv_bits_stream(p, w.narrow_tiled, stream);
+    launch_narrow(w, p, stream);
   } else if (w.desc.bits == 4 && n <= 8) {
     qlinear_detail::launch_gemv4(p, stream);
   } else {
@@ -509,6 +551,13 @@ bool qlinear_gemv_swiglu(const QWeightDevice& w, const __half* x, __half* out, i
   }
   check_cuda(cudaGetLastError(), "qlinear swiglu launch");
   return true;
+}
+
+bool qlinear_runs_direct(const QWeightDevice& w, int n) {
+  if (n < 1 || n > kQlinearBatchMaxRows) return false;
+  if (w.desc.trellis) return n <= kQlinearNarrowMaxRows;
+  if (!w.desc.narrow() || n <= kQlinearNarrowMaxRows) return true;
+  return narrow_batch_chunk(w, with_rows(w, n)) > 0;
 }
 
 void qlinear_batch(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
@@ -587,6 +636,13 @@ bool qlinear_pdl() {
     return e == nullptr || std::string(e) != "0";
   }();
   return on;
+}
+
+void set_bits_batch(int min_rows) {
+  GYRE_CHECK(min_rows >= -1 && min_rows <= kQlinearBatchMaxRows + 1,
+             "qlinear: the narrow batch kernel's fewest rows must be -1..",
+             kQlinearBatchMaxRows + 1);
+  g_bits_batch = min_rows;
 }
 
 void set_gemv_rows_per_block(int rows) {

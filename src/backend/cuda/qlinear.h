@@ -83,9 +83,10 @@ bool qlinear_fuses_rotation(const QWeightDevice& w, int n);
 // stream batch kernel, qlinear_batch_stream.cu), gemm beyond and for n > 64 on the largest
 // weights.
 // 2/3/5/6 bits: every entry point runs the narrow-width GEMV (tiled: the stream kernel of
-// qlinear_bits_stream.cu, up to eight tokens per pass; host layout: qlinear_bits.cu, eight tokens
-// per pass), bandwidth-bound at n <= 8; callers with a cuBLAS handle should dequantize to FP16
-// beyond qlinear_direct_max_rows (the CUDA backend does).
+// qlinear_bits_stream.cu; host layout: qlinear_bits.cu, eight tokens per pass), except from 5
+// rows on tiled in-place weights the serving-batch kernel (set_bits_batch); beyond 8 rows
+// without it the GEMV per 8 tokens; callers with a cuBLAS handle should dequantize to FP16 where
+// qlinear_runs_direct is false (the CUDA backend does).
 // x must be 16-byte aligned; bias may be null.
 void qlinear_gemv(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
                   cudaStream_t stream, const QlinearFusion& f = {});
@@ -99,21 +100,22 @@ void qlinear_gemm(const QWeightDevice& w, const __half* x, __half* y, int n, con
                   cudaStream_t stream);
 void qlinear_matmul(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
                     cudaStream_t stream, const QlinearFusion& f = {});
-// The largest n for which qlinear_matmul beats qlinear_dequantize + an FP16 GEMM: 8 for the
-// narrow widths and trellis-coded weights (one GEMV pass per 8 tokens), kQlinearBatchMaxRows for
-// 4/8 bits.
+// Whether qlinear_matmul at n rows beats qlinear_dequantize + an FP16 GEMM: 4/8 bits up to
+// kQlinearBatchMaxRows; tiled 2/3/5/6-bit weights (in-place arrangement) up to
+// kQlinearBatchMaxRows too (from 5 rows the serving-batch kernel of qlinear_batch_stream.cu, up to
+// 64 tokens per pass), else up to kQlinearNarrowMaxRows (one GEMV pass per 8 tokens), as
+// trellis-coded ones.
 constexpr int kQlinearNarrowMaxRows = 8;
-inline int qlinear_direct_max_rows(const QWeightDesc& d) {
-  return d.narrow() || d.trellis ? kQlinearNarrowMaxRows : kQlinearBatchMaxRows;
-}
+bool qlinear_runs_direct(const QWeightDevice& w, int n);
 
 // qlinear_matmul with the output rows split over up to three tensors (fused Q|K|V).
 void qlinear_matmul_split(const QWeightDevice& w, const __half* x, const cuda::OutSplit& outs,
                           int n, const __half* bias, cudaStream_t stream,
                           const QlinearFusion& f = {});
 // out [n, hidden] = silu(x . gate) * (x . up) for a gate/up weight interleaved by 8 rows
-// (cuda/out_split.h), in one pass over the weight: 4-bit or tiled 2/3/5/6-bit n <= 8 (GEMV) or
-// 4/8-bit n <= kQlinearBatchMaxRows (batch kernel); false (nothing launched) otherwise.
+// (cuda/out_split.h), in one pass over the weight (per 64 tokens): 4-bit or tiled 2/3/5/6-bit
+// n <= 8 (GEMV), 4/8-bit n <= kQlinearBatchMaxRows or tiled 2/3/5/6-bit where qlinear_runs_direct
+// (batch kernels); false (nothing launched) otherwise.
 bool qlinear_gemv_swiglu(const QWeightDevice& w, const __half* x, __half* out, int n, int hidden,
                          cudaStream_t stream, const QlinearFusion& f = {});
 
@@ -182,6 +184,11 @@ void set_bits_stream_depth(int depth);
 // The shared-memory ring for symmetric in-place weights of 1 or 2 blocks per piece: by width (-1,
 // the default: GYRE_CUDA_BITS_SMEM=0|4, else 5 and 6 bits), off (0), at every width (4).
 void set_bits_smem_ring(int mode);
+// Tiled 2/3/5/6 bits: the fewest rows from which the serving-batch kernel of
+// qlinear_batch_stream.cu runs instead of the stream GEMV (2..129; 0: never, so beyond 8 rows the
+// GEMV per 8 tokens inside qlinear and FP16 dequantization + cuBLAS in the backend), or
+// GYRE_CUDA_BITS_BATCH (-1, the default: that variable's number, else 5).
+void set_bits_batch(int min_rows);
 // Test hook: the upload's repack of a 2/3/5/6-bit weight into the tiled layout (pieces_s blocks
 // per piece, inplace: the in-place arrangement) run on the CPU, as u32 words.
 std::vector<uint32_t> tile_bits_on_host(const QWeightHost& w, int pieces_s, bool inplace);

@@ -26,13 +26,13 @@
 
 namespace gyre::qlinear_detail {
 
-void check_cuda(cudaError_t e, const char* what);                // qlinear.cu
-void launch_batch4(const Params& p, cudaStream_t stream);        // qlinear_batch4.cu
-void launch_batch_bulk(const Params& p, cudaStream_t stream);    // qlinear_batch_bulk.cu
-bool batch_bulk_preferred(const Params& p);                      // qlinear_batch_bulk.cu
-void launch_batch_stream(const Params& p, cudaStream_t stream);  // qlinear_batch_stream.cu
-bool batch_stream_supported(const Params& p);                    // qlinear_batch_stream.cu
-bool batch_stream_preferred(const Params& p);                    // qlinear_batch_stream.cu
+void check_cuda(cudaError_t e, const char* what);              // qlinear.cu
+void launch_batch4(const Params& p, cudaStream_t stream);      // qlinear_batch4.cu
+void launch_batch_bulk(const Params& p, cudaStream_t stream);  // qlinear_batch_bulk.cu
+bool batch_bulk_preferred(const Params& p);                    // qlinear_batch_bulk.cu
+void launch_batch_stream(const Params& p, cudaStream_t stream, int pieces_s);  // (1 at 4 bits)
+bool batch_stream_supported(const Params& p, int pieces_s);  // qlinear_batch_stream.cu
+bool batch_stream_preferred(const Params& p);                // qlinear_batch_stream.cu
 
 namespace {
 
@@ -341,9 +341,9 @@ void launch_batch(const Params& p, cudaStream_t stream) {
     const bool automatic = g_batch_kernel == 0 || g_batch_kernel == 5 || g_batch_kernel == 6;
     if (g_batch_kernel == 2 && p.perm == nullptr) return launch_batch_bulk(p, stream);
     if (g_batch_kernel == 3) return launch_batch4(p, stream);
-    if ((g_batch_kernel == 5 && batch_stream_supported(p)) ||
+    if ((g_batch_kernel == 5 && batch_stream_supported(p, 1)) ||
         (g_batch_kernel == 0 && batch_stream_preferred(p)))
-      return launch_batch_stream(p, stream);
+      return launch_batch_stream(p, stream, 1);
     if (automatic && batch_bulk_preferred(p)) return launch_batch_bulk(p, stream);
     if (automatic && !(p.n <= 32 && p.tiles >= 128 && p.tiles < 384))
       return launch_batch4(p, stream);

@@ -1,4 +1,5 @@
-// 4-bit serving-batch matmul (n = 9..64) built like the stream GEMV (qlinear_gemv_stream.cu):
+// Serving-batch matmul (n = 9..64) of 4-bit weights and of tiled 2/3/5/6-bit weights (in-place
+// arrangement, qlinear_bits_stream.cu), built like the stream GEMV (qlinear_stream.cuh):
 // x staged once per thread block in shared memory, every warp keeping D column blocks of weights
 // (and their scales) in flight in a register ring, the first D requested before the PDL wait;
 // the math of the tensor-core batch kernels (dequantized A fragments from registers, x as B
@@ -8,20 +9,27 @@
 // ~10-16 GB/s per thread block, too few bytes in flight per SM; the register ring fixed that for
 // the n = 1 GEMV. Here it is applied to 9..64 tokens.
 //
+// The narrow widths had no such kernel: above 8 tokens they were dequantized to FP16 for cuBLAS,
+// writing and reading 2 bytes per weight every step (or ran the GEMV once per 8 tokens).
+//
 // Work split: a tile group is W = 8 or 16 warps x MT 16-row tiles; a block runs a range of its
-// 64-column blocks and stages x [8 NT tokens][those columns] (its size bounds the range). Two
-// partitions (see Range): a grid of K-chunks, or stream-K (one equal range of (group, column
-// block) pairs per block, one wave). A group run by one block stores directly. Otherwise the
-// pieces' partial fragments meet in a global float workspace by vector atomics
-// (red.global.add.v4.f32) in fragment order, and the warp that arrives last for its tiles (a
-// per-warp counter) reads the sums, clears the workspace and counter for the next launch, and
-// runs the same epilogue (bias, split outputs, SwiGLU, accumulate). The workspace is a fixed
+// units (64-column blocks at 4 bits, one or two blocks of a piece at 2/3/5/6 bits) and stages x [8
+// NT tokens][those columns] (its size bounds the range). Two partitions (see Range): a grid of
+// K-chunks, or stream-K (one equal range of (group, column block) pairs per block, one wave). A
+// group run by one block stores directly. Otherwise the pieces' partial fragments meet in a global
+// float workspace by vector atomics (red.global.add.v4.f32) in fragment order, and the warp that
+// arrives last for its tiles (a per-warp counter) reads the sums, clears the workspace and counter
+// for the next launch, and runs the same epilogue (bias, split outputs, SwiGLU, accumulate). The
+// workspace is a fixed
 // __device__ array: no allocation (graph capture) and no memset; kernels of this family on one
 // stream never overlap in their post-wait parts (PDL waits for the previous grid's completion),
 // but two streams running them at once would share it (the CUDA backend has one stream).
 #include <algorithm>
 
+#include "backend/cuda/qlinear_inplace.cuh"
 #include "backend/cuda/qlinear_kernels.cuh"
+#include "backend/cuda/qlinear_stream.cuh"
+#include "core/error.h"
 
 namespace gyre::qlinear_detail {
 
@@ -30,7 +38,6 @@ void prepare_batch_stream();
 
 namespace {
 
-constexpr int kDepth = 4;  // column blocks in flight per warp (round 5: D = 4)
 constexpr int kXPad = 32;  // halves after each x row: rows 64 bytes apart mod 128
 // x per block of 8 warps (two to three blocks in an SM's 227 KB); twice that for 16 warps.
 constexpr int kSmemPer8Warps = 72 * 1024;
@@ -41,11 +48,24 @@ __device__ unsigned g_count[kMaxUnits];  // zero between launches
 constexpr int kStreamKAuto = -1;         // set_batch_stream_config (-2: the K-chunk grid)
 int g_mt = 0, g_ks = 0, g_warps = 0, g_streamk = kStreamKAuto, g_sms = 0, g_optin = 0;
 
-template <int MT, bool G32, bool ASYM>
+// The weights of one instantiation: 4-bit tiled words (BITS 4, S 1), or tiled 2/3/5/6-bit
+// pieces of S blocks in the in-place arrangement (per 16-row tile 128 BITS S bytes: each lane's
+// low-plane words, then each lane's high-plane ones). The kernel walks units of kU = min(S, 2)
+// blocks (64 kU columns): with whole pieces of 4 or 8 blocks in a 2-deep register ring, their
+// scales (two words per block at g32, twice that with mins) spilled.
+template <int BITS, int S>
+struct Piece {
+  static constexpr int kLo = StreamPlanes<BITS>::kLo, kHi = StreamPlanes<BITS>::kHi;
+  static constexpr int kU = S < 2 ? S : 2, kBytes = 128 * BITS * S, kCols = 64 * kU;
+  static constexpr int kDepth = kU >= 2 ? 2 : 4;  // units in flight per warp (round 5: 4 blocks)
+};
+
+template <int BITS, int S, int MT, bool G32, bool ASYM>
 struct Slot {
-  uint4 q[MT];
-  uint32_t s[MT][G32 ? 2 : 1];               // f16 (row g, row g + 8) per group half
-  uint32_t m[MT][ASYM ? (G32 ? 2 : 1) : 1];  // same for the mins (unused when symmetric)
+  static constexpr int kU = Piece<BITS, S>::kU, kScales = kU * (G32 ? 2 : 1);
+  uint32_t q[MT][BITS * kU];           // low-plane words of the unit's blocks, then high-plane ones
+  uint32_t s[MT][kScales];             // f16 (row g, row g + 8) per group of each block
+  uint32_t m[MT][ASYM ? kScales : 1];  // same for the mins (unused when symmetric)
 };
 
 __device__ __forceinline__ uint32_t scale_pair(const void* base, bool f32, int64_t idx) {
@@ -76,63 +96,77 @@ __device__ __forceinline__ int64_t block_of(int64_t f, int64_t total) {
   return ((f + 1) * gridDim.x - 1) / total;  // the block whose stream-K range holds f
 }
 
-template <int W, int MT, int NT, bool G32, bool ASYM>
+template <int BITS, int S, int W, int MT, int NT, bool G32, bool ASYM>
 __global__ void __launch_bounds__(W * 32, W == 8 && MT * NT <= 8 ? 2 : 1)
     bstream_kernel(Params p, int per, int streamk) {
+  using Pc = Piece<BITS, S>;
+  using SlotT = Slot<BITS, S, MT, G32, ASYM>;
+  constexpr int kGroups = G32 ? 2 : 1;  // scale groups per 64-column block
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __half* xs = reinterpret_cast<__half*>(smem_raw);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int groups = ((p.tiles + MT - 1) / MT + W - 1) / W;
-  const int64_t total = int64_t{groups} * p.kblocks;
+  const int units = p.kblocks / Pc::kU;
+  const int64_t total = int64_t{groups} * units;
   Range r;
   if (streamk) {
     r.begin = int64_t{blockIdx.x} * total / gridDim.x;
     r.end = int64_t{blockIdx.x + 1} * total / gridDim.x;
   } else {
-    r.begin = int64_t{blockIdx.x} * p.kblocks + min(p.kblocks, static_cast<int>(blockIdx.y) * per);
-    r.end =
-        int64_t{blockIdx.x} * p.kblocks + min(p.kblocks, static_cast<int>(blockIdx.y + 1) * per);
+    r.begin = int64_t{blockIdx.x} * units + min(units, static_cast<int>(blockIdx.y) * per);
+    r.end = int64_t{blockIdx.x} * units + min(units, static_cast<int>(blockIdx.y + 1) * per);
   }
+  // 4 bits: int4_word_to_fragment's bases; 2/3/5/6 bits: the in-place decode's offset.
   const __half2 lo_base = __float2half2_rn(ASYM ? 1024.f : 1032.f);
   const __half2 hi_base = __float2half2_rn(ASYM ? -64.f : -72.f);
+  constexpr uint32_t kOffset = ASYM ? 0u : 1u << (BITS - 1);
   bool first = true;
 
   for (int64_t f = r.begin; f < r.end;) {
-    const int grp = static_cast<int>(f / p.kblocks);
-    const int kb0 = static_cast<int>(f % p.kblocks);
-    const int kb1 = static_cast<int>(min(int64_t{p.kblocks}, kb0 + (r.end - f)));
-    f += kb1 - kb0;
-    const int pieces = streamk
-                           ? static_cast<int>(block_of(int64_t{grp + 1} * p.kblocks - 1, total) -
-                                              block_of(int64_t{grp} * p.kblocks, total) + 1)
-                           : static_cast<int>(gridDim.y);
+    const int grp = static_cast<int>(f / units);
+    const int u0 = static_cast<int>(f % units);
+    const int u1 = static_cast<int>(min(int64_t{units}, u0 + (r.end - f)));
+    f += u1 - u0;
+    const int pieces = streamk ? static_cast<int>(block_of(int64_t{grp + 1} * units - 1, total) -
+                                                  block_of(int64_t{grp} * units, total) + 1)
+                               : static_cast<int>(gridDim.y);
     const int unit = grp * W + warp;  // this warp's MT tiles
     const int tile0 = unit * MT;
     const bool active = tile0 < p.tiles;  // surplus warps only help stage x
     int tiles[MT];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) tiles[mt] = min(tile0 + mt, p.tiles - 1);
-    const int nb = active ? kb1 - kb0 : 0;
+    const int nb = active ? u1 - u0 : 0;
 
-    auto fetch = [&](int kb, Slot<MT, G32, ASYM>& d) {
-      const int gi = G32 ? 2 * kb : (64 * kb) >> p.group_log2;
+    auto fetch = [&](int u, SlotT& d) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        d.q[mt] = load_stream(p.qweight + ((int64_t{tiles[mt]} * p.kblocks + kb) * 32 + lane) * 16);
+        // block b0 = u kU is block k0 of its piece; the lane's words of a block are contiguous
+        const int b0 = u * Pc::kU, k0 = b0 % S;
+        const uint8_t* base =
+            p.qweight + (int64_t{tiles[mt]} * (p.kblocks / S) + b0 / S) * Pc::kBytes;
+        load_stream_words<Pc::kLo * Pc::kU>(base + (lane * S + k0) * 4 * Pc::kLo, d.q[mt]);
+        if constexpr (Pc::kHi > 0)
+          load_stream_words<Pc::kHi * Pc::kU>(
+              base + 128 * Pc::kLo * S + (lane * S + k0) * 4 * Pc::kHi, d.q[mt] + Pc::kLo * Pc::kU);
 #pragma unroll
-        for (int k = 0; k < (G32 ? 2 : 1); ++k) {
-          const int64_t idx = (int64_t{tiles[mt]} * p.groups_p + gi + k) * 16 + 2 * g;
-          d.s[mt][k] = scale_pair(p.scales, p.scale_f32, idx);
-          if constexpr (ASYM) d.m[mt][k] = scale_pair(p.mins, p.scale_f32, idx);
+        for (int sb = 0; sb < Pc::kU; ++sb) {
+          const int b = b0 + sb, gi = G32 ? 2 * b : (64 * b) >> p.group_log2;
+#pragma unroll
+          for (int k = 0; k < kGroups; ++k) {
+            const int64_t idx = (int64_t{tiles[mt]} * p.groups_p + gi + k) * 16 + 2 * g;
+            d.s[mt][sb * kGroups + k] = scale_pair(p.scales, p.scale_f32, idx);
+            if constexpr (ASYM) d.m[mt][sb * kGroups + k] = scale_pair(p.mins, p.scale_f32, idx);
+          }
         }
       }
     };
 
-    Slot<MT, G32, ASYM> ring[kDepth];
+    SlotT ring[Pc::kDepth];
 #pragma unroll
-    for (int u = 0; u < kDepth; ++u)
-      if (u < nb) fetch(kb0 + u, ring[u]);
+    for (int u = 0; u < Pc::kDepth; ++u)
+      if (u < nb) fetch(u0 + u, ring[u]);
 
     if (first) {
       // PDL (launch.h): the first weight loads overlap the previous kernel's tail; x (its
@@ -143,10 +177,10 @@ __global__ void __launch_bounds__(W * 32, W == 8 && MT * NT <= 8 ? 2 : 1)
       __syncthreads();  // every warp is done with the previous piece's x
     }
 
-    // Stage x [8 NT][columns of this piece]: whole 8-column pieces, zeros past n and cols.
-    const int stride = (kb1 - kb0) * 64 + kXPad, chunks = (kb1 - kb0) * 8;
+    // Stage x [8 NT][columns of this range]: whole 8-column pieces, zeros past n and cols.
+    const int stride = (u1 - u0) * Pc::kCols + kXPad, chunks = (u1 - u0) * Pc::kCols / 8;
     for (int i = threadIdx.x; i < 8 * NT * chunks; i += W * 32) {
-      const int row = i / chunks, c = 64 * kb0 + 8 * (i % chunks);
+      const int row = i / chunks, c = Pc::kCols * u0 + 8 * (i % chunks);
       __half* dst = xs + row * stride + 8 * (i % chunks);
       const bool in = row < p.n && c < p.cols;
       const __half* src = p.x + int64_t{in ? row : 0} * p.cols;
@@ -166,41 +200,58 @@ __global__ void __launch_bounds__(W * 32, W == 8 && MT * NT <= 8 ? 2 : 1)
 #pragma unroll
     for (int i = 0; i < MT * NT * 4; ++i) acc[i] = 0.f;
 
-    auto compute = [&](const Slot<MT, G32, ASYM>& d, int i) {
-      const __half* xb = xs + g * stride + 64 * i + 8 * t;  // token 8 nt + g, lane's columns
+    // Unit i of the range: each block's two 32-column halves, each two m16n8k16 steps.
+    auto compute = [&](const SlotT& d, int i) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        uint4 x[NT];
+      for (int sb = 0; sb < Pc::kU; ++sb) {
+        const __half* xb = xs + g * stride + Pc::kCols * i + 64 * sb + 8 * t;  // token 8 nt + g
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-          x[nt] = *reinterpret_cast<const uint4*>(xb + 8 * nt * stride + 32 * h);
-        __half2 s_lo[MT], s_hi[MT], m_lo[MT], m_hi[MT];
+        for (int h = 0; h < 2; ++h) {
+          uint4 x[NT];
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          const __half2 s = as_half2(d.s[mt][G32 ? h : 0]);
-          s_lo[mt] = __low2half2(s);
-          s_hi[mt] = __high2half2(s);
-          m_lo[mt] = m_hi[mt] = __float2half2_rn(0.f);
-          if constexpr (ASYM) {
-            const __half2 m = as_half2(d.m[mt][G32 ? h : 0]);
-            m_lo[mt] = __low2half2(m);
-            m_hi[mt] = __high2half2(m);
+          for (int nt = 0; nt < NT; ++nt)
+            x[nt] = *reinterpret_cast<const uint4*>(xb + 8 * nt * stride + 32 * h);
+          __half2 s_lo[MT], s_hi[MT], m_lo[MT], m_hi[MT];
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            const int k = sb * kGroups + (G32 ? h : 0);
+            const __half2 sc = as_half2(d.s[mt][k]);
+            s_lo[mt] = __low2half2(sc);
+            s_hi[mt] = __high2half2(sc);
+            m_lo[mt] = m_hi[mt] = __float2half2_rn(0.f);
+            if constexpr (ASYM) {
+              const __half2 m = as_half2(d.m[mt][k]);
+              m_lo[mt] = __low2half2(m);
+              m_hi[mt] = __high2half2(m);
+            }
+          }
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj) {
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+              uint32_t raw[4];
+              if constexpr (BITS == 4)
+                int4_word_to_fragment(d.q[mt][2 * h + jj], lo_base, hi_base, raw);
+              else
+                inplace_to_fragment<BITS, kOffset>(d.q[mt] + sb * Pc::kLo,
+                                                   d.q[mt] + Pc::kLo * Pc::kU + sb * Pc::kHi,
+                                                   2 * h + jj, raw);
+              scale_fragment(raw, s_lo[mt], s_hi[mt], m_lo[mt], m_hi[mt], a[mt]);
+            }
+            mma_tiles<MT, NT>(acc, a, jj, x);
           }
         }
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj)
-          mma_scaled_step<MT, NT>(acc, d.q, 2 * h + jj, x, s_lo, s_hi, m_lo, m_hi, lo_base,
-                                  hi_base);
       }
     };
 
-    for (int i0 = 0; i0 < nb; i0 += kDepth) {
+    for (int i0 = 0; i0 < nb; i0 += Pc::kDepth) {
 #pragma unroll
-      for (int u = 0; u < kDepth; ++u) {
+      for (int u = 0; u < Pc::kDepth; ++u) {
         const int i = i0 + u;
         if (i < nb) {
           compute(ring[u], i);
-          if (i + kDepth < nb) fetch(kb0 + i + kDepth, ring[u]);
+          if (i + Pc::kDepth < nb) fetch(u0 + i + Pc::kDepth, ring[u]);
         }
       }
     }
@@ -274,24 +325,41 @@ struct Plan {
   bool ok = false;
 };
 
+// Whether an instantiation reads these weights: 4-bit ones; tiled 2/3/5/6-bit ones in the in-place
+// arrangement at the default blocks per piece, f16 scales, no fused norm or rotation.
+bool instantiated(const Params& p, int pieces_s) {
+  if (p.bits == 4) return pieces_s == 1;
+  return (p.bits == 2 || p.bits == 3 || p.bits == 5 || p.bits == 6) && p.inplace &&
+         pieces_s == narrow_default_pieces(p.bits, p.asym) && !p.scale_f32 && p.norm_w == nullptr &&
+         p.had_block == 0;
+}
+
 // The launch plan: forced knobs where set, else the choices measured best on H100 (round 6 of
 // bench/qlinear_notes.md): 16-warp blocks; two tiles per warp up to 32 tokens on weights of
 // >= 57344 (tile, column block) pairs (4096x14336, 14336x4096 and larger), else one; a stream-K
 // wave, except where the tile groups alone fill the GPU (the LM head): there the K-chunk grid
-// with the fewest chunks that fit shared memory.
-Plan plan(const Params& p) {
+// with the fewest chunks that fit shared memory. The narrow widths: 16 warps of one tile each
+// (only those are instantiated); ranges in units of min(S, 2) blocks.
+Plan plan(const Params& p, int pieces_s) {
   Plan pl;
+  const bool narrow = p.bits != 4;
   pl.nt = p.n <= 16 ? 2 : p.n <= 32 ? 4 : 8;
-  pl.warps = g_warps != 0 ? g_warps : 16;
-  pl.mt = g_mt != 0 ? g_mt : pl.nt <= 4 && int64_t{p.tiles} * p.kblocks >= 57344 ? 2 : 1;
+  pl.warps = g_warps != 0 && !narrow ? g_warps : 16;
+  pl.mt = narrow                                                ? 1
+          : g_mt != 0                                           ? g_mt
+          : pl.nt <= 4 && int64_t{p.tiles} * p.kblocks >= 57344 ? 2
+                                                                : 1;
   pl.units = (p.tiles + pl.mt - 1) / pl.mt;
   pl.groups = (pl.units + pl.warps - 1) / pl.warps;
-  const int per_max = max_per(pl.warps, pl.nt);
+  const int unit_blocks = std::min(pieces_s, 2);  // Piece::kU
+  const int units = p.kblocks / unit_blocks;      // column units per tile row
+  const int per_max = max_per(pl.warps, pl.nt) / unit_blocks;
+  if (!instantiated(p, pieces_s) || per_max < 1 || p.n < 1 || p.n > 64) return pl;
   const bool automatic = g_streamk == kStreamKAuto;
   if (g_streamk >= 0 || (automatic && pl.groups < g_sms)) {
     // Stream-K: g_streamk blocks (0 = one per SM, or two for 8-warp blocks), at least enough for
-    // every block's columns to fit shared memory, at most one per (group, column block).
-    const int64_t total = int64_t{pl.groups} * p.kblocks;
+    // every block's columns to fit shared memory, at most one per (group, unit).
+    const int64_t total = int64_t{pl.groups} * units;
     int64_t blocks = g_streamk > 0 ? g_streamk : g_sms * (pl.warps == 8 ? 2 : 1);
     blocks = std::max(blocks, (total + per_max - 1) / per_max);
     blocks = std::min(blocks, total);
@@ -299,20 +367,18 @@ Plan plan(const Params& p) {
     pl.ks = static_cast<int>(blocks);
     pl.per = static_cast<int>((total + blocks - 1) / blocks);
   } else {
-    const int ks_min = (p.kblocks + per_max - 1) / per_max;
+    const int ks_min = (units + per_max - 1) / per_max;
     int ks = std::max(g_ks, ks_min);
     if (g_ks == 0 && !automatic) {
       // Fill about 16 resident warps per SM, keeping >= 8 column blocks per chunk.
       while (pl.groups * ks * pl.warps < 16 * g_sms && p.kblocks >= 8 * (ks + 1)) ++ks;
     }
-    pl.per = (p.kblocks + ks - 1) / ks;
-    pl.ks = (p.kblocks + pl.per - 1) / pl.per;  // no empty chunk
+    pl.per = (units + ks - 1) / ks;
+    pl.ks = (units + pl.per - 1) / pl.per;  // no empty chunk
   }
   // Stream-K may split any group; the K-chunk grid only with more than one chunk.
   const bool split = pl.streamk || pl.ks > 1;
-  pl.ok =
-      p.bits == 4 && p.n >= 1 && p.n <= 64 &&
-      (!split || (int64_t{pl.units} * pl.mt * pl.nt * 128 <= kWsFloats && pl.units <= kMaxUnits));
+  pl.ok = !split || (int64_t{pl.units} * pl.mt * pl.nt * 128 <= kWsFloats && pl.units <= kMaxUnits);
   return pl;
 }
 
@@ -326,55 +392,74 @@ void init_device() {
              "cudaDeviceGetAttribute");
 }
 
-template <int W, int MT, int NT>
+// Raises the shared-memory limit of the G32 and other-group kernels of one configuration.
+template <int BITS, int S, int W, int MT, int NT, bool ASYM>
 void raise_smem_limit() {
-  for (auto kernel :
-       {bstream_kernel<W, MT, NT, true, true>, bstream_kernel<W, MT, NT, true, false>,
-        bstream_kernel<W, MT, NT, false, true>, bstream_kernel<W, MT, NT, false, false>})
+  for (auto kernel : {bstream_kernel<BITS, S, W, MT, NT, true, ASYM>,
+                      bstream_kernel<BITS, S, W, MT, NT, false, ASYM>})
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     kSmemPer8Warps * (W / 8)),
                "cudaFuncSetAttribute (qlinear bstream)");
 }
 
 template <int W, int MT>
-void raise_smem_limits() {
-  raise_smem_limit<W, MT, 2>();
-  raise_smem_limit<W, MT, 4>();
-  raise_smem_limit<W, MT, 8>();
+void raise_smem_limits4() {
+  raise_smem_limit<4, 1, W, MT, 2, true>();
+  raise_smem_limit<4, 1, W, MT, 2, false>();
+  raise_smem_limit<4, 1, W, MT, 4, true>();
+  raise_smem_limit<4, 1, W, MT, 4, false>();
+  raise_smem_limit<4, 1, W, MT, 8, true>();
+  raise_smem_limit<4, 1, W, MT, 8, false>();
 }
 
-template <int W, int MT, int NT, bool G32, bool ASYM>
+template <int BITS, int NT>
+void raise_smem_limits_narrow() {
+  raise_smem_limit<BITS, narrow_default_pieces(BITS, true), 16, 1, NT, true>();
+  raise_smem_limit<BITS, narrow_default_pieces(BITS, false), 16, 1, NT, false>();
+}
+
+template <int BITS>
+void raise_smem_limits_narrow() {
+  raise_smem_limits_narrow<BITS, 2>();
+  raise_smem_limits_narrow<BITS, 4>();
+  raise_smem_limits_narrow<BITS, 8>();
+}
+
+template <int BITS, int S, int W, int MT, int NT, bool G32, bool ASYM>
 void launch_k(const Params& p, const Plan& pl, cudaStream_t stream) {
   // Stream-K: a block's range may span two groups, each piece staged on its own (<= per).
-  const int smem = 8 * NT * (pl.per * 64 + kXPad) * 2;
+  const int smem = 8 * NT * (pl.per * Piece<BITS, S>::kCols + kXPad) * 2;
   const dim3 grid = pl.streamk ? dim3(pl.ks) : dim3(pl.groups, pl.ks);
-  qlaunch(bstream_kernel<W, MT, NT, G32, ASYM>, grid, W * 32, static_cast<size_t>(smem), stream, p,
-          pl.per, pl.streamk);
+  qlaunch(bstream_kernel<BITS, S, W, MT, NT, G32, ASYM>, grid, W * 32, static_cast<size_t>(smem),
+          stream, p, pl.per, pl.streamk);
 }
 
-template <int W, int MT, int NT>
+// The group (32 or larger) and symmetry of the weights; narrow widths at their default pieces.
+template <int BITS, int W, int MT, int NT>
 void launch_nt(const Params& p, const Plan& pl, cudaStream_t stream) {
+  constexpr int kSa = BITS == 4 ? 1 : narrow_default_pieces(BITS, true);
+  constexpr int kSs = BITS == 4 ? 1 : narrow_default_pieces(BITS, false);
   const bool g32 = p.group == 32;
   if (p.asym) {
-    if (g32) return launch_k<W, MT, NT, true, true>(p, pl, stream);
-    return launch_k<W, MT, NT, false, true>(p, pl, stream);
+    if (g32) return launch_k<BITS, kSa, W, MT, NT, true, true>(p, pl, stream);
+    return launch_k<BITS, kSa, W, MT, NT, false, true>(p, pl, stream);
   }
-  if (g32) return launch_k<W, MT, NT, true, false>(p, pl, stream);
-  return launch_k<W, MT, NT, false, false>(p, pl, stream);
+  if (g32) return launch_k<BITS, kSs, W, MT, NT, true, false>(p, pl, stream);
+  return launch_k<BITS, kSs, W, MT, NT, false, false>(p, pl, stream);
 }
 
-template <int W, int MT>
+template <int BITS, int W, int MT>
 void launch_mt(const Params& p, const Plan& pl, cudaStream_t stream) {
-  if (pl.nt == 2) return launch_nt<W, MT, 2>(p, pl, stream);
-  if (pl.nt == 4) return launch_nt<W, MT, 4>(p, pl, stream);
-  return launch_nt<W, MT, 8>(p, pl, stream);
+  if (pl.nt == 2) return launch_nt<BITS, W, MT, 2>(p, pl, stream);
+  if (pl.nt == 4) return launch_nt<BITS, W, MT, 4>(p, pl, stream);
+  return launch_nt<BITS, W, MT, 8>(p, pl, stream);
 }
 
 }  // namespace
 
-bool batch_stream_supported(const Params& p) {
+bool batch_stream_supported(const Params& p, int pieces_s) {
   init_device();
-  return plan(p).ok;
+  return plan(p, pieces_s).ok;
 }
 
 // Where the stream batch kernel measured faster than the round-5 dispatch on H100
@@ -384,33 +469,51 @@ bool batch_stream_supported(const Params& p) {
 bool batch_stream_preferred(const Params& p) {
   if (p.bits != 4 || p.n < 9 || p.n > 64 || p.tiles < 128 || (p.n > 32 && p.tiles > 384))
     return false;
-  return batch_stream_supported(p);
+  return batch_stream_supported(p, 1);
 }
 
-void launch_batch_stream(const Params& p, cudaStream_t stream) {
+void launch_batch_stream(const Params& p, cudaStream_t stream, int pieces_s) {
   init_device();
   prepare_batch_stream();
-  const Plan pl = plan(p);
-  if (pl.warps == 16) {
-    if (pl.mt == 1) return launch_mt<16, 1>(p, pl, stream);
-    return launch_mt<16, 2>(p, pl, stream);
+  const Plan pl = plan(p, pieces_s);
+  GYRE_CHECK(pl.ok, "qlinear bstream: no launch plan for ", p.bits, "-bit [", p.rows, ", ", p.cols,
+             "] at ", p.n, " rows");
+  switch (p.bits) {
+    case 2:
+      return launch_mt<2, 16, 1>(p, pl, stream);
+    case 3:
+      return launch_mt<3, 16, 1>(p, pl, stream);
+    case 5:
+      return launch_mt<5, 16, 1>(p, pl, stream);
+    case 6:
+      return launch_mt<6, 16, 1>(p, pl, stream);
+    default:
+      break;
   }
-  if (pl.mt == 1) return launch_mt<8, 1>(p, pl, stream);
-  return launch_mt<8, 2>(p, pl, stream);
+  if (pl.warps == 16) {
+    if (pl.mt == 1) return launch_mt<4, 16, 1>(p, pl, stream);
+    return launch_mt<4, 16, 2>(p, pl, stream);
+  }
+  if (pl.mt == 1) return launch_mt<4, 8, 1>(p, pl, stream);
+  return launch_mt<4, 8, 2>(p, pl, stream);
 }
 
-// Raises the shared-memory limit of every instantiation once per device; called at 4-bit weight
-// upload too, so that it never first happens inside a graph capture.
+// Raises the shared-memory limit of every instantiation once per device; called at 4-bit and
+// tiled narrow weight upload too, so that it never first happens inside a graph capture.
 void prepare_batch_stream() {
   static uint64_t done_devices = 0;
   int dev = 0;
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
   const uint64_t bit = dev < 64 ? uint64_t{1} << dev : 0;
   if (bit != 0 && (done_devices & bit) != 0) return;
-  raise_smem_limits<8, 1>();
-  raise_smem_limits<8, 2>();
-  raise_smem_limits<16, 1>();
-  raise_smem_limits<16, 2>();
+  raise_smem_limits4<8, 1>();
+  raise_smem_limits4<8, 2>();
+  raise_smem_limits4<16, 1>();
+  raise_smem_limits4<16, 2>();
+  raise_smem_limits_narrow<2>();
+  raise_smem_limits_narrow<3>();
+  raise_smem_limits_narrow<5>();
+  raise_smem_limits_narrow<6>();
   done_devices |= bit;
 }
 

@@ -299,9 +299,8 @@ int bits_tiled_layout(const QWeightDesc& d) {
   // With the in-place decode (session 11) the symmetric 6-bit kernel at 1 block fits 64
   // registers and beat 2 blocks on all five shapes at n = 1 and 2 (28672x4096 35.3 against 37.0
   // us, 4096x14336 18.4 against 21.1).
-  if (d.asymmetric) return d.bits == 2 ? 8 : d.bits == 3 ? 4 : 2;
-  if (d.bits == 6) return bits_decode_new() ? 1 : 2;
-  return d.bits == 2 ? 4 : d.bits == 5 ? 1 : 2;
+  if (d.bits == 6 && !d.asymmetric && !bits_decode_new()) return 2;
+  return narrow_default_pieces(d.bits, d.asymmetric);
 }
 
 bool bits_inplace_layout(const QWeightDesc& d) {
@@ -370,22 +369,8 @@ void launch_gemv_bits_stream(const Params& p, int pieces_s, cudaStream_t stream)
                      : p.n <= 2 && p.bits != 6 && !p.asym       ? 64
                      : long_one_pass && (p.asym || p.bits == 6) ? 16
                                                                 : 32;
-  for (int t0 = 0; t0 < p.n; t0 += chunk) {
-    Params c = p;
-    c.n = std::min(chunk, p.n - t0);
-    c.x = p.x + int64_t{t0} * p.cols;
-    if (p.swiglu_hidden > 0) {
-      c.y = p.y + int64_t{t0} * p.swiglu_hidden;
-    } else if (p.split.parts == 0) {
-      c.y = p.y + int64_t{t0} * p.rows;
-    } else {
-      for (int i = 0; i < p.split.parts; ++i) {
-        const int width = p.split.end[i] - (i == 0 ? 0 : p.split.end[i - 1]);
-        c.split.out[i] = p.split.out[i] + int64_t{t0} * width;
-      }
-    }
-    launch_chunk(c, pieces_s, budget, stream);
-  }
+  for (int t0 = 0; t0 < p.n; t0 += chunk)
+    launch_chunk(token_chunk(p, t0, std::min(chunk, p.n - t0)), pieces_s, budget, stream);
 }
 
 void launch_dequant_bits_tiled(const Params& p, int pieces_s, __half* out, cudaStream_t stream) {

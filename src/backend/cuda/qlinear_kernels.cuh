@@ -76,6 +76,24 @@ __device__ __forceinline__ void store_out(const Params& p, int tok, int row, flo
     cuda::split_store(p.split, tok, row, v);
 }
 
+// p restricted to its tokens [t0, t0 + n): x and the outputs (y, SwiGLU's, split ones) advanced.
+inline Params token_chunk(const Params& p, int t0, int n) {
+  Params c = p;
+  c.n = n;
+  c.x = p.x + int64_t{t0} * p.cols;
+  if (p.swiglu_hidden > 0) {
+    c.y = p.y + int64_t{t0} * p.swiglu_hidden;
+  } else if (p.split.parts == 0) {
+    c.y = p.y + int64_t{t0} * p.rows;
+  } else {
+    for (int i = 0; i < p.split.parts; ++i) {
+      const int width = p.split.end[i] - (i == 0 ? 0 : p.split.end[i - 1]);
+      c.split.out[i] = p.split.out[i] + int64_t{t0} * width;
+    }
+  }
+  return c;
+}
+
 // Weights are read once: keep them out of L1 so x stays there.
 __device__ __forceinline__ uint4 load_stream(const void* p) {
   uint4 v;
@@ -213,10 +231,33 @@ __device__ __forceinline__ float2 load_tile_pair(const void* base, bool f32, int
   return __half22float2(as_half2(v));
 }
 
+// raw (4 f16x2 registers of an A fragment, q - offset) -> raw * s + m, one HFMA2 per register:
+// registers 0 and 2 hold row g, 1 and 3 row g + 8.
+__device__ __forceinline__ void scale_fragment(const uint32_t raw[4], __half2 s_lo, __half2 s_hi,
+                                               __half2 m_lo, __half2 m_hi, uint32_t a[4]) {
+  const __half2 v[4] = {
+      __hfma2(as_half2(raw[0]), s_lo, m_lo), __hfma2(as_half2(raw[1]), s_hi, m_hi),
+      __hfma2(as_half2(raw[2]), s_lo, m_lo), __hfma2(as_half2(raw[3]), s_hi, m_hi)};
+  memcpy(a, v, 16);
+}
+
+// MT A fragments times NT tokens' B fragments (words jj*2, jj*2+1 of each x) into acc
+// [MT][NT][4].
+template <int MT, int NT>
+__device__ __forceinline__ void mma_tiles(float* acc, const uint32_t (&a)[MT][4], int jj,
+                                          const uint4 (&x)[NT]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const uint32_t b0 = jj ? x[nt].z : x[nt].x, b1 = jj ? x[nt].w : x[nt].y;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) mma_16816(&acc[(mt * NT + nt) * 4], a[mt], b0, b1);
+  }
+}
+
 // Step j (0..3) of one 64-column block for MT 16-row tiles x NT 8-token tiles: each tile's
-// 4-bit word j becomes an A fragment scaled (and shifted by the min) in FP16, one HFMA2 per
-// register, then multiplied with the tokens' B fragments (words jj*2, jj*2+1 of x, jj = j % 2).
-// Shared by the serving-batch kernels (qlinear_batch4.cu, qlinear_batch_bulk.cu).
+// 4-bit word j becomes an A fragment scaled (and shifted by the min) in FP16, then multiplied
+// with the tokens' B fragments (jj = j % 2). Shared by the serving-batch kernels
+// (qlinear_batch4.cu, qlinear_batch_bulk.cu).
 template <int MT, int NT>
 __device__ __forceinline__ void mma_scaled_step(float* acc, const uint4 (&q)[MT], int j,
                                                 const uint4 (&x)[NT], const __half2 (&s_lo)[MT],
@@ -224,25 +265,15 @@ __device__ __forceinline__ void mma_scaled_step(float* acc, const uint4 (&q)[MT]
                                                 const __half2 (&m_lo)[MT],
                                                 const __half2 (&m_hi)[MT], __half2 lo_base,
                                                 __half2 hi_base) {
-  const int jj = j & 1;
   uint32_t a[MT][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     const uint32_t words[4] = {q[mt].x, q[mt].y, q[mt].z, q[mt].w};
     uint32_t raw[4];
     int4_word_to_fragment(words[j], lo_base, hi_base, raw);
-    const __half2 v[4] = {__hfma2(as_half2(raw[0]), s_lo[mt], m_lo[mt]),
-                          __hfma2(as_half2(raw[1]), s_hi[mt], m_hi[mt]),
-                          __hfma2(as_half2(raw[2]), s_lo[mt], m_lo[mt]),
-                          __hfma2(as_half2(raw[3]), s_hi[mt], m_hi[mt])};
-    memcpy(a[mt], v, 16);
+    scale_fragment(raw, s_lo[mt], s_hi[mt], m_lo[mt], m_hi[mt], a[mt]);
   }
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const uint32_t b0 = jj ? x[nt].z : x[nt].x, b1 = jj ? x[nt].w : x[nt].y;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) mma_16816(&acc[(mt * NT + nt) * 4], a[mt], b0, b1);
-  }
+  mma_tiles<MT, NT>(acc, a, j & 1, x);
 }
 
 // Stores one reduced accumulator of a serving-batch kernel: fragment element i (0..3) of row

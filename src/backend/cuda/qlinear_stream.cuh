@@ -45,6 +45,13 @@ namespace gyre::qlinear_detail {
 constexpr int kStreamXPad =
     32;  // halves after each staged x row: rows 64 bytes apart mod 128 banks
 
+// Blocks per piece of a tiled 2/3/5/6-bit weight with the in-place arrangement, as measured best
+// (bits_tiled_layout says where); the serving-batch kernel is instantiated for these only.
+__host__ __device__ constexpr int narrow_default_pieces(int bits, bool asym) {
+  if (asym) return bits == 2 ? 8 : bits == 3 ? 4 : 2;
+  return bits == 2 ? 4 : bits == 3 ? 2 : 1;
+}
+
 template <int BITS>
 struct StreamPlanes {
   static constexpr int kLo = BITS == 2 || BITS == 3 ? 2 : 4;  // low-plane bits (and words per lane)

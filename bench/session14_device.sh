@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Session 14 device runs (carry .device/lead2 = stripped gyre as .xz, .device/libs; the tests
+# call carries .device/lead = gyre_tests.xz; unpacked binaries stay in .device/bin while warm).
+#   bench/session14_device.sh tests [FILTER]        the CUDA tests
+#   bench/session14_device.sh serve BITS... [-- VAR=VAL ...]
+#       serving at 1/8/32/64 requests of synthetic llama3-8b at each width, the serving-batch
+#       kernel of the narrow widths on (default) and off (GYRE_CUDA_BITS_BATCH=0: FP16
+#       dequantization + cuBLAS beyond 8 rows), arms interleaved per width; ARMS="A B ..." other
+#       arms (VAR=VAL[,VAR=VAL], "-" for none); CONC the request counts
+#   bench/session14_device.sh table                 the final table (bench/device_table.sh)
+set -u
+. bench/device_binaries.sh
+case "${1:-tests}" in
+tests)
+  device_tests "${2:-*Cuda*:*Trellis*:*Hadamard*:*QuantMix*}" 400
+  ;;
+serve)
+  shift
+  widths=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do widths+=("$1"); shift; done
+  [ "${1:-}" = -- ] && shift
+  for bits in "${widths[@]}"; do
+    for arm in ${ARMS:-- GYRE_CUDA_BITS_BATCH=0}; do
+      envs=("$@")
+      [ "$arm" != - ] && envs+=(${arm//,/ })
+      echo "== ${bits}-bit [$arm]"
+      env "${envs[@]}" timeout 240 $B/gyre bench --synthetic "${SHAPE:-llama3-8b}" --bits "$bits" \
+        -n 128 -p 16 --concurrency "${CONC:-1,8,32,64}" 2>&1 | tail -6
+    done
+  done
+  ;;
+table)
+  . bench/device_table.sh
+  ;;
+esac
