@@ -65,6 +65,9 @@ void add_convert_command(CLI::App& app) {
   cmd->add_flag("--target-correction,!--no-target-correction", o->target_correction,
                 "GPTQ toward W C H^-1: the layer's original output from its quantized-model "
                 "input (runs the unquantized blocks alongside; on by default)");
+  cmd->add_flag("!--no-exact-grid", o->exact_grid,
+                "quantize layers already on their setting's grid (GGUF sources at their own "
+                "width) like any other, instead of storing them exactly");
   cmd->add_option("--target-correction-damp", o->target_damp,
                   "its regularization toward the original weights, fraction of the mean Hessian "
                   "diagonal")

@@ -177,6 +177,7 @@ void open_runtime(const ConvertOptions& o, QuantContext& ctx, QuantRuntime& rt) 
   GYRE_CHECK(o.target_damp > 0.0 && o.target_damp <= 100.0,
              "--target-correction-damp must be in (0, 100], got ", o.target_damp);
   ctx.target_damp = o.target_damp;
+  ctx.exact_grid = o.exact_grid;
   GYRE_CHECK(o.scale_refit == "off" || o.scale_refit == "diag" || o.scale_refit == "full",
              "--scale-refit must be off, diag or full, got '", o.scale_refit, "'");
   ctx.scale_refit = o.scale_refit == "full" ? 2 : o.scale_refit == "diag" ? 1 : 0;
@@ -213,6 +214,7 @@ nlohmann::json job_options(const ConvertOptions& o) {
           {"clip_search", o.clip_search},
           {"target_correction", o.target_correction},
           {"target_damp", o.target_damp},
+          {"exact_grid", o.exact_grid},
           {"scale_refit", o.scale_refit}};
 }
 

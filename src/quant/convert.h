@@ -40,6 +40,9 @@ struct ConvertOptions {
   // "diag" or "full".
   bool target_correction = true;  // default since it won at every target (docs/quantization.md)
   double target_damp = 0.1;       // its regularization toward W (target_correction.h)
+  // A layer (or the head, at a smaller group) already on its setting's grid is stored exactly
+  // (gptq.h rtn_exact; GGUF sources at their own widths).
+  bool exact_grid = true;
   std::string scale_refit = "off";
   // Baselines: every layer at one setting "BITS:GROUP[:asym]" (no measurement), and round to
   // nearest instead of GPTQ.

@@ -285,7 +285,21 @@ void quantize_pass(const QuantContext& ctx, Plan& plan, const std::string& job, 
     std::vector<float> x_fp;
     if (tc) x_fp = runner.final_norm(hidden_fp, norm);
     uq.set_input(x, int64_t{rows} * length, {}, tc ? &x_fp : nullptr);
-    const QuantizedWeight q = quantize(kHead, tensor_to_f32(head_weight(m)));
+    const std::vector<float> hw = tensor_to_f32(head_weight(m));
+    QuantSetting& hs = plan.at(kHead);
+    // A head on a grid of its bits with smaller groups (a GGUF Q8_0 table at 8 bits: blocks of
+    // 32) keeps that grid, stored exactly (UnitQuantizer::quantize), at the coarsest such group.
+    const int64_t hrows = head_weight(m).rows(), hcols = head_weight(m).cols();
+    if (ctx.exact_grid && !rtn_exact(hw.data(), hrows, hcols, hs))
+      for (int g = hs.group_size / 2; g >= 32; g /= 2) {
+        QuantSetting t = hs;
+        t.group_size = g;
+        if (hcols % g == 0 && rtn_exact(hw.data(), hrows, hcols, t)) {
+          hs = t;
+          break;
+        }
+      }
+    const QuantizedWeight q = quantize(kHead, hw);
     write_safetensors(head_path, pack_tensors(q, kHead));
   } else if (plan.count(kHead)) {
     bar.step();

@@ -110,6 +110,27 @@ QuantizedWeight rtn_quantize(const float* w, int rows, int cols, const QuantSett
   return out;
 }
 
+bool rtn_exact(const float* w, int64_t rows, int64_t cols, const QuantSetting& st) {
+  if (st.mixed() || st.trellis || cols % st.group_size != 0) return false;
+  const int gs = st.group_size;
+  std::vector<double> v(static_cast<size_t>(gs));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c0 = 0; c0 < cols; c0 += gs) {
+      double amax = 0.0;
+      for (int i = 0; i < gs; ++i) {
+        v[i] = w[r * cols + c0 + i];
+        amax = std::max(amax, std::fabs(v[i]));
+      }
+      float s, m;
+      choose_group_params(v.data(), gs, st, s, m);
+      for (int i = 0; i < gs; ++i)
+        if (std::fabs(quant_dequant_value(st, quantize_value(v[i], st, s, m), s, m) - v[i]) >
+            amax * 0x1p-9)
+          return false;
+    }
+  return true;
+}
+
 GptqPrep gptq_prepare(const std::vector<double>& h_in, int cols, double damp, bool act_order) {
   GYRE_CHECK(h_in.size() == static_cast<size_t>(cols) * cols, "gptq: Hessian size mismatch");
   GYRE_CHECK(damp >= 0.0 && damp <= 1.0, "gptq: damping must be in [0, 1], got ", damp);

@@ -52,6 +52,12 @@ int quantize_value(double w, const QuantSetting& st, float s, float m);
 // Round to nearest, group parameters from the weights themselves (one width only: a mix picks its
 // groups by input energy, which needs the Hessian).
 QuantizedWeight rtn_quantize(const float* w, int rows, int cols, const QuantSetting& st);
+// Whether w already lies on st's grid: round to nearest reproduces every value to within 2^-9 of
+// its group's largest magnitude (FP16 rounding of scales and values; a value off the grid misses
+// by up to half a step, at 8 bits 2^-8). A GGUF tensor exported to FP16 is, at its own width and
+// block size or finer (Q4_1 at 4-bit asymmetric g32, Q8_0 at 8-bit symmetric g32). Stops at the
+// first value that misses. One width only.
+bool rtn_exact(const float* w, int64_t rows, int64_t cols, const QuantSetting& st);
 
 // What GPTQ needs from H, shared by every setting measured on one input.
 struct GptqPrep {

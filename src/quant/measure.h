@@ -82,6 +82,7 @@ struct QuantContext {
   // target W C H^-1 (target_correction.h), and the group scales refit after GPTQ with the codes
   // fixed (scale_refit.h): 0 off, 1 diagonal Hessian, 2 full Hessian.
   bool target_correction = false;
+  bool exact_grid = false;   // ConvertOptions::exact_grid
   double target_damp = 0.1;  // the correction's lambda, fraction of the mean Hessian diagonal
   int scale_refit = 0;
   int threads = 1;

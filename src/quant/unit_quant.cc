@@ -209,9 +209,27 @@ QuantizedWeight UnitQuantizer::quantize(const std::vector<float>& w_in, const Qu
   GYRE_CHECK(n_ > 0 && w_in.size() % static_cast<size_t>(n_) == 0,
              "internal: weight width mismatch");
   ScopedSeconds timer(ctx_.timings ? &ctx_.timings->gptq : nullptr);
+  const int rows = static_cast<int>(static_cast<int64_t>(w_in.size()) / n_);
+  // A weight already on st's grid (a GGUF tensor at its own width and block) is stored as it is:
+  // nothing is lost, where GPTQ's target correction would move it off the grid to make up for
+  // upstream errors that, with the upstream layers stored exactly too, are not there. The
+  // reported error is then the weight-space one, ||W - Q||^2 / ||W||^2 (the Hessian's needs the
+  // host copy, and both are ~1e-8 here).
+  if (ctx_.exact_grid && !st.trellis && !st.mixed() && !rot_.active() &&
+      rtn_exact(w_in.data(), rows, n_, st)) {
+    QuantizedWeight q = rtn_quantize(w_in.data(), rows, n_, st);
+    if (rel_error != nullptr) {
+      double e = 0.0, t = 0.0;
+      for (size_t i = 0; i < w_in.size(); ++i) {
+        e += (double{q.dequant[i]} - w_in[i]) * (double{q.dequant[i]} - w_in[i]);
+        t += double{w_in[i]} * w_in[i];
+      }
+      *rel_error = t > 0.0 ? e / t : 0.0;
+    }
+    return q;
+  }
   std::vector<float> rotated;
   const std::vector<float>& w_rot = in_rotated_space(w_in, rotated);
-  const int rows = static_cast<int>(static_cast<int64_t>(w_rot.size()) / n_);
   std::vector<float> corrected;
   if (corrected_)
     corrected = on_gpu() ? ctx_.gpu->corrected_target(w_rot.data(), rows)
