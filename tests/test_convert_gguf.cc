@@ -23,6 +23,7 @@
 #include "quant/block_forward.h"
 #include "quant/convert.h"
 #include "quant/gguf_source.h"
+#include "quant/gptq.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/hf_export.h"
 
@@ -210,6 +211,56 @@ TEST(ConvertGguf, TinyGgufConvertsAtEightBits) {
   // 8-bit groups of 32: about 1% of a weight's group range; the logits stay within a few %.
   EXPECT_LT(max_diff(lg, lq), 0.05 * max_abs(lg)) << "max |logit| " << max_abs(lg);
   EXPECT_EQ(q->tokenizer->vocab_size(), g->tokenizer->vocab_size());
+}
+
+// Layers already on their setting's grid are stored exactly: tiny's Q4_1 tensors converted at
+// 4-bit asymmetric g32 dequantize to the exported twin's values (to FP16 rounding), whatever GPTQ
+// and the target correction would have made of them; the other layers are quantized as usual.
+TEST(ConvertGguf, LayersOnTheirGridAreStoredExactly) {
+  const std::string twin = fresh_dir("tiny_grid_twin"), out = fresh_dir("tiny_grid");
+  export_gguf_as_hf(kTiny, twin);
+  ConvertOptions o;
+  o.model = kTiny;
+  o.out = out;
+  o.uniform = "4:32:asym";
+  o.head_bits = 0;
+  o.rows = 4;
+  o.length = 32;
+  o.threads = 2;
+  o.device = "cpu";
+  o.progress = false;
+  const std::string calib = ::testing::TempDir() + "/gyre_convert_gguf_grid_calib.txt";
+  {
+    std::string t;
+    for (int k = 0; k < 200; ++k) t += "a cab bad fig hide jig ace bead dice ";
+    std::ofstream(calib, std::ios::binary) << t;
+  }
+  o.calibration = calib;
+  convert_model(o);
+  const auto t = load_model(twin), q = load_model(out);
+  QuantSetting st;
+  st.bits = 4;
+  st.group_size = 32;
+  st.sym = false;
+  int exact = 0, other = 0;
+  for (const auto& [name, w] : q->weights.all()) {
+    if (w.dtype != DType::QPACKED) continue;
+    const std::vector<float> fq = tensor_to_f32(w), ft = tensor_to_f32(t->weights.get(name));
+    double amax = 0.0, diff = 0.0;
+    for (size_t i = 0; i < ft.size(); ++i) {
+      amax = std::max(amax, std::fabs(double{ft[i]}));
+      diff = std::max(diff, std::fabs(double{fq[i]} - ft[i]));
+    }
+    if (rtn_exact(ft.data(), w.rows(), w.cols(), st)) {
+      ++exact;
+      EXPECT_LE(diff, amax * 0x1p-9) << name;
+    } else {
+      ++other;
+      EXPECT_GT(diff, amax * 0x1p-9) << name << " (not on the grid, so not reproduced)";
+    }
+  }
+  EXPECT_GE(exact, 4) << "tiny_llama.gguf has four Q4_1 tensors";
+  EXPECT_GE(other, 1);
 }
 
 // The real SmolLM2 GGUF (skipped when models/ lacks it): the exported folder tokenizes and

@@ -265,5 +265,52 @@ TEST(QuantGptq, ClipSearchFindsTheBestRangeFactor) {
   EXPECT_GT(improved, 100);
 }
 
+// rtn_exact against grids built here by the GGML block formulas (Q8_0: d = max|x| / 127, x = q d;
+// Q4_1: d = (max - min) / 15, x = q d + min; d, min and the values in F16, as a GGUF tensor
+// exported to F16 holds them): on the grid at its own width and block, and at a finer width
+// (Q4_1 at 8 bits); off it at coarser groups, fewer bits, or for plain Gaussian weights.
+TEST(QuantGptq, RtnExactFindsGgufGrids) {
+  const int rows = 24, cols = 256;
+  const std::vector<float> x = random_matrix(rows, cols, 77, 0.05f);
+  std::vector<float> q8(x.size()), q41(x.size());
+  auto f16 = [](double v) { return f16_to_f32(f32_to_f16(static_cast<float>(v))); };
+  for (size_t b = 0; b < x.size(); b += 32) {
+    double amax = 0.0, lo = INFINITY, hi = -INFINITY;
+    for (size_t i = b; i < b + 32; ++i) {
+      amax = std::max(amax, std::fabs(double{x[i]}));
+      lo = std::min(lo, double{x[i]});
+      hi = std::max(hi, double{x[i]});
+    }
+    const double d8 = f16(amax / 127), d4 = f16((hi - lo) / 15), m4 = f16(lo);
+    for (size_t i = b; i < b + 32; ++i) {
+      q8[i] = f16(std::nearbyint(x[i] / (amax / 127)) * d8);
+      q41[i] = f16(std::clamp(std::nearbyint((x[i] - lo) / ((hi - lo) / 15)), 0.0, 15.0) * d4 + m4);
+    }
+  }
+  auto st = [](int bits, int group, bool sym) {
+    QuantSetting s;
+    s.bits = bits;
+    s.group_size = group;
+    s.sym = sym;
+    return s;
+  };
+  EXPECT_TRUE(rtn_exact(q8.data(), rows, cols, st(8, 32, true)));
+  EXPECT_FALSE(rtn_exact(q8.data(), rows, cols, st(8, 64, true)));
+  EXPECT_FALSE(rtn_exact(q8.data(), rows, cols, st(6, 32, true)));
+  EXPECT_TRUE(rtn_exact(q41.data(), rows, cols, st(4, 32, false)));
+  EXPECT_TRUE(rtn_exact(q41.data(), rows, cols, st(8, 32, false)));
+  EXPECT_FALSE(rtn_exact(q41.data(), rows, cols, st(4, 64, false)));
+  EXPECT_FALSE(rtn_exact(q41.data(), rows, cols, st(3, 32, false)));
+  EXPECT_FALSE(rtn_exact(q41.data(), rows, cols, st(4, 32, true)));
+  for (const int bits : {2, 4, 8})
+    EXPECT_FALSE(rtn_exact(x.data(), rows, cols, st(bits, 32, true)));
+  // One value moved off the grid by a third of a step is enough.
+  q41[5 * cols + 70] += static_cast<float>(
+      (*std::max_element(q41.begin() + 5 * cols + 64, q41.begin() + 5 * cols + 96) -
+       *std::min_element(q41.begin() + 5 * cols + 64, q41.begin() + 5 * cols + 96)) /
+      45);
+  EXPECT_FALSE(rtn_exact(q41.data(), rows, cols, st(4, 32, false)));
+}
+
 }  // namespace
 }  // namespace gyre::quant
