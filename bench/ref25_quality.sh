@@ -11,6 +11,8 @@
 #   SET smoltrellis: SmolLM2 as smol, the trellis rows.
 #   SET smol: SmolLM2-135M-Instruct from /tmp/smol.gguf (the reference: its Q4_1 GGUF), 100,000
 #     evaluation bytes (23,501 tokens), default head, scored on the GPU.
+#   SET smolgrid: SmolLM2 as smol, layers on their grid stored exactly (the default since session
+#     14) against --no-exact-grid at 4.0 / 4.25 / 6.0 bpw, 8.0, and the FP16 twin.
 # Target correction is on by default since session 7; the ref25 log of session 7
 # (bench/session7_ref25_quality.log) was taken before, when it was opt-in.
 G=$1
@@ -18,7 +20,7 @@ SET=${2:-ref25}
 LOG=${OUT:-/tmp}/quality.log
 T=.device/shared/fixtures/text/wikitext2-test.txt
 head -c 200000 "$T" > /tmp/calib.txt
-if [ "$SET" = smol ] || [ "$SET" = smoltrellis ]; then
+if [ "$SET" = smol ] || [ "$SET" = smoltrellis ] || [ "$SET" = smolgrid ]; then
   M=/tmp/smol.gguf; EVAL=100000; EXTRA=(); KLD=(--device cuda)
 else
   tar -C /tmp -xJf .device/ref25/ref25.tar.xz
@@ -55,6 +57,16 @@ elif [ "$SET" = smoltrellis ]; then
   conv t40 --bpw 4.0 --trellis
   conv t425 --bpw 4.25 --trellis --measurement /tmp/q/t40/measurement.json
   conv t60 --bpw 6.0 --trellis --measurement /tmp/q/t40/measurement.json
+elif [ "$SET" = smolgrid ]; then
+  conv twin --dequantize-only
+  conv g40 --bpw 4.0
+  M40=/tmp/q/g40/measurement.json
+  conv g40_noexact --bpw 4.0 --no-exact-grid --measurement $M40
+  conv g60 --bpw 6.0 --measurement $M40
+  conv g60_noexact --bpw 6.0 --no-exact-grid --measurement $M40
+  conv g80 --bpw 8.0 --measurement $M40
+  conv g425 --bpw 4.25 --measurement $M40
+  conv g425_noexact --bpw 4.25 --no-exact-grid --measurement $M40
 elif [ "$SET" = smol ]; then
   conv gptq4 --uniform 4:64 --no-target-correction
   conv gptq4_tc --uniform 4:64
