@@ -8,6 +8,12 @@
 #       dequantization + cuBLAS beyond 8 rows), arms interleaved per width; ARMS="A B ..." other
 #       arms (VAR=VAL[,VAR=VAL], "-" for none); CONC the request counts
 #   bench/session14_device.sh table                 the final table (bench/device_table.sh)
+#   bench/session14_device.sh smolpart A|B          SmolLM2's GGUF (98 MB) in two calls, as the
+#       carry limit (64 MiB with the tracked files) allows: here `split -b 48M
+#       models/SmolLM2-135M-Instruct.Q4_1.gguf`, parts in .device/smolA/smolpart_aa and
+#       .device/smolB/smolpart_ab; call A (carry .device/smolA) keeps part A in /tmp, call B (carry
+#       .device/smolB, right after: the machine goes back after 30 s idle) writes models/ (what
+#       CudaSmolLM2.* read) and /tmp/smol.gguf (bench/ref25_quality.sh SET smol*)
 set -u
 . bench/device_binaries.sh
 case "${1:-tests}" in
@@ -31,5 +37,16 @@ serve)
   ;;
 table)
   . bench/device_table.sh
+  ;;
+smolpart)
+  mkdir -p /tmp/smolparts
+  if [ "${2:-A}" = A ]; then
+    cp .device/smolA/smolpart_aa /tmp/smolparts/
+  else
+    mkdir -p models
+    cat /tmp/smolparts/smolpart_aa .device/smolB/smolpart_ab >models/SmolLM2-135M-Instruct.Q4_1.gguf
+    cp models/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/smol.gguf
+    sha256sum /tmp/smol.gguf  # b179c952... (docs/quantization.md)
+  fi
   ;;
 esac
