@@ -2,7 +2,7 @@
 # Session 14 device runs (carry .device/lead2 = stripped gyre as .xz, .device/libs; the tests
 # call carries .device/lead = gyre_tests.xz; unpacked binaries stay in .device/bin while warm).
 #   bench/session14_device.sh tests [FILTER]        the CUDA tests
-#   bench/session14_device.sh serve BITS... [-- VAR=VAL ...]
+#   bench/session14_device.sh serve BITS... [-- VAR=VAL ...]   (BITS tK: trellis-coded, K bits)
 #       serving at 1/8/32/64 requests of synthetic llama3-8b at each width, the serving-batch
 #       kernel of the narrow widths on (default) and off (GYRE_CUDA_BITS_BATCH=0: FP16
 #       dequantization + cuBLAS beyond 8 rows), arms interleaved per width; ARMS="A B ..." other
@@ -30,8 +30,10 @@ serve)
       envs=("$@")
       [ "$arm" != - ] && envs+=(${arm//,/ })
       echo "== ${bits}-bit [$arm]"
-      env "${envs[@]}" timeout 240 $B/gyre bench --synthetic "${SHAPE:-llama3-8b}" --bits "$bits" \
-        -n 128 -p 16 --concurrency "${CONC:-1,8,32,64}" 2>&1 | tail -6
+      wopt=(--bits "$bits")
+      [[ "$bits" == t* ]] && wopt=(--trellis "${bits#t}")  # tK: trellis-coded at K bits
+      env "${envs[@]}" timeout 240 $B/gyre bench --synthetic "${SHAPE:-llama3-8b}" "${wopt[@]}" \
+        -n 128 -p 16 --concurrency "${CONC:-1,8,32,64}" 2>&1 | tail -7
     done
   done
   ;;

@@ -1,8 +1,9 @@
 // Trellis-coded weights on CUDA (qlinear_trellis.cu) against the CPU reference: the
 // dequantization bit-exact against qweight_dequantize_row (trellis_layout.cc), the GEMV (every
-// K, groups 16..128, awkward shapes, n = 1..8 and the chunked n = 17, 40) against float64 products
-// of that reference, the split / SwiGLU / accumulate epilogues, and CudaBackend::matmul on a
-// rotated QPACKED view (decode GEMV and the dequantize + cuBLAS path). Skipped without a GPU.
+// K, groups 16..128, awkward shapes, n = 1..8, 17 and 40) and from 5 rows the serving-batch
+// kernel (qlinear_batch_stream.cu, up to 128 rows) against float64 products of that reference,
+// the split / SwiGLU / accumulate epilogues on both, and CudaBackend::matmul on a rotated QPACKED
+// view (decode GEMV, batch kernel, and the dequantize + cuBLAS path). Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #ifdef GYRE_HAVE_CUDA
@@ -94,8 +95,8 @@ TEST(CudaTrellis, DequantAndGemvMatchReference) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   // Partial 64-column pieces (32, 96, 1040 columns), groups of one tile up to 8 tiles, a split
   // range inside a group (4096 columns, many rows: no split-K; few rows: split-K).
-  const Case cases[] = {{16, 32, 16, 40},   {48, 96, 32, 40},   {272, 1040, 16, 40},
-                        {48, 4096, 128, 8}, {272, 4096, 64, 8}, {16, 96, 16, 40}};
+  const Case cases[] = {{16, 32, 16, 128},  {48, 96, 32, 128},   {272, 1040, 16, 128},
+                        {48, 4096, 128, 8}, {272, 4096, 64, 40}, {16, 96, 16, 40}};
   const int ks[] = {2, 3, 4, 5, 6, 8};
   uint32_t seed = 100;
   for (const int k : ks) {
@@ -106,8 +107,15 @@ TEST(CudaTrellis, DequantAndGemvMatchReference) {
       check_dequant(w, dw);
       const std::vector<uint16_t> xh = random_halves(size_t(c.max_n) * c.cols, 1.0f, seed++);
       const Reference ref = reference(w, xh, nullptr, c.max_n);
-      for (const int n : {1, 2, 5, 8, 17, 40})
-        if (n <= c.max_n) check_matmul(w, dw, xh, ref, n);
+      // From 5 rows the serving-batch kernel (qlinear_batch_stream.cu), then the GEMV per 8
+      // tokens with it off; 64, 65 and 128 rows: one and two passes of 64.
+      for (const int batch : {-1, 0}) {
+        qlinear_detail::set_bits_batch(batch);
+        for (const int n : {1, 2, 5, 8, 17, 40, 64, 65, 128})
+          if (n <= c.max_n && (batch == -1 || n <= 40)) check_matmul(w, dw, xh, ref, n);
+        qlinear_detail::set_bits_batch(-1);
+        if (HasFatalFailure()) break;
+      }
       qweight_free(dw);
     }
   }
@@ -127,10 +135,22 @@ TEST(CudaTrellis, TallWeight) {
   }
 }
 
+void check_epilogues(int batch);
+
 // Split outputs (Q|K|V) with a bias, SwiGLU on an 8-row interleaved gate/up weight, and
 // y += x . W, each against the float64 reference.
 TEST(CudaTrellis, Epilogues) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const AtExit reset([] { qlinear_detail::set_bits_batch(-1); });
+  for (const int batch : {-1, 0}) {  // 5 rows: the serving-batch kernel, then the GEMV
+    qlinear_detail::set_bits_batch(batch);
+    check_epilogues(batch);
+    if (HasFatalFailure()) return;
+  }
+}
+
+void check_epilogues(int batch) {
+  SCOPED_TRACE("batch kernel " + std::to_string(batch));
   const int rows = 96, cols = 160, n = 5, hidden = rows / 2;
   const QWeightHost w = make_trellis(rows, cols, 4, 32, 77);
   QWeightDevice dw = qweight_upload(w);
@@ -194,7 +214,8 @@ TEST(CudaTrellis, Epilogues) {
 }
 
 // Through the backend: a rotated trellis weight as a QPACKED view (x is rotated by the backend
-// before the GEMV), decode sizes on the trellis GEMV, 17 and 40 tokens on dequantize + cuBLAS.
+// before the GEMV), 1 token on the trellis GEMV, 5 to 40 on the batch kernel, 200 on dequantize +
+// cuBLAS.
 TEST(CudaTrellis, BackendMatmulOnRotatedView) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const int rows = 272, cols = 512;
@@ -203,7 +224,7 @@ TEST(CudaTrellis, BackendMatmulOnRotatedView) {
   w.had = HadamardRotation{hadamard_random_signs(cols, 32), block};
   auto b = make_cuda_backend(0, BackendOptions{});
   const Tensor wt = b->upload_weight(qweight_view("model.layers.0.mlp.down_proj.weight", w));
-  for (const int n : {1, 5, 17, 40}) {
+  for (const int n : {1, 5, 17, 40, 200}) {
     SCOPED_TRACE("n " + std::to_string(n));
     std::mt19937 rng(n);
     const std::vector<float> x = btest::random_f16(size_t(n) * cols, rng);

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "backend/backend.h"
+#include "backend/cpu/trellis.h"
 #include "core/error.h"
 #include "core/kv_quant.h"
 #include "engine/engine.h"
@@ -204,11 +205,14 @@ void run_serve_bench(const ServeBenchOptions& o) {
   GYRE_CHECK(o.model.empty() != o.synthetic.empty(), "give either -m MODEL or --synthetic NAME");
   GYRE_CHECK(o.bits == 16 || o.bits == 8 || (o.bits >= 2 && o.bits <= 6),
              "--bits must be 16, 8, 6, 5, 4, 3 or 2");
+  GYRE_CHECK(
+      o.trellis == 0 || (!o.synthetic.empty() && o.bits == 16 && trellis_bits_supported(o.trellis)),
+      "--trellis K (2..6 or 8) needs --synthetic, and no --bits");
   GYRE_CHECK(o.decode > 0 && o.prefix > 0 && o.ttft_requests >= 0,
              "bad -n/--prefix/--ttft-requests");
   BackendOptions bo;
   bo.n_threads = o.threads;
-  bo.weight_bits = o.bits == 16 ? 0 : o.bits;
+  bo.weight_bits = o.trellis != 0 ? o.trellis : o.bits == 16 ? 0 : o.bits;
   bo.kv_cache = o.kv_cache;
   std::unique_ptr<Backend> backend = backend_create(o.device, bo);
   const bool cuda = backend->name().rfind("cuda", 0) == 0;
@@ -224,6 +228,7 @@ void run_serve_bench(const ServeBenchOptions& o) {
     lm->tokenizer = std::make_unique<IdsOnlyTokenizer>(lm->config.vocab_size);
 #ifdef GYRE_HAVE_CUDA
     cuda_set_synthetic_weights(*backend, 12345);
+    if (o.trellis != 0) cuda_set_synthetic_trellis(*backend, true);
 #endif
   } else {
     lm = load_model(o.model);

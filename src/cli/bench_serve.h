@@ -12,6 +12,7 @@ namespace gyre {
 struct ServeBenchOptions {
   std::string model, synthetic, device = "auto", kv_cache = "f16";
   int bits = 16, threads = 0;
+  int trellis = 0;  // synthetic: trellis-coded weights at K bits (as gyre bench --trellis)
   std::vector<int> concurrency;  // concurrent requests per run
   int decode = 128;              // generated tokens per request (EOS ignored)
   int prefix = 2048;             // shared prompt prefix of the TTFT scenario

@@ -357,6 +357,7 @@ void add_bench_command(CLI::App& app) {
     s.device = o->device;
     s.kv_cache = o->kv_cache;
     s.bits = o->bits;
+    s.trellis = o->trellis;
     s.threads = o->threads;
     s.decode = o->decode;
     s.prefix = o->prefix;

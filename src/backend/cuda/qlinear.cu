@@ -231,6 +231,7 @@ Params layout_params(const QWeightDevice& w) {
   p.asym = d.asymmetric;
   p.tiles = (d.rows + 15) / 16;
   p.kblocks = (d.cols + 63) / 64;
+  while ((1 << p.group_log2) < d.group_size) ++p.group_log2;
   if (d.trellis) {
     qlinear_detail::trellis_layout_params(d, p);
     return p;
@@ -239,7 +240,6 @@ Params layout_params(const QWeightDevice& w) {
     p.kblocks = (p.kblocks + w.narrow_tiled - 1) / w.narrow_tiled * w.narrow_tiled;
   p.inplace = w.narrow_tiled > 0 && w.narrow_inplace;
   p.groups_p = p.kblocks * 64 / d.group_size;  // cols / group, plus one pad group at g32
-  while ((1 << p.group_log2) < d.group_size) ++p.group_log2;
   return p;
 }
 
@@ -391,20 +391,30 @@ int bits_batch_min_rows() {
   return g_bits_batch == 0 ? kQlinearBatchMaxRows + 1 : g_bits_batch;
 }
 
+// The serving-batch kernel's pieces argument for a tiled narrow or trellis-coded weight; 0 for
+// weights it does not read here (the host layout).
+int batch_pieces(const QWeightDevice& w) {
+  return w.desc.trellis ? qlinear_detail::kBatchTrellis : w.narrow_tiled;
+}
+
 int narrow_batch_chunk(const QWeightDevice& w, Params p) {
-  if (w.narrow_tiled == 0 || p.n < bits_batch_min_rows()) return 0;
+  if ((w.narrow_tiled == 0 && !w.desc.trellis) || p.n < bits_batch_min_rows()) return 0;
   for (const int chunk : {64, 32, 16}) {
     p.n = std::min(p.n, chunk);
-    if (qlinear_detail::batch_stream_supported(p, w.narrow_tiled)) return chunk;
+    if (qlinear_detail::batch_stream_supported(p, batch_pieces(w))) return chunk;
   }
   return 0;
 }
 
+// 2/3/5/6-bit and trellis-coded weights: the serving-batch kernel where it runs, else the GEMV
+// (per 8 tokens beyond 8).
 void launch_narrow(const QWeightDevice& w, const Params& p, cudaStream_t stream) {
   if (const int chunk = narrow_batch_chunk(w, p); chunk > 0) {
     for (int t0 = 0; t0 < p.n; t0 += chunk)
       qlinear_detail::launch_batch_stream(token_chunk(p, t0, std::min(chunk, p.n - t0)), stream,
-                                          w.narrow_tiled);
+                                          batch_pieces(w));
+  } else if (w.desc.trellis) {
+    qlinear_detail::launch_gemv_trellis(p, stream);
   } else if (w.narrow_tiled > 0) {
     qlinear_detail::launch_gemv_bits_stream(p, w.narrow_tiled, stream);
   } else {
@@ -483,9 +493,7 @@ void qlinear_gemv(const QWeightDevice& w, const __half* x, __half* y, int n, con
   const Params p = fused_params(w, x, y, n, bias, f);
   int rpb = g_rows_per_block;
   if (rpb == 0) rpb = 2;
-  if (w.desc.trellis) {
-    qlinear_detail::launch_gemv_trellis(p, stream);
-  } else if (w.desc.narrow()) {
+  if (w.desc.trellis || w.desc.narrow()) {
     launch_narrow(w, p, stream);
   } else if (w.desc.bits == 4) {
     qlinear_detail::launch_gemv4(p, stream);
@@ -503,9 +511,7 @@ void qlinear_matmul_split(const QWeightDevice& w, const __half* x, const cuda::O
   GYRE_CHECK(!f.accumulate, "qlinear: split outputs do not accumulate");
   Params p = fused_params(w, x, outs.out[0], n, bias, f);
   p.split = outs;
-  if (w.desc.trellis) {
-    qlinear_detail::launch_gemv_trellis(p, stream);
-  } else if (w.desc.narrow()) {
+  if (w.desc.trellis || w.desc.narrow()) {
     launch_narrow(w, p, stream);
   } else if (n <= 8 && (w.desc.bits == 4 || n <= kGemv8MaxRows)) {
     if (w.desc.bits == 4) {
@@ -526,23 +532,16 @@ bool qlinear_gemv_swiglu(const QWeightDevice& w, const __half* x, __half* out, i
   // 8-bit decode: the CUDA-core GEMV + SwiGLU kernel beats the batch kernel at n <= 4 (28672
   // rows, n = 1: 47 + ~3 us against 72 us on H100).
   if (n < 1 || n > kQlinearBatchMaxRows || (w.desc.bits == 8 && n <= kGemv8MaxRows) ||
-      (w.desc.narrow() && !qlinear_runs_direct(w, n)) ||
-      (w.desc.trellis && n > 8))  // else the caller's matmul + SwiGLU
-    return false;
+      ((w.desc.narrow() || w.desc.trellis) && !qlinear_runs_direct(w, n)))
+    return false;  // the caller's matmul + SwiGLU
   GYRE_CHECK(!f.accumulate, "qlinear: SwiGLU outputs do not accumulate");
   GYRE_CHECK(w.desc.rows == 2 * ((hidden + 7) / 8 * 8), "qlinear swiglu: weight of ", w.desc.rows,
              " rows for a hidden size of ", hidden);
   Params p = fused_params(w, x, out, n, nullptr, f);
-  if (w.desc.trellis) {
-    p.swiglu_hidden = hidden;
-    qlinear_detail::launch_gemv_trellis(p, stream);
-    check_cuda(cudaGetLastError(), "qlinear trellis swiglu launch");
-    return true;
-  }
-  if (w.narrow_tiled == 0 && qlinear_detail::batch_prefers_gemm(p))
+  if (w.narrow_tiled == 0 && !w.desc.trellis && qlinear_detail::batch_prefers_gemm(p))
     return false;  // the caller's GEMM + SwiGLU path
   p.swiglu_hidden = hidden;
-  if (w.narrow_tiled > 0) {
+  if (w.narrow_tiled > 0 || w.desc.trellis) {
     launch_narrow(w, p, stream);
   } else if (w.desc.bits == 4 && n <= 8) {
     qlinear_detail::launch_gemv4(p, stream);
@@ -555,8 +554,7 @@ bool qlinear_gemv_swiglu(const QWeightDevice& w, const __half* x, __half* out, i
 
 bool qlinear_runs_direct(const QWeightDevice& w, int n) {
   if (n < 1 || n > kQlinearBatchMaxRows) return false;
-  if (w.desc.trellis) return n <= kQlinearNarrowMaxRows;
-  if (!w.desc.narrow() || n <= kQlinearNarrowMaxRows) return true;
+  if ((!w.desc.narrow() && !w.desc.trellis) || n <= kQlinearNarrowMaxRows) return true;
   return narrow_batch_chunk(w, with_rows(w, n)) > 0;
 }
 
@@ -564,9 +562,7 @@ void qlinear_batch(const QWeightDevice& w, const __half* x, __half* y, int n, co
                    cudaStream_t stream) {
   GYRE_CHECK(n >= 1 && n <= kQlinearBatchMaxRows, "qlinear_batch: n must be 1..",
              kQlinearBatchMaxRows, ", got ", n);
-  if (w.desc.trellis) {
-    qlinear_detail::launch_gemv_trellis(make_params(w, x, y, n, bias), stream);
-  } else if (w.desc.narrow()) {
+  if (w.desc.trellis || w.desc.narrow()) {
     launch_narrow(w, make_params(w, x, y, n, bias), stream);
   } else {
     qlinear_detail::launch_batch(make_params(w, x, y, n, bias), stream);
@@ -576,9 +572,7 @@ void qlinear_batch(const QWeightDevice& w, const __half* x, __half* y, int n, co
 
 void qlinear_gemm(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
                   cudaStream_t stream) {
-  if (w.desc.trellis) {
-    qlinear_detail::launch_gemv_trellis(make_params(w, x, y, n, bias), stream);
-  } else if (w.desc.narrow()) {
+  if (w.desc.trellis || w.desc.narrow()) {
     launch_narrow(w, make_params(w, x, y, n, bias), stream);
   } else {
     qlinear_detail::launch_gemm(make_params(w, x, y, n, bias), stream);
@@ -589,10 +583,7 @@ void qlinear_gemm(const QWeightDevice& w, const __half* x, __half* y, int n, con
 void qlinear_matmul(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
                     cudaStream_t stream, const QlinearFusion& f) {
   const Params p = fused_params(w, x, y, n, bias, f);
-  if (w.desc.trellis) {
-    qlinear_detail::launch_gemv_trellis(p, stream);
-    check_cuda(cudaGetLastError(), "qlinear trellis launch");
-  } else if (w.desc.narrow()) {
+  if (w.desc.trellis || w.desc.narrow()) {
     launch_narrow(w, p, stream);
     check_cuda(cudaGetLastError(), "qlinear narrow launch");
   } else if (n <= 8 && (w.desc.bits == 4 || n <= kGemv8MaxRows)) {

@@ -29,6 +29,7 @@
 #include "backend/cuda/qlinear_inplace.cuh"
 #include "backend/cuda/qlinear_kernels.cuh"
 #include "backend/cuda/qlinear_stream.cuh"
+#include "backend/cuda/qlinear_trellis.cuh"
 #include "core/error.h"
 
 namespace gyre::qlinear_detail {
@@ -36,9 +37,39 @@ namespace gyre::qlinear_detail {
 void check_cuda(cudaError_t e, const char* what);  // qlinear.cu
 void prepare_batch_stream();
 
+constexpr int kBatchXPad = 32;  // halves after each x row: rows 64 bytes apart mod 128
+
+// The weights of one instantiation: 4-bit tiled words (BITS 4, S 1), tiled 2/3/5/6-bit pieces of
+// S blocks in the in-place arrangement (per 16-row tile 128 BITS S bytes: each lane's low-plane
+// words, then each lane's high-plane ones), or (S 0) trellis-coded pieces of K = BITS bits per
+// weight (qlinear_trellis.cuh: 4 tiles of 16 columns, a scale per tile's group). The kernel
+// walks units of kU = min(S, 2) blocks (64 kU columns; one piece for trellis): with whole pieces
+// of 4 or 8 blocks in a 2-deep register ring, their scales (two words per block at g32, twice
+// that with mins) spilled. Trellis B fragments are read 4 bytes at a time, so their staged x rows
+// are padded to 4 banks apart (kPad 8 halves) instead of 16 bytes' worth. (Outside the unnamed
+// namespace: nvcc warns about static members of its classes that an instantiation leaves unused.)
+template <int BITS, int S>
+struct BatchPiece {
+  static constexpr bool kTrellis = S == 0;
+  static constexpr int kLo = StreamPlanes<BITS>::kLo, kHi = StreamPlanes<BITS>::kHi;
+  static constexpr int kU = S == 0 ? 1 : S < 2 ? S : 2, kCols = 64 * kU;
+  static constexpr int kBytes = 128 * BITS * (S == 0 ? 1 : S);
+  static constexpr int kDepth = kU >= 2 ? 2 : 4;  // units in flight per warp (round 5: 4 blocks)
+  static constexpr int kPad = S == 0 ? 8 : kBatchXPad;
+};
+
+template <int BITS, int S, int MT, bool G32, bool ASYM>
+struct BatchSlot {
+  static constexpr int kU = BatchPiece<BITS, S>::kU;
+  static constexpr int kScales = S == 0 ? kPieceTiles : kU * (G32 ? 2 : 1);
+  uint32_t q[MT][BITS * kU];           // low-plane words of the unit's blocks, then high-plane ones
+  uint32_t s[MT][kScales];             // f16 (row g, row g + 8) per group of each block
+  uint32_t m[MT][ASYM ? kScales : 1];  // same for the mins (unused when symmetric)
+};
+
 namespace {
 
-constexpr int kXPad = 32;  // halves after each x row: rows 64 bytes apart mod 128
+constexpr int kXPad = kBatchXPad;
 // x per block of 8 warps (two to three blocks in an SM's 227 KB); twice that for 16 warps.
 constexpr int kSmemPer8Warps = 72 * 1024;
 constexpr int kWsFloats = 4 << 20;       // split-K workspace (16 MB)
@@ -47,26 +78,6 @@ __device__ float4 g_ws[kWsFloats / 4];   // zero between launches
 __device__ unsigned g_count[kMaxUnits];  // zero between launches
 constexpr int kStreamKAuto = -1;         // set_batch_stream_config (-2: the K-chunk grid)
 int g_mt = 0, g_ks = 0, g_warps = 0, g_streamk = kStreamKAuto, g_sms = 0, g_optin = 0;
-
-// The weights of one instantiation: 4-bit tiled words (BITS 4, S 1), or tiled 2/3/5/6-bit
-// pieces of S blocks in the in-place arrangement (per 16-row tile 128 BITS S bytes: each lane's
-// low-plane words, then each lane's high-plane ones). The kernel walks units of kU = min(S, 2)
-// blocks (64 kU columns): with whole pieces of 4 or 8 blocks in a 2-deep register ring, their
-// scales (two words per block at g32, twice that with mins) spilled.
-template <int BITS, int S>
-struct Piece {
-  static constexpr int kLo = StreamPlanes<BITS>::kLo, kHi = StreamPlanes<BITS>::kHi;
-  static constexpr int kU = S < 2 ? S : 2, kBytes = 128 * BITS * S, kCols = 64 * kU;
-  static constexpr int kDepth = kU >= 2 ? 2 : 4;  // units in flight per warp (round 5: 4 blocks)
-};
-
-template <int BITS, int S, int MT, bool G32, bool ASYM>
-struct Slot {
-  static constexpr int kU = Piece<BITS, S>::kU, kScales = kU * (G32 ? 2 : 1);
-  uint32_t q[MT][BITS * kU];           // low-plane words of the unit's blocks, then high-plane ones
-  uint32_t s[MT][kScales];             // f16 (row g, row g + 8) per group of each block
-  uint32_t m[MT][ASYM ? kScales : 1];  // same for the mins (unused when symmetric)
-};
 
 __device__ __forceinline__ uint32_t scale_pair(const void* base, bool f32, int64_t idx) {
   if (f32) {
@@ -99,8 +110,8 @@ __device__ __forceinline__ int64_t block_of(int64_t f, int64_t total) {
 template <int BITS, int S, int W, int MT, int NT, bool G32, bool ASYM>
 __global__ void __launch_bounds__(W * 32, W == 8 && MT * NT <= 8 ? 2 : 1)
     bstream_kernel(Params p, int per, int streamk) {
-  using Pc = Piece<BITS, S>;
-  using SlotT = Slot<BITS, S, MT, G32, ASYM>;
+  using Pc = BatchPiece<BITS, S>;
+  using SlotT = BatchSlot<BITS, S, MT, G32, ASYM>;
   constexpr int kGroups = G32 ? 2 : 1;  // scale groups per 64-column block
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __half* xs = reinterpret_cast<__half*>(smem_raw);
@@ -142,22 +153,36 @@ __global__ void __launch_bounds__(W * 32, W == 8 && MT * NT <= 8 ? 2 : 1)
     auto fetch = [&](int u, SlotT& d) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        // block b0 = u kU is block k0 of its piece; the lane's words of a block are contiguous
-        const int b0 = u * Pc::kU, k0 = b0 % S;
-        const uint8_t* base =
-            p.qweight + (int64_t{tiles[mt]} * (p.kblocks / S) + b0 / S) * Pc::kBytes;
-        load_stream_words<Pc::kLo * Pc::kU>(base + (lane * S + k0) * 4 * Pc::kLo, d.q[mt]);
-        if constexpr (Pc::kHi > 0)
-          load_stream_words<Pc::kHi * Pc::kU>(
-              base + 128 * Pc::kLo * S + (lane * S + k0) * 4 * Pc::kHi, d.q[mt] + Pc::kLo * Pc::kU);
+        if constexpr (Pc::kTrellis) {
+          load_piece<BITS>(reinterpret_cast<const uint32_t*>(
+                               p.qweight + (int64_t{tiles[mt]} * p.kblocks + u) * Pc::kBytes),
+                           lane, d.q[mt]);
 #pragma unroll
-        for (int sb = 0; sb < Pc::kU; ++sb) {
-          const int b = b0 + sb, gi = G32 ? 2 * b : (64 * b) >> p.group_log2;
+          for (int s = 0; s < kPieceTiles; ++s) {
+            const int gi = ((kPieceTiles * u + s) * kTrellisTileDim) >> p.group_log2;
+            d.s[mt][s] =
+                scale_pair(p.scales, false, (int64_t{tiles[mt]} * p.groups_p + gi) * 16 + 2 * g);
+          }
+        } else {
+          // block b0 = u kU is block k0 of its piece; the lane's words of a block are contiguous
+          constexpr int kS = S == 0 ? 1 : S;
+          const int b0 = u * Pc::kU, k0 = b0 % kS;
+          const uint8_t* base =
+              p.qweight + (int64_t{tiles[mt]} * (p.kblocks / kS) + b0 / kS) * Pc::kBytes;
+          load_stream_words<Pc::kLo * Pc::kU>(base + (lane * kS + k0) * 4 * Pc::kLo, d.q[mt]);
+          if constexpr (Pc::kHi > 0)
+            load_stream_words<Pc::kHi * Pc::kU>(
+                base + 128 * Pc::kLo * kS + (lane * kS + k0) * 4 * Pc::kHi,
+                d.q[mt] + Pc::kLo * Pc::kU);
 #pragma unroll
-          for (int k = 0; k < kGroups; ++k) {
-            const int64_t idx = (int64_t{tiles[mt]} * p.groups_p + gi + k) * 16 + 2 * g;
-            d.s[mt][sb * kGroups + k] = scale_pair(p.scales, p.scale_f32, idx);
-            if constexpr (ASYM) d.m[mt][sb * kGroups + k] = scale_pair(p.mins, p.scale_f32, idx);
+          for (int sb = 0; sb < Pc::kU; ++sb) {
+            const int b = b0 + sb, gi = G32 ? 2 * b : (64 * b) >> p.group_log2;
+#pragma unroll
+            for (int k = 0; k < kGroups; ++k) {
+              const int64_t idx = (int64_t{tiles[mt]} * p.groups_p + gi + k) * 16 + 2 * g;
+              d.s[mt][sb * kGroups + k] = scale_pair(p.scales, p.scale_f32, idx);
+              if constexpr (ASYM) d.m[mt][sb * kGroups + k] = scale_pair(p.mins, p.scale_f32, idx);
+            }
           }
         }
       }
@@ -178,7 +203,7 @@ __global__ void __launch_bounds__(W * 32, W == 8 && MT * NT <= 8 ? 2 : 1)
     }
 
     // Stage x [8 NT][columns of this range]: whole 8-column pieces, zeros past n and cols.
-    const int stride = (u1 - u0) * Pc::kCols + kXPad, chunks = (u1 - u0) * Pc::kCols / 8;
+    const int stride = (u1 - u0) * Pc::kCols + Pc::kPad, chunks = (u1 - u0) * Pc::kCols / 8;
     for (int i = threadIdx.x; i < 8 * NT * chunks; i += W * 32) {
       const int row = i / chunks, c = Pc::kCols * u0 + 8 * (i % chunks);
       __half* dst = xs + row * stride + 8 * (i % chunks);
@@ -200,49 +225,93 @@ __global__ void __launch_bounds__(W * 32, W == 8 && MT * NT <= 8 ? 2 : 1)
 #pragma unroll
     for (int i = 0; i < MT * NT * 4; ++i) acc[i] = 0.f;
 
-    // Unit i of the range: each block's two 32-column halves, each two m16n8k16 steps.
-    auto compute = [&](const SlotT& d, int i) {
+    // Trellis piece i of the range: each tile's fragment holds 1536 + code (exact), taken back
+    // to the code, scaled; B in natural column order (columns 16 s + 2 t and 16 s + 8 + 2 t).
+    auto compute_trellis = [&](const SlotT& d, int i) {
+      if constexpr (Pc::kTrellis) {
+        uint32_t nb[MT][BITS];
 #pragma unroll
-      for (int sb = 0; sb < Pc::kU; ++sb) {
-        const __half* xb = xs + g * stride + Pc::kCols * i + 64 * sb + 8 * t;  // token 8 nt + g
+        for (int mt = 0; mt < MT; ++mt) neighbour_words<BITS>(d.q[mt], nb[mt]);
+        const __half* xb = xs + g * stride + 64 * i + 2 * t;  // token 8 nt + g
+        const __half2 c1536 = __float2half2_rn(1536.f), zero = __float2half2_rn(0.f);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
+        for (int s = 0; s < kPieceTiles; ++s) {
           uint4 x[NT];
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-            x[nt] = *reinterpret_cast<const uint4*>(xb + 8 * nt * stride + 32 * h);
-          __half2 s_lo[MT], s_hi[MT], m_lo[MT], m_hi[MT];
+          for (int nt = 0; nt < NT; ++nt) {
+            x[nt].x = *reinterpret_cast<const uint32_t*>(xb + 8 * nt * stride + 16 * s);
+            x[nt].y = *reinterpret_cast<const uint32_t*>(xb + 8 * nt * stride + 16 * s + 8);
+            x[nt].z = x[nt].w = 0u;
+          }
+          uint32_t a[MT][4];
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
-            const int k = sb * kGroups + (G32 ? h : 0);
-            const __half2 sc = as_half2(d.s[mt][k]);
-            s_lo[mt] = __low2half2(sc);
-            s_hi[mt] = __high2half2(sc);
-            m_lo[mt] = m_hi[mt] = __float2half2_rn(0.f);
-            if constexpr (ASYM) {
-              const __half2 m = as_half2(d.m[mt][k]);
-              m_lo[mt] = __low2half2(m);
-              m_hi[mt] = __high2half2(m);
-            }
-          }
+            uint32_t raw[4];
+            tile_fragment<BITS>(d.q[mt], nb[mt], s, raw);
 #pragma unroll
-          for (int jj = 0; jj < 2; ++jj) {
-            uint32_t a[MT][4];
+            for (int r = 0; r < 4; ++r) {
+              const __half2 code = __hsub2(as_half2(raw[r]), c1536);
+              memcpy(&raw[r], &code, 4);
+            }
+            const __half2 sc = as_half2(d.s[mt][s]);
+            scale_fragment(raw, __low2half2(sc), __high2half2(sc), zero, zero, a[mt]);
+          }
+          mma_tiles<MT, NT>(acc, a, 0, x);
+        }
+      }
+    };
+
+    // Unit i of the range: each block's two 32-column halves, each two m16n8k16 steps.
+    auto compute_scalar = [&](const SlotT& d, int i) {
+      if constexpr (!Pc::kTrellis) {
+#pragma unroll
+        for (int sb = 0; sb < Pc::kU; ++sb) {
+          const __half* xb = xs + g * stride + Pc::kCols * i + 64 * sb + 8 * t;  // token 8 nt + g
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            uint4 x[NT];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+              x[nt] = *reinterpret_cast<const uint4*>(xb + 8 * nt * stride + 32 * h);
+            __half2 s_lo[MT], s_hi[MT], m_lo[MT], m_hi[MT];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
-              uint32_t raw[4];
-              if constexpr (BITS == 4)
-                int4_word_to_fragment(d.q[mt][2 * h + jj], lo_base, hi_base, raw);
-              else
-                inplace_to_fragment<BITS, kOffset>(d.q[mt] + sb * Pc::kLo,
-                                                   d.q[mt] + Pc::kLo * Pc::kU + sb * Pc::kHi,
-                                                   2 * h + jj, raw);
-              scale_fragment(raw, s_lo[mt], s_hi[mt], m_lo[mt], m_hi[mt], a[mt]);
+              const int k = sb * kGroups + (G32 ? h : 0);
+              const __half2 sc = as_half2(d.s[mt][k]);
+              s_lo[mt] = __low2half2(sc);
+              s_hi[mt] = __high2half2(sc);
+              m_lo[mt] = m_hi[mt] = __float2half2_rn(0.f);
+              if constexpr (ASYM) {
+                const __half2 m = as_half2(d.m[mt][k]);
+                m_lo[mt] = __low2half2(m);
+                m_hi[mt] = __high2half2(m);
+              }
             }
-            mma_tiles<MT, NT>(acc, a, jj, x);
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj) {
+              uint32_t a[MT][4];
+#pragma unroll
+              for (int mt = 0; mt < MT; ++mt) {
+                uint32_t raw[4];
+                if constexpr (BITS == 4)
+                  int4_word_to_fragment(d.q[mt][2 * h + jj], lo_base, hi_base, raw);
+                else
+                  inplace_to_fragment<BITS, kOffset>(d.q[mt] + sb * Pc::kLo,
+                                                     d.q[mt] + Pc::kLo * Pc::kU + sb * Pc::kHi,
+                                                     2 * h + jj, raw);
+                scale_fragment(raw, s_lo[mt], s_hi[mt], m_lo[mt], m_hi[mt], a[mt]);
+              }
+              mma_tiles<MT, NT>(acc, a, jj, x);
+            }
           }
         }
       }
+    };
+    auto compute = [&](const SlotT& d, int i) {
+      if constexpr (Pc::kTrellis)
+        compute_trellis(d, i);
+      else
+        compute_scalar(d, i);
     };
 
     for (int i0 = 0; i0 < nb; i0 += Pc::kDepth) {
@@ -326,12 +395,16 @@ struct Plan {
 };
 
 // Whether an instantiation reads these weights: 4-bit ones; tiled 2/3/5/6-bit ones in the in-place
-// arrangement at the default blocks per piece, f16 scales, no fused norm or rotation.
+// arrangement at the default blocks per piece; trellis-coded ones (pieces_s = kBatchTrellis) with
+// groups of a power of two; f16 scales, no fused norm or rotation for both.
 bool instantiated(const Params& p, int pieces_s) {
+  const bool plain = !p.scale_f32 && p.norm_w == nullptr && p.had_block == 0;
+  if (pieces_s == kBatchTrellis)
+    return plain && !p.asym && (1 << p.group_log2) == p.group && p.group >= kTrellisTileDim &&
+           (p.bits == 2 || p.bits == 3 || p.bits == 4 || p.bits == 5 || p.bits == 6 || p.bits == 8);
   if (p.bits == 4) return pieces_s == 1;
   return (p.bits == 2 || p.bits == 3 || p.bits == 5 || p.bits == 6) && p.inplace &&
-         pieces_s == narrow_default_pieces(p.bits, p.asym) && !p.scale_f32 && p.norm_w == nullptr &&
-         p.had_block == 0;
+         pieces_s == narrow_default_pieces(p.bits, p.asym) && plain;
 }
 
 // The launch plan: forced knobs where set, else the choices measured best on H100 (round 6 of
@@ -342,7 +415,7 @@ bool instantiated(const Params& p, int pieces_s) {
 // (only those are instantiated); ranges in units of min(S, 2) blocks.
 Plan plan(const Params& p, int pieces_s) {
   Plan pl;
-  const bool narrow = p.bits != 4;
+  const bool narrow = p.bits != 4 || pieces_s != 1;  // 2/3/5/6 bits, or trellis
   pl.nt = p.n <= 16 ? 2 : p.n <= 32 ? 4 : 8;
   pl.warps = g_warps != 0 && !narrow ? g_warps : 16;
   pl.mt = narrow                                                ? 1
@@ -351,8 +424,8 @@ Plan plan(const Params& p, int pieces_s) {
                                                                 : 1;
   pl.units = (p.tiles + pl.mt - 1) / pl.mt;
   pl.groups = (pl.units + pl.warps - 1) / pl.warps;
-  const int unit_blocks = std::min(pieces_s, 2);  // Piece::kU
-  const int units = p.kblocks / unit_blocks;      // column units per tile row
+  const int unit_blocks = pieces_s == kBatchTrellis ? 1 : std::min(pieces_s, 2);  // Piece::kU
+  const int units = p.kblocks / unit_blocks;  // column units per tile row
   const int per_max = max_per(pl.warps, pl.nt) / unit_blocks;
   if (!instantiated(p, pieces_s) || per_max < 1 || p.n < 1 || p.n > 64) return pl;
   const bool automatic = g_streamk == kStreamKAuto;
@@ -392,14 +465,26 @@ void init_device() {
              "cudaDeviceGetAttribute");
 }
 
-// Raises the shared-memory limit of the G32 and other-group kernels of one configuration.
+// Raises the shared-memory limit of one kernel, and of the G32 and other-group kernels of one
+// configuration.
+template <int BITS, int S, int W, int MT, int NT, bool G32, bool ASYM>
+void raise_one() {
+  check_cuda(
+      cudaFuncSetAttribute(bstream_kernel<BITS, S, W, MT, NT, G32, ASYM>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemPer8Warps * (W / 8)),
+      "cudaFuncSetAttribute (qlinear bstream)");
+}
 template <int BITS, int S, int W, int MT, int NT, bool ASYM>
 void raise_smem_limit() {
-  for (auto kernel : {bstream_kernel<BITS, S, W, MT, NT, true, ASYM>,
-                      bstream_kernel<BITS, S, W, MT, NT, false, ASYM>})
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    kSmemPer8Warps * (W / 8)),
-               "cudaFuncSetAttribute (qlinear bstream)");
+  raise_one<BITS, S, W, MT, NT, true, ASYM>();
+  raise_one<BITS, S, W, MT, NT, false, ASYM>();
+}
+
+template <int K>
+void raise_smem_limits_trellis() {
+  raise_one<K, kBatchTrellis, 16, 1, 2, false, false>();
+  raise_one<K, kBatchTrellis, 16, 1, 4, false, false>();
+  raise_one<K, kBatchTrellis, 16, 1, 8, false, false>();
 }
 
 template <int W, int MT>
@@ -428,7 +513,7 @@ void raise_smem_limits_narrow() {
 template <int BITS, int S, int W, int MT, int NT, bool G32, bool ASYM>
 void launch_k(const Params& p, const Plan& pl, cudaStream_t stream) {
   // Stream-K: a block's range may span two groups, each piece staged on its own (<= per).
-  const int smem = 8 * NT * (pl.per * Piece<BITS, S>::kCols + kXPad) * 2;
+  const int smem = 8 * NT * (pl.per * BatchPiece<BITS, S>::kCols + BatchPiece<BITS, S>::kPad) * 2;
   const dim3 grid = pl.streamk ? dim3(pl.ks) : dim3(pl.groups, pl.ks);
   qlaunch(bstream_kernel<BITS, S, W, MT, NT, G32, ASYM>, grid, W * 32, static_cast<size_t>(smem),
           stream, p, pl.per, pl.streamk);
@@ -446,6 +531,13 @@ void launch_nt(const Params& p, const Plan& pl, cudaStream_t stream) {
   }
   if (g32) return launch_k<BITS, kSs, W, MT, NT, true, false>(p, pl, stream);
   return launch_k<BITS, kSs, W, MT, NT, false, false>(p, pl, stream);
+}
+
+template <int K>
+void launch_trellis(const Params& p, const Plan& pl, cudaStream_t stream) {
+  if (pl.nt == 2) return launch_k<K, kBatchTrellis, 16, 1, 2, false, false>(p, pl, stream);
+  if (pl.nt == 4) return launch_k<K, kBatchTrellis, 16, 1, 4, false, false>(p, pl, stream);
+  return launch_k<K, kBatchTrellis, 16, 1, 8, false, false>(p, pl, stream);
 }
 
 template <int BITS, int W, int MT>
@@ -478,6 +570,22 @@ void launch_batch_stream(const Params& p, cudaStream_t stream, int pieces_s) {
   const Plan pl = plan(p, pieces_s);
   GYRE_CHECK(pl.ok, "qlinear bstream: no launch plan for ", p.bits, "-bit [", p.rows, ", ", p.cols,
              "] at ", p.n, " rows");
+  if (pieces_s == kBatchTrellis) {
+    switch (p.bits) {
+      case 2:
+        return launch_trellis<2>(p, pl, stream);
+      case 3:
+        return launch_trellis<3>(p, pl, stream);
+      case 4:
+        return launch_trellis<4>(p, pl, stream);
+      case 5:
+        return launch_trellis<5>(p, pl, stream);
+      case 6:
+        return launch_trellis<6>(p, pl, stream);
+      default:
+        return launch_trellis<8>(p, pl, stream);
+    }
+  }
   switch (p.bits) {
     case 2:
       return launch_mt<2, 16, 1>(p, pl, stream);
@@ -514,6 +622,12 @@ void prepare_batch_stream() {
   raise_smem_limits_narrow<3>();
   raise_smem_limits_narrow<5>();
   raise_smem_limits_narrow<6>();
+  raise_smem_limits_trellis<2>();
+  raise_smem_limits_trellis<3>();
+  raise_smem_limits_trellis<4>();
+  raise_smem_limits_trellis<5>();
+  raise_smem_limits_trellis<6>();
+  raise_smem_limits_trellis<8>();
   done_devices |= bit;
 }
 

@@ -76,6 +76,10 @@ __device__ __forceinline__ void store_out(const Params& p, int tok, int row, flo
     cuda::split_store(p.split, tok, row, v);
 }
 
+// The serving-batch kernel's blocks-per-piece argument for trellis-coded weights
+// (qlinear_batch_stream.cu).
+inline constexpr int kBatchTrellis = 0;
+
 // p restricted to its tokens [t0, t0 + n): x and the outputs (y, SwiGLU's, split ones) advanced.
 inline Params token_chunk(const Params& p, int t0, int n) {
   Params c = p;
