@@ -87,7 +87,8 @@ __device__ __forceinline__ void batch_fetch(const Params& p, const int (&tiles)[
         for (int k = 0; k < kGroups; ++k) {
           const int64_t idx = (int64_t{tiles[mt]} * p.groups_p + gi + k) * 16 + 2 * g;
           d.s[mt][sb * kGroups + k] = batch_scale_pair(p.scales, p.scale_f32, idx);
-          if constexpr (ASYM) d.m[mt][sb * kGroups + k] = batch_scale_pair(p.mins, p.scale_f32, idx);
+          if constexpr (ASYM)
+            d.m[mt][sb * kGroups + k] = batch_scale_pair(p.mins, p.scale_f32, idx);
         }
       }
     }
