@@ -178,28 +178,33 @@ TEST(ConvertGguf, TinyDequantizedTwinMatchesTheGgufModel) {
   EXPECT_LT(max_diff(lg, lh), 2e-3 * max_abs(lg)) << "max |logit| " << max_abs(lg);
 }
 
-// A whole conversion from the GGUF file: 8-bit uniform GPTQ stays within 8-bit error of the
-// GGUF model, and the output folder carries the tokenizer and loads.
-TEST(ConvertGguf, TinyGgufConvertsAtEightBits) {
-  const std::string out = fresh_dir("tiny_q8");
+// tiny_llama.gguf converted on the CPU into out, every layer at `uniform`, from a short
+// calibration text of the tiny vocabulary's words.
+void convert_tiny(const std::string& out, const std::string& uniform, int head_bits) {
   ConvertOptions o;
   o.model = kTiny;
   o.out = out;
-  o.uniform = "8:32";
-  o.head_bits = 8;
+  o.uniform = uniform;
+  o.head_bits = head_bits;
   o.rows = 4;
   o.length = 32;
   o.threads = 2;
   o.device = "cpu";
   o.progress = false;
-  const std::string calib = ::testing::TempDir() + "/gyre_convert_gguf_calib.txt";
+  o.calibration = ::testing::TempDir() + "/gyre_convert_gguf_calib.txt";
   {
     std::string t;
     for (int k = 0; k < 200; ++k) t += "a cab bad fig hide jig ace bead dice ";
-    std::ofstream(calib, std::ios::binary) << t;
+    std::ofstream(o.calibration, std::ios::binary) << t;
   }
-  o.calibration = calib;
   convert_model(o);
+}
+
+// A whole conversion from the GGUF file: 8-bit uniform GPTQ stays within 8-bit error of the
+// GGUF model, and the output folder carries the tokenizer and loads.
+TEST(ConvertGguf, TinyGgufConvertsAtEightBits) {
+  const std::string out = fresh_dir("tiny_q8");
+  convert_tiny(out, "8:32", 8);
   EXPECT_TRUE(fs::exists(out + "/tokenizer.json"));
   EXPECT_TRUE(fs::exists(out + "/tokenizer_config.json"));
   EXPECT_FALSE(fs::exists(out + "/.gyre-job"));
@@ -219,24 +224,7 @@ TEST(ConvertGguf, TinyGgufConvertsAtEightBits) {
 TEST(ConvertGguf, LayersOnTheirGridAreStoredExactly) {
   const std::string twin = fresh_dir("tiny_grid_twin"), out = fresh_dir("tiny_grid");
   export_gguf_as_hf(kTiny, twin);
-  ConvertOptions o;
-  o.model = kTiny;
-  o.out = out;
-  o.uniform = "4:32:asym";
-  o.head_bits = 0;
-  o.rows = 4;
-  o.length = 32;
-  o.threads = 2;
-  o.device = "cpu";
-  o.progress = false;
-  const std::string calib = ::testing::TempDir() + "/gyre_convert_gguf_grid_calib.txt";
-  {
-    std::string t;
-    for (int k = 0; k < 200; ++k) t += "a cab bad fig hide jig ace bead dice ";
-    std::ofstream(calib, std::ios::binary) << t;
-  }
-  o.calibration = calib;
-  convert_model(o);
+  convert_tiny(out, "4:32:asym", 0);
   const auto t = load_model(twin), q = load_model(out);
   QuantSetting st;
   st.bits = 4;

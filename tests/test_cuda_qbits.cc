@@ -491,6 +491,15 @@ TEST(CudaQbits, SwigluMatchesFloat64) {
       }
       qweight_free(dw);
     }
+  // The host layout (GYRE_CUDA_BITS_STREAM=0) has no SwiGLU epilogue: declined, nothing launched.
+  qlinear_detail::set_bits_stream(0);
+  const QWeightHost w = make_weight(3, 64, false, false, 32, 1152, seed++);
+  QWeightDevice dw = qweight_upload(w);
+  qlinear_detail::set_bits_stream(-1);
+  ASSERT_EQ(dw.narrow_tiled, 0);
+  Halves x(size_t(2) * 1152), out(size_t(2) * 13);
+  for (const int n : {1, 2}) EXPECT_FALSE(qlinear_gemv_swiglu(dw, x.p, out.p, n, 13, nullptr));
+  qweight_free(dw);
 }
 
 }  // namespace

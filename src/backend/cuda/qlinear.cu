@@ -532,13 +532,14 @@ bool qlinear_gemv_swiglu(const QWeightDevice& w, const __half* x, __half* out, i
   // 8-bit decode: the CUDA-core GEMV + SwiGLU kernel beats the batch kernel at n <= 4 (28672
   // rows, n = 1: 47 + ~3 us against 72 us on H100).
   if (n < 1 || n > kQlinearBatchMaxRows || (w.desc.bits == 8 && n <= kGemv8MaxRows) ||
+      (w.desc.narrow() && w.narrow_tiled == 0) ||  // the host layout's kernel has no epilogue
       ((w.desc.narrow() || w.desc.trellis) && !qlinear_runs_direct(w, n)))
     return false;  // the caller's matmul + SwiGLU
   GYRE_CHECK(!f.accumulate, "qlinear: SwiGLU outputs do not accumulate");
   GYRE_CHECK(w.desc.rows == 2 * ((hidden + 7) / 8 * 8), "qlinear swiglu: weight of ", w.desc.rows,
              " rows for a hidden size of ", hidden);
   Params p = fused_params(w, x, out, n, nullptr, f);
-  if (w.narrow_tiled == 0 && !w.desc.trellis && qlinear_detail::batch_prefers_gemm(p))
+  if (!w.desc.narrow() && !w.desc.trellis && qlinear_detail::batch_prefers_gemm(p))
     return false;  // the caller's GEMM + SwiGLU path
   p.swiglu_hidden = hidden;
   if (w.narrow_tiled > 0 || w.desc.trellis) {
