@@ -86,8 +86,8 @@ inline std::vector<uint16_t> rms_normed(const std::vector<uint16_t>& x,
   return out;
 }
 
-// A 4-bit layout under test: from floats (gguf F32) with this group / symmetry / act-order, or
-// random blocks of a GGUF type.
+// A layout under test: from floats (gguf F32) with this group / symmetry / act-order (4 bits
+// unless make_weight is told otherwise), or random blocks of a GGUF type.
 struct Layout {
   std::string name;
   int group;
@@ -95,7 +95,7 @@ struct Layout {
   DType gguf;
 };
 
-inline QWeightHost make_weight(const Layout& l, int rows, int cols, uint32_t seed) {
+inline QWeightHost make_weight(const Layout& l, int rows, int cols, uint32_t seed, int bits = 4) {
   std::mt19937 rng(seed);
   if (l.gguf != DType::F32) {
     // Random GGUF blocks with small finite f16 scale (and min) fields.
@@ -117,7 +117,7 @@ inline QWeightHost make_weight(const Layout& l, int rows, int cols, uint32_t see
   std::vector<int32_t> perm(cols);
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
-  return qweight_pack_from_f32(w.data(), rows, cols, 4, l.group, l.asym,
+  return qweight_pack_from_f32(w.data(), rows, cols, bits, l.group, l.asym,
                                l.perm ? perm.data() : nullptr);
 }
 
@@ -147,6 +147,19 @@ inline Reference reference(const QWeightHost& w, const std::vector<uint16_t>& x,
     }
   }
   return r;
+}
+
+// A backend's float results against the reference: every element within 5e-3 of its error
+// scale (+1e-3), the whole within 3e-3 relative L2.
+inline void expect_backend_close(const std::vector<float>& got, const Reference& ref) {
+  ASSERT_EQ(got.size(), ref.y.size());
+  double err2 = 0, ref2 = 0;
+  for (size_t i = 0; i < ref.y.size(); ++i) {
+    ASSERT_NEAR(got[i], ref.y[i], 5e-3 * ref.mag[i] + 1e-3) << "element " << i;
+    err2 += (got[i] - ref.y[i]) * (got[i] - ref.y[i]);
+    ref2 += ref.y[i] * ref.y[i];
+  }
+  EXPECT_LT(std::sqrt(err2 / ref2), 3e-3);
 }
 
 inline void expect_close(const std::vector<uint16_t>& got, const std::vector<double>& ref,

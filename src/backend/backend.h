@@ -232,6 +232,11 @@ class Backend {
   // backend never replay each other's; `bucket` is 0 for the single-sequence decode step and B
   // for batched decode steps padded to B rows (a backend may keep several records per bucket,
   // e.g. per paged cache, and picks the one matching what stage_paged_step staged).
+  // Whether the forward pass should renumber the MLP's hidden units into an act-order
+  // down_proj's column order at load (engine/mlp_order.h), so that down_proj never gathers its
+  // input. Only for backends whose uploads copy the weights (the rewritten ones live only for
+  // the call).
+  virtual bool wants_mlp_in_down_order() const { return false; }
   virtual bool graph_capable() const { return false; }
   virtual void stage_step_inputs(const int32_t* /*tokens*/, const int32_t* /*positions*/, int /*n*/,
                                  int /*pos0*/) {}

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 
 #include "core/error.h"
+#include "engine/mlp_order.h"
 
 namespace gyre {
 
@@ -20,11 +22,12 @@ Transformer::Transformer(const ModelConfig& config, const WeightSet& weights, Ba
   config_validate(config_);
   weights_validate(weights, config_);
   GYRE_CHECK(max_seq_ > 0, "max sequence length must be positive");
-  auto up = [&](const std::string& name) {
-    Tensor t = backend_.upload_weight(weights.get(name));
+  auto up_view = [&](const TensorView& v) {
+    Tensor t = backend_.upload_weight(v);
     weight_bytes_ += tensor_bytes(t);
     return t;
   };
+  auto up = [&](const std::string& name) { return up_view(weights.get(name)); };
   embed_ = up("model.embed_tokens.weight");
   final_norm_ = up("model.norm.weight");
   if (config_.tie_embeddings || !weights.has("lm_head.weight"))
@@ -38,12 +41,15 @@ Transformer::Transformer(const ModelConfig& config, const WeightSet& weights, Ba
     l.attn_norm = up(name("input_layernorm.weight"));
     l.ffn_norm = up(name("post_attention_layernorm.weight"));
     // Q|K|V and gate|up are fused: one pass over the shared input each (matmul_split/_swiglu).
-    auto fused = [&](std::vector<std::string> names, FusedKind kind) {
-      std::vector<TensorView> parts;
-      for (const std::string& n : names) parts.push_back(weights.get(n));
+    auto fused_views = [&](const std::vector<TensorView>& parts, FusedKind kind) {
       Tensor t = backend_.upload_fused(parts, kind);
       weight_bytes_ += tensor_bytes(t);
       return t;
+    };
+    auto fused = [&](std::vector<std::string> names, FusedKind kind) {
+      std::vector<TensorView> parts;
+      for (const std::string& n : names) parts.push_back(weights.get(n));
+      return fused_views(parts, kind);
     };
     const char* qkv[] = {"self_attn.q_proj.", "self_attn.k_proj.", "self_attn.v_proj."};
     auto qkv_names = [&](const char* suffix) {
@@ -54,9 +60,19 @@ Transformer::Transformer(const ModelConfig& config, const WeightSet& weights, Ba
     l.wqkv = fused(qkv_names("weight"), FusedKind::Concat);
     l.wo = up(name("self_attn.o_proj.weight"));
     if (config_.qkv_bias) l.bqkv = fused(qkv_names("bias"), FusedKind::Concat);
-    l.w_gate_up =
-        fused({name("mlp.gate_proj.weight"), name("mlp.up_proj.weight")}, FusedKind::GateUp);
-    l.w_down = up(name("mlp.down_proj.weight"));
+    const std::string gate = name("mlp.gate_proj.weight"), upn = name("mlp.up_proj.weight"),
+                      down = name("mlp.down_proj.weight");
+    // The rewritten weights live until the end of this iteration: the backend copies them.
+    std::optional<MlpInDownOrder> reordered;
+    if (backend_.wants_mlp_in_down_order())
+      reordered = mlp_in_down_order(weights.get(gate), weights.get(upn), weights.get(down));
+    if (reordered) {
+      l.w_gate_up = fused_views(reordered->gate_up_views(gate, upn), FusedKind::GateUp);
+      l.w_down = up_view(reordered->down_view(down));
+    } else {
+      l.w_gate_up = fused({gate, upn}, FusedKind::GateUp);
+      l.w_down = up(down);
+    }
   }
   rope_.rot_dim = config_.rope.rot_dim > 0 ? config_.rope.rot_dim : config_.head_dim;
   rope_.interleaved = config_.rope.interleaved;

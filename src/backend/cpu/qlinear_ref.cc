@@ -349,6 +349,31 @@ QWeightHost qweight_concat_rows(const std::vector<const QWeightHost*>& parts) {
   return out;
 }
 
+QWeightHost qweight_permute_rows(const QWeightHost& w, const std::vector<int32_t>& order) {
+  const QWeightDesc& d = w.desc;
+  GYRE_CHECK(!d.trellis, "qweight_permute_rows: trellis rows are coded in tiles of 16");
+  GYRE_CHECK(static_cast<int64_t>(order.size()) == d.rows, "qweight_permute_rows: the order has ",
+             order.size(), " entries for ", d.rows, " rows");
+  std::vector<bool> seen(order.size(), false);
+  for (int32_t r : order) {
+    GYRE_CHECK(r >= 0 && r < d.rows && !seen[static_cast<size_t>(r)],
+               "qweight_permute_rows: the order is not a permutation of the rows");
+    seen[static_cast<size_t>(r)] = true;
+  }
+  QWeightHost out = w;
+  // Every array is row-major with a fixed number of bytes per row.
+  auto permute = [&](const std::vector<uint8_t>& src, std::vector<uint8_t>& dst) {
+    const size_t row = src.size() / static_cast<size_t>(d.rows);
+    for (size_t j = 0; j < order.size(); ++j)
+      std::copy_n(src.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(order[j]) * row), row,
+                  dst.begin() + static_cast<ptrdiff_t>(j * row));
+  };
+  permute(w.qweight, out.qweight);
+  permute(w.scales, out.scales);
+  if (!w.mins.empty()) permute(w.mins, out.mins);
+  return out;
+}
+
 bool qweight_same_layout(const QWeightHost& a, const QWeightHost& b) {
   const QWeightDesc &x = a.desc, &y = b.desc;
   return x.bits == y.bits && x.group_size == y.group_size && x.asymmetric == y.asymmetric &&

@@ -124,6 +124,9 @@ void qweight_set_scale(QWeightHost& w, int64_t r, int64_t group, float scale, fl
 // for fused gate/up weights. a and b must have one layout and shape; trellis weights need a
 // block that is a multiple of 16 (whole tile rows).
 QWeightHost qweight_interleave_rows(const QWeightHost& a, const QWeightHost& b, int block);
+// Row j of the result is row order[j] of w (order: a permutation of the rows). Exact: rows are
+// independent (their own scales and mins); not for trellis weights (16-row tiles coded as one).
+QWeightHost qweight_permute_rows(const QWeightHost& w, const std::vector<int32_t>& order);
 // Whether qweight_concat_rows accepts the two (same bits, group, symmetry, scales, trellis, cols,
 // perm, rotation).
 bool qweight_same_layout(const QWeightHost& a, const QWeightHost& b);

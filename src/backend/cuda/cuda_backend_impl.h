@@ -121,6 +121,7 @@ class CudaBackend final : public Backend {
                     const Tensor* bias) override;
   void matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_gate_up) override;
   bool fuses_norms(int n, const Tensor& w) const override;
+  bool wants_mlp_in_down_order() const override { return true; }  // uploads copy
   void norm_matmul_split(const std::vector<Tensor*>& outs, const NormedInput& in, const Tensor& w,
                          const Tensor* bias) override;
   void norm_matmul_swiglu(Tensor& out, const NormedInput& in, const Tensor& w_gate_up) override;
@@ -222,8 +223,10 @@ class CudaBackend final : public Backend {
   // Rotated weights (cuda_hadamard.cc): x itself, or x [n, w.cols] rotated by w's R^T into
   // hadamard_scratch_ when w carries a rotation (backend/cpu/hadamard.h).
   const half* rotated_input(const Tensor& w, const half* x, int n);
-  // The FP16 weight behind w: itself, or a dequantized copy in dequant_ (quantized weights).
-  const half* dense_weight(const Tensor& w);
+  // The FP16 weight behind w: itself, or a dequantized copy in dequant_ (quantized weights). An
+  // act-order weight is dequantized in its stored column order and x [n, w.cols] replaced by its
+  // columns gathered into that order (in gather_).
+  const half* dense_weight(const Tensor& w, const half*& x, int n);
   // out [n, o] (leading dimension ldo) = x [n, in] . w [o, in]^T through cuBLAS.
   void gemm(half* out, int ldo, const half* x, const half* w, int n, int o, int in);
   const float* rope_table(const std::vector<float>& inv_freq);
@@ -254,6 +257,8 @@ class CudaBackend final : public Backend {
   std::shared_ptr<void> to_host_buf_, to_host_pinned_;
   std::shared_ptr<void> dequant_;  // FP16 copy of a quantized weight for prefill GEMMs
   size_t dequant_elems_ = 0;
+  std::shared_ptr<void> gather_;  // x in an act-order weight's column order (dense_weight)
+  size_t gather_halves_ = 0;
   std::shared_ptr<void> fused_scratch_;  // GEMM output of a fused weight before its epilogue
   size_t fused_scratch_halves_ = 0;
   std::shared_ptr<void> mixed_scratch_;  // gathered inputs and partial products of mixed weights

@@ -156,12 +156,13 @@ half* CudaBackend::fused_scratch(size_t halves) {
   return static_cast<half*>(fused_scratch_.get());
 }
 
-const half* CudaBackend::dense_weight(const Tensor& w) {
+const half* CudaBackend::dense_weight(const Tensor& w, const half*& x, int n) {
   if (!is_quantized_tensor(w)) {
     GYRE_CHECK(w.dtype == DType::F16, "CUDA matmul: weight dtype ", dtype_name(w.dtype),
                " is not supported");
     return static_cast<const half*>(w.data);
   }
+  const QWeightDevice& q = qweight_of(w);
   const size_t elems = static_cast<size_t>(w.rows) * w.cols;
   if (elems > dequant_elems_) {
     GYRE_CHECK(!capturing_, "internal: scratch growth while capturing a CUDA graph");
@@ -169,7 +170,19 @@ const half* CudaBackend::dense_weight(const Tensor& w) {
     dequant_ = device_alloc(elems * sizeof(half), "the dequantized-weight scratch");
     dequant_elems_ = elems;
   }
-  qlinear_dequantize(qweight_of(w), static_cast<half*>(dequant_.get()), stream_);
+  const bool gather = q.perm != nullptr;
+  if (gather) {
+    const size_t halves = static_cast<size_t>(n) * w.cols;
+    if (halves > gather_halves_) {
+      GYRE_CHECK(!capturing_, "internal: scratch growth while capturing a CUDA graph");
+      drop_graph();
+      gather_ = device_alloc(halves * sizeof(half), "the act-order input scratch");
+      gather_halves_ = halves;
+    }
+    qlinear_gather_input(q, x, static_cast<half*>(gather_.get()), n, stream_);
+    x = static_cast<const half*>(gather_.get());
+  }
+  qlinear_dequantize(q, static_cast<half*>(dequant_.get()), stream_, gather);
   return static_cast<const half*>(dequant_.get());
 }
 
@@ -234,7 +247,7 @@ void CudaBackend::matmul_split(const std::vector<Tensor*>& outs, const Tensor& x
     qlinear_matmul_split(qweight_of(w), xd, split, n, b, stream_);
     return;
   }
-  const half* wd = dense_weight(w);
+  const half* wd = dense_weight(w, xd, n);
   if (n <= kGemvMaxRows) {
     gemv_split(split, xd, wd, b, n, o, in, stream_);
     return;
@@ -272,7 +285,7 @@ void CudaBackend::matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_ga
     // trellis weights, whose 16-row interleave that epilogue does not pair).
     if (!trellis && qlinear_gemv_swiglu(qweight_of(w_gate_up), xd, o, n, hidden, stream_)) return;
   } else if (n <= kGemvMaxRows &&
-             gemv_swiglu(o, xd, dense_weight(w_gate_up), n, hidden, in, stream_)) {
+             gemv_swiglu(o, xd, dense_weight(w_gate_up, xd, n), n, hidden, in, stream_)) {
     return;
   }
   // No fused epilogue for this path: the fused [n, rows] output, then one SwiGLU kernel.
@@ -281,7 +294,7 @@ void CudaBackend::matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_ga
       qlinear_runs_direct(qweight_of(w_gate_up), n)) {
     qlinear_matmul(qweight_of(w_gate_up), xd, fused, n, nullptr, stream_);
   } else {
-    const half* wd = dense_weight(w_gate_up);
+    const half* wd = dense_weight(w_gate_up, xd, n);
     if (n <= kGemvMaxRows)
       gemv(fused, xd, wd, nullptr, n, rows, in, stream_);
     else

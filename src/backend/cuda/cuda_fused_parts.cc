@@ -152,11 +152,12 @@ void CudaBackend::group_matmul(const Tensor& w, const half* x, const OutSplit& s
   } else if (is_quantized_tensor(w)) {
     packed_part_matmul(qweight_of(w), x, y, n, bias);
   } else {
-    const half* wd = dense_weight(w);
+    const half* xd = x;
+    const half* wd = dense_weight(w, xd, n);
     if (n <= kGemvMaxRows) {
-      gemv(y, x, wd, bias, n, rows, in, stream_);
+      gemv(y, xd, wd, bias, n, rows, in, stream_);
     } else {
-      gemm(y, rows, x, wd, n, rows, in);
+      gemm(y, rows, xd, wd, n, rows, in);
       if (bias) add_bias(y, bias, n, rows, stream_);
     }
   }

@@ -78,7 +78,6 @@ void CudaBackend::matmul(Tensor& out, const Tensor& x, const Tensor& w, const Te
   }
   const int n = static_cast<int>(x.rows), o = static_cast<int>(w.rows),
             in = static_cast<int>(w.cols);
-  const void* w_f16 = w.data;
   const half* xr = rotated_input(w, h(x), n);  // x, or R^T x for a rotated weight
   if (is_mixed_tensor(w)) {
     mixed_matmul(qmixed_of(w), xr, h(out), n, b);
@@ -93,21 +92,10 @@ void CudaBackend::matmul(Tensor& out, const Tensor& x, const Tensor& w, const Te
       qlinear_matmul(qweight_of(w), xr, h(out), n, b, stream_);
       return;
     }
-    const size_t elems = static_cast<size_t>(o) * in;
-    if (elems > dequant_elems_) {
-      GYRE_CHECK(!capturing_, "internal: scratch growth while capturing a CUDA graph");
-      drop_graph();  // a record may read the buffer replaced here
-      dequant_ = device_alloc(elems * sizeof(half), "the dequantized-weight scratch");
-      dequant_elems_ = elems;
-    }
-    qlinear_dequantize(qweight_of(w), static_cast<half*>(dequant_.get()), stream_);
-    w_f16 = dequant_.get();
-  } else {
-    GYRE_CHECK(w.dtype == DType::F16, "CUDA matmul: weight dtype ", dtype_name(w.dtype),
-               " is not supported");
   }
+  const half* w_f16 = dense_weight(w, xr, n);
   if (n <= kGemvMaxRows) {
-    gemv(h(out), xr, static_cast<const half*>(w_f16), b, n, o, in, stream_);
+    gemv(h(out), xr, w_f16, b, n, o, in, stream_);
     return;
   }
   // Row-major out[n, o] = x[n, in] . w[o, in]^T is column-major out^T = w^T(op T) . x.

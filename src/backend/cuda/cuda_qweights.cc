@@ -6,6 +6,8 @@
 // that its owner keeps alive; matmul() dispatches on that marker and then on the descriptor's bits.
 #include <algorithm>
 #include <cstdlib>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -88,6 +90,13 @@ bool CudaBackend::try_upload_quantized(const TensorView& w, Tensor& out) {
       d.trellis = true;
       if (hadamard_block_for(cols) != 0) d.group_size = hadamard_block_for(cols);
     }
+    // GYRE_SYNTHETIC_ACT_ORDER=1: every weight also carries a random column permutation, as
+    // act-order GPTQ layers do, to measure what gathering x through it costs a decode step; 2:
+    // every weight but down_proj, as a real act-order model loads (engine/mlp_order.h).
+    const char* act = std::getenv("GYRE_SYNTHETIC_ACT_ORDER");
+    const std::string act_mode = act != nullptr ? act : "";
+    d.has_perm = !d.trellis && (act_mode == "1" ||
+                                (act_mode == "2" && w.name.find("down_proj") == std::string::npos));
     qweight_validate(d);
     const size_t bytes = qweight_device_bytes(d);
     auto memory = device_alloc(bytes, "weight " + w.name);
@@ -102,6 +111,15 @@ bool CudaBackend::try_upload_quantized(const TensorView& w, Tensor& out) {
     fill_random(reinterpret_cast<half*>(base + qbytes), static_cast<int64_t>((bytes - qbytes) / 2),
                 synthetic_seed_++, 0.5f / static_cast<float>(cols), 1.0f / static_cast<float>(cols),
                 stream_);
+    if (d.has_perm) {
+      std::vector<int32_t> perm(static_cast<size_t>(cols));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(),
+                   std::mt19937(static_cast<uint32_t>(synthetic_seed_++)));
+      GYRE_CUDA_CHECK(cudaMemcpyAsync(const_cast<int32_t*>(q->perm), perm.data(),
+                                      perm.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                      stream_));
+    }
     GYRE_CUDA_CHECK(cudaStreamSynchronize(stream_));
     weight_bytes_ += bytes;
     // GYRE_SYNTHETIC_HADAMARD=1: every weight also carries a random rotation (hadamard.h), to

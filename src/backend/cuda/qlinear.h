@@ -120,8 +120,15 @@ bool qlinear_gemv_swiglu(const QWeightDevice& w, const __half* x, __half* out, i
                          cudaStream_t stream, const QlinearFusion& f = {});
 
 // out [rows, cols] = W in FP16, original column order (perm undone): for prefill through
-// cuBLASLt when a scratch buffer is cheaper than the custom GEMM.
-void qlinear_dequantize(const QWeightDevice& w, __half* out, cudaStream_t stream);
+// cuBLASLt when a scratch buffer is cheaper than the custom GEMM. stored_order: the columns in
+// the weight's own (act-order) order instead, every store coalesced; multiply it with
+// qlinear_gather_input's x (undoing the order scatters 2-byte stores: ~6x slower prefill).
+void qlinear_dequantize(const QWeightDevice& w, __half* out, cudaStream_t stream,
+                        bool stored_order = false);
+// out [n, cols] = x [n, cols] with its columns in w's stored order (out[t][j] = x[t][perm[j]]);
+// w must have a column permutation.
+void qlinear_gather_input(const QWeightDevice& w, const __half* x, __half* out, int n,
+                          cudaStream_t stream);
 
 namespace qlinear_detail {
 // Tuning knob for benchmarks: weight rows per thread block of the GEMV (1, 2 or 4; 0 = auto).

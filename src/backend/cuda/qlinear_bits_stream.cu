@@ -348,8 +348,10 @@ void launch_gemv_bits_stream(const Params& p, int pieces_s, cudaStream_t stream)
   Params one = p;
   one.n = 1;
   one.had_block = 0;
+  one.norm_w = nullptr;
   const int per_token = stream_smem(one);
-  const int signs = stream_smem(p) - p.n * per_token;  // a rotated layer's, once per block
+  // Once per block: a rotated layer's signs, or an act-order layer's gathered norm weights.
+  const int signs = stream_smem(p) - p.n * per_token;
   auto fit = [&](int blocks) {
     return std::clamp(((optin - 8 * 1024) / blocks - signs) / per_token, 1, 8);
   };
