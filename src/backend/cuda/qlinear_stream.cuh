@@ -274,21 +274,43 @@ struct StreamSlot {
 };
 
 // Shared memory an act-order weight's staging needs after the staged rows (stream_smem): with the
-// norm fused, its weights in the weight's column order (K = the padded columns, halves).
+// norm fused, its weights in the weight's column order, then the rows as they come (K = the
+// padded columns, halves each).
 __host__ __device__ inline int act_order_smem(const Params& p) {
-  return p.perm != nullptr && p.norm_w != nullptr ? p.kblocks * 64 * 2 : 0;
+  if (p.perm == nullptr) return 0;
+  const int k = p.kblocks * 64;
+  return (p.norm_w != nullptr ? k * 2 : 0) + p.n * k * 2;
 }
 
 // An act-order weight's x (and, with the norm fused, the norm weights, into nws) gathered through
-// perm into its column order: each thread loads its chunk's 8 indices (two 16-byte loads), then
-// every gather of the chunk at once (x of each token and the norm weight), so a chunk costs two
-// dependent round trips (before: one per value and pass; act-order decode of the Llama-3-8B shape
-// 355 -> 375 tok/s on an H100, session 15). A copy of the rows into shared memory first, to gather
-// there, measured slower (369: the extra space cost a block per SM). Adds this thread's sums of
-// squares per token into ss (norm_w set); the caller reduces them.
+// perm into its column order. The rows are first copied as they come into shared memory (16-byte
+// loads) and gathered there, where a warp's 32 scattered 2-byte reads cost a few bank wavefronts
+// rather than up to 32 L1 wavefronts from global memory; the norm weights are gathered from
+// global memory in the same pass (their copy too would cost q|k|v and gate|up a block per SM).
+// Each thread loads its chunk's 8 indices with two 16-byte loads. Session 15, 4-bit act-order
+// decode of the Llama-3-8B shape: 358 tok/s with a dependent load pair per value, 375 with vector
+// indices, 369 with both the rows and the norm weights copied (a block per SM less). Adds this
+// thread's sums of squares per token into ss (norm_w set); the caller reduces them.
 __device__ __forceinline__ void gather_stream_rows(const Params& p, __half* xs, int stride,
                                                    __half* nws, float (&ss)[8]) {
-  const int chunks = p.kblocks * 64 / 8;
+  const int k_cols = p.kblocks * 64, chunks = k_cols / 8;
+  __half* raw = p.norm_w != nullptr ? nws + k_cols : nws;
+  for (int tok = 0; tok < p.n; ++tok) {
+    const __half* src = p.x + int64_t{tok} * p.cols;
+    for (int i = threadIdx.x; i < chunks; i += blockDim.x) {
+      const int c = i * 8;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (c + 8 <= p.cols && p.cols % 8 == 0) {
+        v = __ldg(reinterpret_cast<const uint4*>(src + c));
+      } else if (c < p.cols) {
+        __half h[8];
+        for (int k = 0; k < 8; ++k) h[k] = c + k < p.cols ? src[c + k] : __float2half(0.f);
+        memcpy(&v, h, 16);
+      }
+      *reinterpret_cast<uint4*>(raw + tok * k_cols + c) = v;
+    }
+  }
+  __syncthreads();
   for (int i = threadIdx.x; i < chunks; i += blockDim.x) {
     const int c = i * 8;
     int idx[8];
@@ -310,7 +332,7 @@ __device__ __forceinline__ void gather_stream_rows(const Params& p, __half* xs, 
 #pragma unroll
     for (int tok = 0; tok < 8; ++tok) {  // unrolled: ss stays in registers
       if (tok >= p.n) continue;
-      const __half* row = p.x + int64_t{tok} * p.cols;
+      const __half* row = raw + tok * k_cols;
       __half h[8];
 #pragma unroll
       for (int k = 0; k < 8; ++k) h[k] = idx[k] >= 0 ? row[idx[k]] : __float2half(0.f);
