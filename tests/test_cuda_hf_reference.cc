@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <utility>
 
 #include "backend/backend.h"
 #include "core/mapped_file.h"
@@ -125,7 +126,8 @@ TEST(CudaSmolLM2, GreedyTokensMatchCpuFor64Steps) {
 // layouts (round to nearest, every linear layer at one setting, so that both backends read the
 // same stored integers): 8 and 4 bits (the GEMV layouts), 3 and 6 (the tiled narrow ones). On
 // the H100 (session 14) the greedy tokens were identical for FP16, 4, 3 and 6 bits; at 8 bits the
-// GPU took another token at step 9 (expect_cpu_agrees prints the CPU's gap there).
+// GPU took another token at step 9 (expect_cpu_agrees prints the CPU's gap there). Then one GPTQ
+// act-order conversion at 4 bits (session 15).
 TEST(CudaSmolLM2, TwinAndItsLayoutsMatchCpuFor64Steps) {
   if (!gpu_present()) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
   if (!file_exists(kSmolPath)) GTEST_SKIP() << "no " << kSmolPath;
@@ -137,18 +139,25 @@ TEST(CudaSmolLM2, TwinAndItsLayoutsMatchCpuFor64Steps) {
     for (int k = 0; k < 100; ++k) t += "The cat sat on the mat while the dog slept by the door. ";
     std::ofstream(calib, std::ios::binary) << t;
   }
-  for (const std::string setting : {"", "8:64", "4:64", "3:64:asym", "6:64"}) {
+  // The last setting is GPTQ with act-order (the converter's default): every layer carries a
+  // column permutation, and the CUDA upload renumbers the MLP into down_proj's order.
+  const std::pair<std::string, bool> settings[] = {{"", true},     {"8:64", true},
+                                                   {"4:64", true}, {"3:64:asym", true},
+                                                   {"6:64", true}, {"4:64", false}};
+  for (const auto& [setting, rtn] : settings) {
     std::string dir = twin;
+    const std::string name = setting.empty() ? "FP16" : setting + (rtn ? "" : " GPTQ act-order");
     if (!setting.empty()) {
       quant::ConvertOptions o;
       o.model = twin;
-      o.out = ::testing::TempDir() + "/gyre_smol_" + std::to_string(setting.size()) + setting[0];
+      o.out = ::testing::TempDir() + "/gyre_smol_" + std::to_string(setting.size()) + setting[0] +
+              (rtn ? "" : "_gptq");
       o.uniform = setting;
-      o.rtn = true;
+      o.rtn = rtn;
       o.head_bits = 0;
       o.rows = 2;
       o.length = 32;
-      o.device = "cpu";
+      o.device = rtn ? "cpu" : "cuda";  // GPTQ of 210 layers: minutes on the CPU
       o.progress = false;
       o.calibration = calib;
       quant::convert_model(o);
@@ -157,7 +166,7 @@ TEST(CudaSmolLM2, TwinAndItsLayoutsMatchCpuFor64Steps) {
     auto model = load_model(dir);
     auto cpu = backend_create("cpu", 0);
     auto gpu = backend_create("cuda:0", 0);
-    expect_cpu_agrees(*model, *gpu, *cpu, setting.empty() ? "FP16" : setting);
+    expect_cpu_agrees(*model, *gpu, *cpu, name);
   }
 }
 
