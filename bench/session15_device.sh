@@ -2,9 +2,11 @@
 # Session 15 device runs (carry .device/lead = gyre_tests.xz and .device/lead2 = gyre.xz, both
 # stripped, and .device/libs; .device/shared for the fixtures). One call can run several modes:
 #   bench/session15_device.sh tests [FILTER]     the CUDA tests
-#   bench/session15_device.sh ab [ROUNDS]        4-bit decode of synthetic llama3-8b @128 and @8k,
-#       the fused decode MLP on and off (GYRE_CUDA_FUSED_MLP), arms interleaved; ARMS overrides
-#       the arms (VAR=VAL[,VAR=VAL] or "-"), SHAPE the model, BITS the width
+#   bench/session15_device.sh ab                 decode of synthetic llama3-8b @128 and @8k, ROUNDS
+#       rounds of the arms interleaved: by default without and with act-order weights as a real
+#       act-order model loads (GYRE_SYNTHETIC_ACT_ORDER=2; the fused-MLP runs of the log used
+#       GYRE_CUDA_FUSED_MLP of the tag exp/fused-mlp); ARMS overrides the arms (VAR=VAL[,VAR=VAL]
+#       or "-"), SHAPE the model, BITS the width
 #   bench/session15_device.sh serve              serving at CONC (1,8,32) requests, BITS (4), ARMS
 #   bench/session15_device.sh table             the final table (bench/device_table.sh)
 set -u
@@ -16,7 +18,7 @@ for mode in "$@"; do
     ;;
   ab)
     for r in $(seq 1 "${ROUNDS:-2}"); do
-      for arm in ${ARMS:-GYRE_CUDA_FUSED_MLP=1 GYRE_CUDA_FUSED_MLP=0}; do
+      for arm in ${ARMS:-- GYRE_SYNTHETIC_ACT_ORDER=2}; do
         envs=()
         [ "$arm" != - ] && envs=(${arm//,/ })
         env "${envs[@]}" timeout 120 $B/gyre bench --synthetic "${SHAPE:-llama3-8b}" \
@@ -26,7 +28,7 @@ for mode in "$@"; do
     done
     ;;
   serve)
-    for arm in ${ARMS:-GYRE_CUDA_FUSED_MLP=1 GYRE_CUDA_FUSED_MLP=0}; do
+    for arm in ${ARMS:-- GYRE_SYNTHETIC_ACT_ORDER=2}; do
       echo "== serving [$arm]"
       envs=()
       [ "$arm" != - ] && envs=(${arm//,/ })
