@@ -284,9 +284,9 @@ void CudaBackend::matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_ga
     // Decode and serving batches: one pass over the weight with the SwiGLU epilogue (not for
     // trellis weights, whose 16-row interleave that epilogue does not pair).
     if (!trellis && qlinear_gemv_swiglu(qweight_of(w_gate_up), xd, o, n, hidden, stream_)) return;
-  } else if (n <= kGemvMaxRows &&
-             gemv_swiglu(o, xd, dense_weight(w_gate_up, xd, n), n, hidden, in, stream_)) {
-    return;
+  } else if (n <= kGemvMaxRows) {
+    const half* wd = dense_weight(w_gate_up, xd, n);  // an FP16 weight: xd stays x
+    if (gemv_swiglu(o, xd, wd, n, hidden, in, stream_)) return;
   }
   // No fused epilogue for this path: the fused [n, rows] output, then one SwiGLU kernel.
   half* fused = fused_scratch(static_cast<size_t>(n) * rows);
