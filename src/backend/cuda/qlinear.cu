@@ -251,6 +251,14 @@ __global__ void gather_input_kernel(const __half* x, const int32_t* perm, __half
   out[i] = x[t * cols + __ldg(perm + (i - t * cols))];
 }
 
+// out [n, cols] = x [n, cols] with its columns through perm (out[t][j] = x[t][perm[j]]).
+void launch_gather_input(const __half* x, const int32_t* perm, __half* out, int n, int cols,
+                         cudaStream_t stream) {
+  const int64_t total = int64_t{n} * cols;
+  gather_input_kernel<<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(x, perm, out,
+                                                                                      cols, total);
+}
+
 // The 8-bit decode GEMV loads x per row group: through an act-order permutation that is one
 // scattered 2-byte load per value and row group (decode of the Llama-3-8B shape at 8 bits: 257
 // tok/s without act-order, 103 with, H100, session 15). Such x is gathered once into g_xperm (a
@@ -264,9 +272,7 @@ void gather_into_xperm(Params& p, cudaStream_t stream) {
   __half* xp = nullptr;
   check_cuda(cudaGetSymbolAddress(reinterpret_cast<void**>(&xp), g_xperm),
              "cudaGetSymbolAddress (act-order input)");
-  const int64_t total = int64_t{p.n} * p.cols;
-  gather_input_kernel<<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(
-      p.x, p.perm, xp, p.cols, total);
+  launch_gather_input(p.x, p.perm, xp, p.n, p.cols, stream);
   p.x = xp;
   p.perm = nullptr;
 }
@@ -672,9 +678,7 @@ void qlinear_gather_input(const QWeightDevice& w, const __half* x, __half* out, 
                           cudaStream_t stream) {
   GYRE_CHECK(w.perm != nullptr, "qlinear_gather_input: the weight has no column permutation");
   GYRE_CHECK(n >= 1 && x != nullptr && out != nullptr, "qlinear_gather_input: bad arguments");
-  const int64_t total = int64_t{n} * w.desc.cols;
-  const auto blocks = static_cast<unsigned>((total + 255) / 256);
-  gather_input_kernel<<<blocks, 256, 0, stream>>>(x, w.perm, out, w.desc.cols, total);
+  launch_gather_input(x, w.perm, out, n, w.desc.cols, stream);
   check_cuda(cudaGetLastError(), "qlinear_gather_input launch");
 }
 

@@ -370,20 +370,17 @@ __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int 
       }
     }
   }
-  for (int tok = 0; tok < p.n && p.perm == nullptr; ++tok) {
+  for (int tok = 0; tok < p.n && p.perm == nullptr; ++tok) {  // act-order: gathered above
     const __half* row = p.x + int64_t{tok} * p.cols;
     float ss = 0.f;
     for (int i = threadIdx.x; i < chunks; i += blockDim.x) {
       const int c = i * 8;
       uint4 v = make_uint4(0, 0, 0, 0);
-      if (p.perm == nullptr && c + 8 <= p.cols) {
+      if (c + 8 <= p.cols) {
         v = __ldg(reinterpret_cast<const uint4*>(row + c));
       } else if (c < p.cols) {
         __half h[8];
-        for (int k = 0; k < 8; ++k) {
-          const int cc = c + k;
-          h[k] = cc < p.cols ? row[p.perm ? __ldg(p.perm + cc) : cc] : __float2half(0.f);
-        }
+        for (int k = 0; k < 8; ++k) h[k] = c + k < p.cols ? row[c + k] : __float2half(0.f);
         memcpy(&v, h, 16);
       }
       if (p.norm_w != nullptr) {
