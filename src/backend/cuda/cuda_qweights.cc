@@ -116,9 +116,7 @@ bool CudaBackend::try_upload_quantized(const TensorView& w, Tensor& out) {
       std::iota(perm.begin(), perm.end(), 0);
       std::shuffle(perm.begin(), perm.end(),
                    std::mt19937(static_cast<uint32_t>(synthetic_seed_++)));
-      GYRE_CUDA_CHECK(cudaMemcpyAsync(const_cast<int32_t*>(q->perm), perm.data(),
-                                      perm.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                      stream_));
+      qweight_put_perm(*q, perm.data(), stream_);
     }
     GYRE_CUDA_CHECK(cudaStreamSynchronize(stream_));
     weight_bytes_ += bytes;

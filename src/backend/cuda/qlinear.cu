@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/hadamard_warp.cuh"
 #include "backend/cuda/qlinear.h"
@@ -223,6 +224,7 @@ Params layout_params(const QWeightDevice& w) {
   p.scales = w.scales;
   p.mins = w.mins;
   p.perm = w.perm;
+  p.inv_perm = w.inv_perm;
   p.rows = d.rows;
   p.cols = d.cols;
   p.group = d.group_size;
@@ -275,6 +277,7 @@ void gather_into_xperm(Params& p, cudaStream_t stream) {
   launch_gather_input(p.x, p.perm, xp, p.n, p.cols, stream);
   p.x = xp;
   p.perm = nullptr;
+  p.inv_perm = nullptr;
 }
 
 void dispatch_gemv8(Params p, int rows_per_block, cudaStream_t stream) {
@@ -324,7 +327,7 @@ size_t qweight_device_bytes(const QWeightDesc& d) {
   size_t qbytes = 0, scale_bytes = 0;
   device_sizes(d, qbytes, scale_bytes);
   return align256(qbytes) + align256(scale_bytes) + (d.asymmetric ? align256(scale_bytes) : 0) +
-         (d.has_perm ? align256(static_cast<size_t>(d.cols) * 4) : 0);
+         (d.has_perm ? 2 * align256(static_cast<size_t>(d.cols) * 4) : 0);
 }
 
 QWeightDevice qweight_device_view(const QWeightDesc& d, void* mem) {
@@ -344,7 +347,10 @@ QWeightDevice qweight_device_view(const QWeightDesc& d, void* mem) {
     out.mins = p;
     p += align256(scale_bytes);
   }
-  if (d.has_perm) out.perm = reinterpret_cast<const int32_t*>(p);
+  if (d.has_perm) {
+    out.perm = reinterpret_cast<const int32_t*>(p);
+    out.inv_perm = reinterpret_cast<const int32_t*>(p + align256(static_cast<size_t>(d.cols) * 4));
+  }
   return out;
 }
 
@@ -388,12 +394,31 @@ QWeightDevice qweight_upload(const QWeightHost& w) {
       put(out.scales, w.scales.data(), w.scales.size());
       if (d.asymmetric) put(out.mins, w.mins.data(), w.mins.size());
     }
-    if (d.has_perm) put(out.perm, w.perm.data(), w.perm.size() * 4);
+    if (d.has_perm) qweight_put_perm(out, w.perm.data(), nullptr);
   } catch (...) {
     qweight_free(out);
     throw;
   }
   return out;
+}
+
+void qweight_put_perm(const QWeightDevice& w, const int32_t* perm, cudaStream_t stream) {
+  GYRE_CHECK(w.perm != nullptr && w.inv_perm != nullptr,
+             "qweight_put_perm: the weight has no permutation");
+  const size_t cols = static_cast<size_t>(w.desc.cols);
+  std::vector<int32_t> inv(cols, -1);
+  for (size_t c = 0; c < cols; ++c) {
+    GYRE_CHECK(perm[c] >= 0 && static_cast<size_t>(perm[c]) < cols && inv[perm[c]] < 0,
+               "qweight_put_perm: not a permutation of ", cols, " columns");
+    inv[perm[c]] = static_cast<int32_t>(c);
+  }
+  check_cuda(
+      cudaMemcpyAsync(const_cast<int32_t*>(w.perm), perm, cols * 4, cudaMemcpyHostToDevice, stream),
+      "cudaMemcpyAsync (permutation)");
+  check_cuda(cudaMemcpyAsync(const_cast<int32_t*>(w.inv_perm), inv.data(), cols * 4,
+                             cudaMemcpyHostToDevice, stream),
+             "cudaMemcpyAsync (permutation)");
+  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize (permutation)");
 }
 
 void qweight_free(QWeightDevice& w) {

@@ -37,7 +37,10 @@ struct QWeightDevice {
   const void* scales = nullptr;      // f16 or f32 (desc.scale_f32), device layout
   const void* mins = nullptr;        // same shape, asymmetric only
   const int32_t* perm = nullptr;     // [cols] or null
-  void* allocation = nullptr;        // the one cudaMalloc holding all of the above
+  // The inverse permutation (inv_perm[perm[c]] = c), with perm: where each input column goes in
+  // the stored order, for the 4-bit decode staging's scatter (qlinear_stream.cuh).
+  const int32_t* inv_perm = nullptr;
+  void* allocation = nullptr;  // the one cudaMalloc holding all of the above
   // A rotated layer (backend/cpu/hadamard.h): [cols] signs and block B, set by the backend's
   // upload (memory owned there, not by allocation). qlinear_gemv / _matmul / _matmul_split /
   // _gemv_swiglu rotate x themselves where qlinear_fuses_rotation(w, n); everywhere else the
@@ -55,6 +58,9 @@ QWeightDevice qweight_upload(const QWeightHost& w);
 // bytes (allocation stays null: qweight_free does not free it). For arenas and benchmarks.
 QWeightDevice qweight_device_view(const QWeightDesc& desc, void* mem);
 void qweight_free(QWeightDevice& w);  // frees and nulls; safe on an empty weight
+// Writes an act-order weight's column permutation (cols entries) and its inverse into the weight's
+// device memory (synchronous with respect to the host).
+void qweight_put_perm(const QWeightDevice& w, const int32_t* perm, cudaStream_t stream);
 
 // Optional fusions of the matmul entry points below: y += x . W (the residual add folded into
 // the matmul's output), and x RMS-normalised per token and multiplied by norm_w [cols] before

@@ -28,6 +28,7 @@ struct Params {
   const void* scales;
   const void* mins;
   const int32_t* perm;
+  const int32_t* inv_perm = nullptr;  // with perm (QWeightDevice::inv_perm)
   const __half* x;
   __half* y;
   const __half* bias;

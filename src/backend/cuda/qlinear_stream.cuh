@@ -279,7 +279,21 @@ struct StreamSlot {
 __host__ __device__ inline int act_order_smem(const Params& p) {
   if (p.perm == nullptr) return 0;
   const int k = p.kblocks * 64;
-  return (p.norm_w != nullptr ? k * 2 : 0) + p.n * k * 2;
+  // 4 bits scatters straight into the staged rows (scatter_stream_rows): no copy of the rows.
+  return (p.norm_w != nullptr ? k * 2 : 0) + (p.bits == 4 ? 0 : p.n * k * 2);
+}
+
+// Entries c..c+7 of a [cols] index array (two 16-byte loads when all are in range; -1 past cols).
+__device__ __forceinline__ void load_indices8(const int32_t* a, int c, int cols, int (&out)[8]) {
+  if (c + 8 <= cols) {
+    const int4 lo = __ldg(reinterpret_cast<const int4*>(a + c));
+    const int4 hi = __ldg(reinterpret_cast<const int4*>(a + c + 4));
+    out[0] = lo.x, out[1] = lo.y, out[2] = lo.z, out[3] = lo.w;
+    out[4] = hi.x, out[5] = hi.y, out[6] = hi.z, out[7] = hi.w;
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = c + k < cols ? __ldg(a + c + k) : -1;
+  }
 }
 
 // An act-order weight's x (and, with the norm fused, the norm weights, into nws) gathered through
@@ -314,15 +328,7 @@ __device__ __forceinline__ void gather_stream_rows(const Params& p, __half* xs, 
   for (int i = threadIdx.x; i < chunks; i += blockDim.x) {
     const int c = i * 8;
     int idx[8];
-    if (c + 8 <= p.cols) {
-      const int4 a = __ldg(reinterpret_cast<const int4*>(p.perm + c));
-      const int4 b = __ldg(reinterpret_cast<const int4*>(p.perm + c + 4));
-      idx[0] = a.x, idx[1] = a.y, idx[2] = a.z, idx[3] = a.w;
-      idx[4] = b.x, idx[5] = b.y, idx[6] = b.z, idx[7] = b.w;
-    } else {
-#pragma unroll
-      for (int k = 0; k < 8; ++k) idx[k] = c + k < p.cols ? __ldg(p.perm + c + k) : -1;
-    }
+    load_indices8(p.perm, c, p.cols, idx);
     if (p.norm_w != nullptr) {
       __half w[8];
 #pragma unroll
@@ -345,6 +351,52 @@ __device__ __forceinline__ void gather_stream_rows(const Params& p, __half* xs, 
   }
 }
 
+// The 4-bit act-order staging (gemv_stream_kernel's AO = 2): each thread loads its chunks of x
+// as they come (16-byte loads, as the plain staging does) and stores each value where the
+// weight's column order wants it, xs[inv_perm[c]]; with the norm fused, the norm weights go to
+// nws the same way. So the staging keeps the plain one's shape (no copy of the rows, no barrier
+// between a copy and a gather, no index loads that wait for one): x, the inverse indices and the
+// norm weights are all requested at once, and the stores are 2-byte shared-memory scatters.
+// Adds this thread's sums of squares per token into ss (norm_w set; order does not matter).
+// Session 16, H100, Llama-3-8B shape: the gather of session 15 cost 4-bit decode 470 -> 407 tok/s.
+__device__ __forceinline__ void scatter_stream_rows(const Params& p, __half* xs, int stride,
+                                                    __half* nws, float (&ss)[8]) {
+  const int k_cols = p.kblocks * 64, chunks = k_cols / 8;
+  for (int tok = 0; tok < p.n; ++tok)  // padding columns: no input column lands there
+    for (int c = p.cols + threadIdx.x; c < k_cols; c += blockDim.x)
+      xs[tok * stride + c] = __float2half(0.f);
+  for (int i = threadIdx.x; i < chunks && i * 8 < p.cols; i += blockDim.x) {
+    const int c = i * 8;
+    const bool whole = c + 8 <= p.cols;
+    int dst[8];
+    load_indices8(p.inv_perm, c, p.cols, dst);
+    if (p.norm_w != nullptr) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        if (dst[k] >= 0) nws[dst[k]] = p.norm_w[c + k];
+    }
+#pragma unroll
+    for (int tok = 0; tok < 8; ++tok) {  // unrolled: ss stays in registers
+      if (tok >= p.n) continue;
+      const __half* src = p.x + int64_t{tok} * p.cols;
+      __half h[8];
+      if (whole && p.cols % 8 == 0) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(src + c));
+        memcpy(h, &v, 16);
+      } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) h[k] = c + k < p.cols ? src[c + k] : __float2half(0.f);
+      }
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        if (dst[k] < 0) continue;
+        if (p.norm_w != nullptr) ss[tok] += __half2float(h[k]) * __half2float(h[k]);
+        xs[tok * stride + dst[k]] = h[k];
+      }
+    }
+  }
+}
+
 // x rows 0..n-1 into xs (columns padded to whole blocks with zeros, gathered through perm), then
 // (norm_w set) each row scaled by its RMS norm exactly as the rmsnorm kernel rounds it, then
 // (had_block set; signs staged by stage_signs_async) rotated by R^T.
@@ -362,7 +414,10 @@ __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int 
   __half* nws = xs + p.n * stride;
   if (act) {
     float ss[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    gather_stream_rows(p, xs, stride, nws, ss);
+    if constexpr (AO == 2)
+      scatter_stream_rows(p, xs, stride, nws, ss);
+    else
+      gather_stream_rows(p, xs, stride, nws, ss);
     if (p.norm_w != nullptr) {
 #pragma unroll
       for (int tok = 0; tok < 8; ++tok) {
@@ -450,10 +505,12 @@ __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int 
 // P > 0: the pieces go through a ring of P slots per warp in shared memory, filled by cp.async
 // (weights and their scales, each lane its own bytes), instead of the register ring (D unused):
 // in-flight weights then cost shared memory, not registers (stream_ring_smem).
-// AO: 0 handles act-order weights and others (a run-time branch), 1 only others, 2 only act-order
-// ones. 4 bits takes 1 and 2 (launch_stream_kernel): without the act-order staging in it the
-// common kernel needs 50 registers instead of 59 and decodes the Llama-3-8B shape 2.6% faster
-// (H100, session 16); the narrow widths keep 0 (one instantiation each: their file's build time).
+// AO: 0 handles act-order weights and others (a run-time branch, gather_stream_rows), 1 only
+// others, 2 only act-order ones (scatter_stream_rows, which needs inv_perm and the staging space
+// act_order_smem gives 4 bits). 4 bits takes 1 and 2 (launch_stream_kernel): without the act-order
+// staging in it the common kernel needs 50 registers instead of 59 and decodes the Llama-3-8B
+// shape 2.6% faster (H100, session 16); the narrow widths keep 0 (one instantiation each: their
+// file's build time).
 template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P = 0, int AO = 0>
 __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
   constexpr int kLo = StreamPlanes<BITS>::kLo, kHi = StreamPlanes<BITS>::kHi;
