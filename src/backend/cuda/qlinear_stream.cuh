@@ -273,14 +273,21 @@ struct StreamSlot {
   uint32_t m[ASYM ? S * (G32 ? 2 : 1) : 1];
 };
 
+// Whether act-order weights of this width stage x by scattering it through inv_perm
+// (scatter_stream_rows, kernel AO = 2) rather than gathering it through perm from a copy of the
+// rows (AO = 0). Both the staging space (act_order_smem) and the kernel choice
+// (launch_stream_kernel) follow this one rule.
+__host__ __device__ constexpr bool stream_act_order_scatters(int bits) {
+  return bits == 4;
+}
+
 // Shared memory an act-order weight's staging needs after the staged rows (stream_smem): with the
-// norm fused, its weights in the weight's column order, then the rows as they come (K = the
-// padded columns, halves each).
+// norm fused, its weights in the weight's column order, then (gathering widths only) the rows as
+// they come (K = the padded columns, halves each).
 __host__ __device__ inline int act_order_smem(const Params& p) {
   if (p.perm == nullptr) return 0;
   const int k = p.kblocks * 64;
-  // 4 bits scatters straight into the staged rows (scatter_stream_rows): no copy of the rows.
-  return (p.norm_w != nullptr ? k * 2 : 0) + (p.bits == 4 ? 0 : p.n * k * 2);
+  return (p.norm_w != nullptr ? k * 2 : 0) + (stream_act_order_scatters(p.bits) ? 0 : p.n * k * 2);
 }
 
 // Entries c..c+7 of a [cols] index array (two 16-byte loads when all are in range; -1 past cols).
@@ -507,10 +514,10 @@ __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int 
 // in-flight weights then cost shared memory, not registers (stream_ring_smem).
 // AO: 0 handles act-order weights and others (a run-time branch, gather_stream_rows), 1 only
 // others, 2 only act-order ones (scatter_stream_rows, which needs inv_perm and the staging space
-// act_order_smem gives 4 bits). 4 bits takes 1 and 2 (launch_stream_kernel): without the act-order
-// staging in it the common kernel needs 50 registers instead of 59 and decodes the Llama-3-8B
-// shape 2.6% faster (H100, session 16); the narrow widths keep 0 (one instantiation each: their
-// file's build time).
+// act_order_smem gives 4 bits: stream_act_order_scatters). 4 bits takes 1 and 2: without the
+// act-order staging in it the common kernel needs 50 registers instead of 59 and decodes the
+// Llama-3-8B shape 2.6% faster (H100, session 16); the narrow widths keep 0 (one instantiation
+// each: their file's build time).
 template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P = 0, int AO = 0>
 __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
   constexpr int kLo = StreamPlanes<BITS>::kLo, kHi = StreamPlanes<BITS>::kHi;
@@ -765,7 +772,7 @@ void launch_stream_kernel(const Params& p, int ksplit, int warp_budget, cudaStre
   const int warps = ks > 8 ? ks : 8, tiles_per_block = warps / ks;
   const unsigned blocks = static_cast<unsigned>((q.tiles + tiles_per_block - 1) / tiles_per_block);
   void (*kernel)(Params, int) = nullptr;
-  if constexpr (BITS == 4)  // one instantiation each for act-order weights and others
+  if constexpr (stream_act_order_scatters(BITS))  // one instantiation each: act-order, others
     kernel = q.perm != nullptr ? raised_stream_kernel<BITS, S, D, G32, ASYM, INPLACE, P, 2>(optin)
                                : raised_stream_kernel<BITS, S, D, G32, ASYM, INPLACE, P, 1>(optin);
   else
