@@ -2,7 +2,8 @@
 // checkpoints make them: every path of a matmul (the decode GEMV, with and without the fused
 // RMSNorm, the serving-batch kernel, and prefill's dequantization + cuBLAS with the input gathered
 // into the weight's stored column order) against the float64 reference of the host dequantizer,
-// at 4 bits and at the narrow widths. Skipped without a GPU.
+// at 4 bits and at the narrow widths; and the residual handed to such a weight in its column
+// order by the matmul_add before it. Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #ifdef GYRE_HAVE_CUDA
@@ -102,6 +103,92 @@ TEST(CudaActOrder, FusedNormAndSplitMatchSeparateOps) {
       const std::vector<float> xnf = btest::host(*b, xn);
       for (size_t i = 0; i < xnh.size(); ++i) xnh[i] = f32_to_f16(xnf[i]);
       expect_backend_close(btest::host(*b, v), reference(wv, xnh, nullptr, n));
+    }
+  }
+}
+
+// The residual handed over in the next weight's column order (Backend::matmul_add's `next`): the
+// producer's epilogue also writes the sum permuted, and the act-order q|k|v or gate|up GEMV after
+// it stages that copy plainly with permuted norm weights. Against the same ops without the
+// hand-over (the sum itself must be bit for bit the same) and the float64 reference; a
+// different residual of the same shape must not take the copy.
+TEST(CudaActOrder, ResidualHandedOverInTheNextWeightsOrder) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const int dim = 512, att_cols = 256, q_rows = 256, kv_rows = 64, hidden = 96;
+  auto b = make_cuda_backend(0, BackendOptions{});
+  for (const int bits : {4, 5, 3}) {
+    QWeightHost wo = act_order_weight(dim, att_cols, 4, 128, false, 70 + bits);
+    QWeightHost wq = act_order_weight(q_rows, dim, bits, 128, bits == 3, 80 + bits);
+    QWeightHost wk = act_order_weight(kv_rows, dim, bits, 128, bits == 3, 90 + bits);
+    QWeightHost wv = act_order_weight(kv_rows, dim, bits, 128, bits == 3, 100 + bits);
+    QWeightHost wg = act_order_weight(hidden, dim, bits, 64, false, 110 + bits);
+    QWeightHost wu = act_order_weight(hidden, dim, bits, 64, false, 120 + bits);
+    wk.perm = wv.perm = wq.perm;
+    wu.perm = wg.perm;
+    const Tensor o = b->upload_weight(qweight_view("model.layers.0.self_attn.o_proj.weight", wo));
+    const Tensor qkv = b->upload_fused({qweight_view("model.layers.0.self_attn.q_proj.weight", wq),
+                                        qweight_view("model.layers.0.self_attn.k_proj.weight", wk),
+                                        qweight_view("model.layers.0.self_attn.v_proj.weight", wv)},
+                                       FusedKind::Concat);
+    const Tensor gu = b->upload_fused({qweight_view("model.layers.0.mlp.gate_proj.weight", wg),
+                                       qweight_view("model.layers.0.mlp.up_proj.weight", wu)},
+                                      FusedKind::GateUp);
+    std::mt19937 rng(bits);
+    const btest::Act norm = btest::upload(*b, btest::random_f16(dim, rng, 1.5f), 1, dim);
+    for (const int n : {1, 2}) {
+      SCOPED_TRACE(std::to_string(bits) + "-bit n " + std::to_string(n));
+      ASSERT_TRUE(b->fuses_norms(n, qkv) && b->fuses_norms(n, gu));
+      const std::vector<float> r0 = btest::random_f16(size_t(n) * dim, rng, 2.0f);
+      const btest::Act att =
+          btest::upload(*b, btest::random_f16(size_t(n) * att_cols, rng), n, att_cols);
+      btest::Act handed = btest::upload(*b, r0, n, dim), plain = btest::upload(*b, r0, n, dim),
+                 other = btest::upload(*b, r0, n, dim);
+      Tensor tmp = b->alloc(n, dim), xn = b->alloc(n, dim);
+      auto qkv_out = [&] {
+        return std::vector<Tensor>{b->alloc(n, q_rows), b->alloc(n, kv_rows), b->alloc(n, kv_rows)};
+      };
+      std::vector<Tensor> got = qkv_out(), want = qkv_out(), own = qkv_out();
+      const uint64_t before = cuda_permuted_handoffs(*b);
+      b->matmul_add(handed.t, att.t, o, tmp, &qkv);
+      b->norm_matmul_split({&got[0], &got[1], &got[2]}, {handed.t, norm.t, 1e-5f, xn}, qkv,
+                           nullptr);
+      EXPECT_EQ(cuda_permuted_handoffs(*b), before + 1);
+      b->matmul_add(plain.t, att.t, o, tmp);
+      b->norm_matmul_split({&want[0], &want[1], &want[2]}, {plain.t, norm.t, 1e-5f, xn}, qkv,
+                           nullptr);
+      // The copy was made for `handed`: a residual elsewhere reads itself.
+      b->matmul_add(handed.t, att.t, o, tmp, &qkv);
+      b->matmul_add(other.t, att.t, o, tmp);
+      b->norm_matmul_split({&own[0], &own[1], &own[2]}, {other.t, norm.t, 1e-5f, xn}, qkv, nullptr);
+      EXPECT_EQ(cuda_permuted_handoffs(*b), before + 1);
+      const std::vector<float> sum = btest::host(*b, plain.t);
+      EXPECT_EQ(btest::host(*b, other.t), sum);
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_LT(
+            btest::rel_error(btest::host(*b, got[size_t(i)]), btest::host(*b, want[size_t(i)])),
+            1e-3)
+            << i;
+        EXPECT_LT(
+            btest::rel_error(btest::host(*b, own[size_t(i)]), btest::host(*b, want[size_t(i)])),
+            1e-6)
+            << i;
+      }
+      b->rmsnorm(xn, plain.t, norm.t, 1e-5f);
+      std::vector<uint16_t> xnh(size_t(n) * dim);
+      const std::vector<float> xnf = btest::host(*b, xn);
+      for (size_t i = 0; i < xnh.size(); ++i) xnh[i] = f32_to_f16(xnf[i]);
+      expect_backend_close(btest::host(*b, got[2]), reference(wv, xnh, nullptr, n));
+
+      // gate|up: the same hand-over into the SwiGLU GEMV (the residual now `handed` twice over).
+      btest::Act h2 = btest::upload(*b, r0, n, dim), p2 = btest::upload(*b, r0, n, dim);
+      Tensor hs = b->alloc(n, hidden), ps = b->alloc(n, hidden);
+      b->matmul_add(h2.t, att.t, o, tmp, &gu);
+      b->norm_matmul_swiglu(hs, {h2.t, norm.t, 1e-5f, xn}, gu);
+      EXPECT_EQ(cuda_permuted_handoffs(*b), before + 2);
+      b->matmul_add(p2.t, att.t, o, tmp);
+      b->norm_matmul_swiglu(ps, {p2.t, norm.t, 1e-5f, xn}, gu);
+      EXPECT_EQ(btest::host(*b, h2.t), sum);
+      EXPECT_LT(btest::rel_error(btest::host(*b, hs), btest::host(*b, ps)), 1e-3);
     }
   }
 }

@@ -173,8 +173,11 @@ class Backend {
   virtual void norm_matmul_split(const std::vector<Tensor*>& outs, const NormedInput& in,
                                  const Tensor& w, const Tensor* bias);
   virtual void norm_matmul_swiglu(Tensor& out, const NormedInput& in, const Tensor& w_gate_up);
-  // residual += x . w (scratch [n, w.rows] may receive x . w first).
-  virtual void matmul_add(Tensor& residual, const Tensor& x, const Tensor& w, Tensor& scratch);
+  // residual += x . w (scratch [n, w.rows] may receive x . w first). next: the weight whose
+  // norm_matmul_split / norm_matmul_swiglu reads residual next, with no other write to residual in
+  // between (or null); a backend may hand that weight's kernel residual in the order it reads it.
+  virtual void matmul_add(Tensor& residual, const Tensor& x, const Tensor& w, Tensor& scratch,
+                          const Tensor* next = nullptr);
   // Rotates each head of x [n, n_heads * head_dim] in place; token i is at positions[i].
   virtual void rope(Tensor& x, int n_heads, int head_dim, const int32_t* positions,
                     const RopeTable& table) = 0;

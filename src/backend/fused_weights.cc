@@ -173,7 +173,8 @@ void Backend::norm_matmul_swiglu(Tensor& out, const NormedInput& in, const Tenso
   matmul_swiglu(out, in.scratch, w_gate_up);
 }
 
-void Backend::matmul_add(Tensor& residual, const Tensor& x, const Tensor& w, Tensor& scratch) {
+void Backend::matmul_add(Tensor& residual, const Tensor& x, const Tensor& w, Tensor& scratch,
+                         const Tensor* /*next*/) {
   matmul(scratch, x, w, nullptr);
   add(residual, scratch);
 }

@@ -131,9 +131,11 @@ void Transformer::run_layers(const int32_t* tokens, int n, Attend&& attend) {
     }
     attend(att, q, k, v, static_cast<int>(li));
     if (fuse) {
-      backend_.matmul_add(x, att, l.wo, ffn);
+      // Each residual add names the weight that reads the residual next (Backend::matmul_add).
+      backend_.matmul_add(x, att, l.wo, ffn, &l.w_gate_up);
       backend_.norm_matmul_swiglu(gate, {x, l.ffn_norm, c.norm_eps, xn}, l.w_gate_up);
-      backend_.matmul_add(x, gate, l.w_down, ffn);
+      backend_.matmul_add(x, gate, l.w_down, ffn,
+                          li + 1 < layers_.size() ? &layers_[li + 1].wqkv : nullptr);
       continue;
     }
     backend_.matmul(ffn, att, l.wo, nullptr);

@@ -48,6 +48,9 @@ void cuda_set_decode_graphs(Backend& backend, bool buckets, bool record) {
 uint64_t cuda_graph_replays(Backend& backend) {
   return as_cuda(backend).graph_replays();
 }
+uint64_t cuda_permuted_handoffs(Backend& backend) {
+  return as_cuda(backend).permuted_handoffs();
+}
 
 namespace cuda {
 
@@ -110,6 +113,8 @@ CudaBackend::CudaBackend(int device, const BackendOptions& options)
     single_span_ = std::max(0, std::atoi(n));
   if (const char* n = std::getenv("GYRE_CUDA_ATTN_TRIGGER"); n && *n)
     trigger_span_ = std::max(0, std::atoi(n));
+  if (const char* r = std::getenv("GYRE_CUDA_PERMUTED_RESIDUAL"))
+    permuted_residual_enabled_ = std::string(r) != "0";
   cudaDeviceProp prop{};
   GYRE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   sm_count_ = prop.multiProcessorCount;

@@ -6,6 +6,7 @@
 #include <cublas_v2.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -125,7 +126,8 @@ class CudaBackend final : public Backend {
   void norm_matmul_split(const std::vector<Tensor*>& outs, const NormedInput& in, const Tensor& w,
                          const Tensor* bias) override;
   void norm_matmul_swiglu(Tensor& out, const NormedInput& in, const Tensor& w_gate_up) override;
-  void matmul_add(Tensor& residual, const Tensor& x, const Tensor& w, Tensor& scratch) override;
+  void matmul_add(Tensor& residual, const Tensor& x, const Tensor& w, Tensor& scratch,
+                  const Tensor* next = nullptr) override;
   void add(Tensor& x, const Tensor& y) override;
   // On the GPU (cuda_sample.cc, sampling.cu); rows with penalties or typical_p go to the host
   // reference. GYRE_CUDA_SAMPLE=0 in the environment sends every row there (for comparisons).
@@ -160,6 +162,7 @@ class CudaBackend final : public Backend {
     graphs_enabled_ = record;
   }
   uint64_t graph_replays() const { return graph_replays_; }
+  uint64_t permuted_handoffs() const { return permuted_handoffs_; }
 
   CudaMemoryReport memory_report();
   void set_synthetic(uint64_t seed) {
@@ -205,6 +208,12 @@ class CudaBackend final : public Backend {
     a.single_span = single_span_;
   }
   half* fused_scratch(size_t halves);
+  // The residual in an act-order weight's column order (cuda_fused.cc): matmul_add with `next`
+  // writes it next to the sum; the fused-norm matmul of `next` then stages it without the
+  // permutation (take_permuted: the weight without perm, that copy, the norm weights permuted).
+  half* permuted_residual(size_t halves);
+  bool take_permuted(const NormedInput& in, const QWeightDevice& w, QWeightDevice& plain,
+                     const half*& x, const half*& norm);
   // Fused weights of parts with different layouts (cuda_fused_parts.cc): upload, one group's
   // product into its outputs, and the fused ops over the groups (f: the folded norm, if any).
   Tensor upload_parts(const std::vector<TensorView>& parts, FusedKind kind);
@@ -261,6 +270,19 @@ class CudaBackend final : public Backend {
   size_t gather_halves_ = 0;
   std::shared_ptr<void> fused_scratch_;  // GEMM output of a fused weight before its epilogue
   size_t fused_scratch_halves_ = 0;
+  // What the last matmul_add wrote into xperm_: residual rows (x, n) in the order of perm.
+  struct PermutedResidual {
+    const void* x = nullptr;
+    int n = 0;
+    const int32_t* perm = nullptr;
+  };
+  PermutedResidual permuted_;
+  bool permuted_residual_enabled_ = true;  // GYRE_CUDA_PERMUTED_RESIDUAL=0: never (A/B)
+  uint64_t permuted_handoffs_ = 0;
+  std::shared_ptr<void> xperm_;
+  size_t xperm_halves_ = 0;
+  // Norm weights in an act-order weight's column order, by (norm, perm); made on first use.
+  std::map<std::pair<const void*, const int32_t*>, std::shared_ptr<void>> permuted_norms_;
   std::shared_ptr<void> mixed_scratch_;  // gathered inputs and partial products of mixed weights
   size_t mixed_scratch_halves_ = 0;
   std::shared_ptr<void> hadamard_scratch_;  // rotated inputs of rotated weights

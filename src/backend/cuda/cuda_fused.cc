@@ -319,11 +319,14 @@ bool CudaBackend::fuses_norms(int n, const Tensor& w) const {
 
 void CudaBackend::norm_matmul_split(const std::vector<Tensor*>& outs, const NormedInput& in,
                                     const Tensor& w, const Tensor* bias) {
-  if (!fuses_norms(static_cast<int>(in.x.rows), w))
+  if (!fuses_norms(static_cast<int>(in.x.rows), w)) {
+    permuted_ = {};
     return Backend::norm_matmul_split(outs, in, w, bias);
+  }
   check_f16(in.norm, "norm_matmul_split");
   GYRE_CHECK(in.norm.rows * in.norm.cols == in.x.cols, "CUDA norm_matmul_split: bad norm size");
   if (is_parts_tensor(w)) {
+    permuted_ = {};
     QlinearFusion f;
     f.norm_w = static_cast<const half*>(in.norm.data);
     f.norm_eps = in.eps;
@@ -334,13 +337,17 @@ void CudaBackend::norm_matmul_split(const std::vector<Tensor*>& outs, const Norm
   QlinearFusion f;
   f.norm_w = static_cast<const half*>(in.norm.data);
   f.norm_eps = in.eps;
-  qlinear_matmul_split(qweight_of(w), static_cast<const half*>(in.x.data), split,
-                       static_cast<int>(in.x.rows), b, stream_, f);
+  QWeightDevice plain;
+  const half* xin = static_cast<const half*>(in.x.data);
+  const bool permuted = take_permuted(in, qweight_of(w), plain, xin, f.norm_w);
+  qlinear_matmul_split(permuted ? plain : qweight_of(w), xin, split, static_cast<int>(in.x.rows), b,
+                       stream_, f);
 }
 
 void CudaBackend::norm_matmul_swiglu(Tensor& out, const NormedInput& in, const Tensor& w_gate_up) {
   const int n = static_cast<int>(in.x.rows);
   if (is_parts_tensor(w_gate_up) && fuses_norms(n, w_gate_up)) {
+    permuted_ = {};
     check_f16(in.norm, "norm_matmul_swiglu");
     GYRE_CHECK(in.norm.rows * in.norm.cols == in.x.cols, "CUDA norm_matmul_swiglu: bad norm size");
     QlinearFusion f;
@@ -358,16 +365,60 @@ void CudaBackend::norm_matmul_swiglu(Tensor& out, const NormedInput& in, const T
     QlinearFusion f;
     f.norm_w = static_cast<const half*>(in.norm.data);
     f.norm_eps = in.eps;
-    if (qlinear_gemv_swiglu(qweight_of(w_gate_up), static_cast<const half*>(in.x.data),
+    QWeightDevice plain;
+    const half* xin = static_cast<const half*>(in.x.data);
+    const bool permuted = take_permuted(in, qweight_of(w_gate_up), plain, xin, f.norm_w);
+    if (qlinear_gemv_swiglu(permuted ? plain : qweight_of(w_gate_up), xin,
                             static_cast<half*>(out.data), n, static_cast<int>(out.cols), stream_,
                             f))
       return;
   }
+  permuted_ = {};
   Backend::norm_matmul_swiglu(out, in, w_gate_up);
 }
 
-void CudaBackend::matmul_add(Tensor& residual, const Tensor& x, const Tensor& w, Tensor& scratch) {
+half* CudaBackend::permuted_residual(size_t halves) {
+  if (halves > xperm_halves_) {
+    GYRE_CHECK(!capturing_, "internal: permuted residual growth while capturing a CUDA graph");
+    drop_graph();
+    xperm_ = device_alloc(halves * sizeof(half), "the permuted residual");
+    xperm_halves_ = halves;
+  }
+  return static_cast<half*>(xperm_.get());
+}
+
+// Why: an act-order weight's decode GEMV otherwise scatters x through inv_perm into every thread
+// block's staging (qlinear_stream.cuh), which cost the Llama-3-8B shape 10% of its decode speed
+// at 4 bits (bench/NOTES.md, session 16); the producer of the residual writes one permuted copy
+// in its epilogue instead, for the price of one scattered 2-byte store per element.
+bool CudaBackend::take_permuted(const NormedInput& in, const QWeightDevice& w, QWeightDevice& plain,
+                                const half*& x, const half*& norm) {
+  const PermutedResidual rec = permuted_;
+  permuted_ = {};
+  if (w.perm == nullptr || rec.x != in.x.data || rec.n != in.x.rows || rec.perm != w.perm)
+    return false;
+  const auto key = std::make_pair(static_cast<const void*>(in.norm.data), w.perm);
+  auto it = permuted_norms_.find(key);
+  if (it == permuted_norms_.end()) {
+    if (capturing_) return false;  // made in the eager run before any capture; not here
+    auto buf = device_alloc(static_cast<size_t>(in.x.cols) * sizeof(half), "permuted norm weights");
+    qlinear_gather_input(w, static_cast<const half*>(in.norm.data), static_cast<half*>(buf.get()),
+                         1, stream_);
+    it = permuted_norms_.emplace(key, std::move(buf)).first;
+  }
+  plain = w;
+  plain.perm = nullptr;
+  plain.inv_perm = nullptr;
+  x = static_cast<const half*>(xperm_.get());
+  norm = static_cast<const half*>(it->second.get());
+  ++permuted_handoffs_;
+  return true;
+}
+
+void CudaBackend::matmul_add(Tensor& residual, const Tensor& x, const Tensor& w, Tensor& scratch,
+                             const Tensor* next) {
   const int n = static_cast<int>(x.rows);
+  permuted_ = {};
   if (is_quantized_tensor(w) && n < kDequantGemmMinRows && qlinear_runs_direct(qweight_of(w), n)) {
     check_f16(residual, "matmul_add");
     check_f16(x, "matmul_add");
@@ -376,8 +427,19 @@ void CudaBackend::matmul_add(Tensor& residual, const Tensor& x, const Tensor& w,
                "] -> residual [", residual.rows, ", ", residual.cols, "]");
     QlinearFusion f;
     f.accumulate = true;
+    // The next reader an act-order weight with the fused norm (not EXL2 parts): the sum in its
+    // column order too (not while capturing if the buffer would have to grow).
+    const size_t halves = static_cast<size_t>(residual.rows) * residual.cols;
+    if (permuted_residual_enabled_ && next != nullptr && is_quantized_tensor(*next) &&
+        qweight_of(*next).perm != nullptr && qweight_of(*next).inv_perm != nullptr &&
+        next->cols == residual.cols && fuses_norms(n, *next) &&
+        (!capturing_ || halves <= xperm_halves_)) {
+      f.y_perm = permuted_residual(halves);
+      f.y_perm_index = qweight_of(*next).inv_perm;
+    }
     qlinear_matmul(qweight_of(w), rotated_input(w, static_cast<const half*>(x.data), n),
                    static_cast<half*>(residual.data), n, nullptr, stream_, f);
+    if (f.y_perm != nullptr) permuted_ = {residual.data, n, qweight_of(*next).perm};
     return;
   }
   Backend::matmul_add(residual, x, w, scratch);

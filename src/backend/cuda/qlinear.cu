@@ -500,6 +500,10 @@ Params fused_params(const QWeightDevice& w, const __half* x, __half* y, int n, c
                     const QlinearFusion& f, cudaStream_t stream) {
   Params p = make_params(w, x, y, n, bias);
   p.accumulate = f.accumulate;
+  GYRE_CHECK(f.y_perm == nullptr || (f.accumulate && f.y_perm_index != nullptr),
+             "qlinear: a permuted copy of y needs accumulate and its index");
+  p.y_perm = f.y_perm;
+  p.y_perm_index = f.y_perm_index;
   if (f.norm_w != nullptr) {
     GYRE_CHECK(qlinear_fuses_norm(w, n), "qlinear: no fused RMSNorm for a ", w.desc.bits, "-bit [",
                w.desc.rows, ", ", w.desc.cols, "] weight at ", n, " rows");

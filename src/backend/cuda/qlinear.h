@@ -68,6 +68,10 @@ void qweight_put_perm(const QWeightDevice& w, const int32_t* perm, cudaStream_t 
 // 4-bit weights at n <= 2 or tiled 2/3/5/6-bit weights at n <= 8).
 struct QlinearFusion {
   bool accumulate = false;
+  // With accumulate: y_perm [n, rows] receives the new y with row r at column y_perm_index[r]
+  // (the inv_perm of the act-order weight that reads y next: y in that weight's column order).
+  __half* y_perm = nullptr;
+  const int32_t* y_perm_index = nullptr;
   const __half* norm_w = nullptr;
   float norm_eps = 0.f;
 };

@@ -248,20 +248,8 @@ __global__ void dequant_bits_kernel(Params p, __half* out) {
 void launch_gemv_bits(const Params& p, cudaStream_t stream) {
   // Eight tokens per pass over the weight: larger n repeats the pass on the next tokens (the
   // backend dequantizes to FP16 for cuBLAS beyond n = 8 instead; this keeps every n correct).
-  for (int t0 = 0; t0 < p.n; t0 += 8) {
-    Params c = p;
-    c.n = std::min(8, p.n - t0);
-    c.x = p.x + static_cast<int64_t>(t0) * p.cols;
-    if (p.split.parts == 0) {
-      c.y = p.y + static_cast<int64_t>(t0) * p.rows;
-    } else {
-      for (int i = 0; i < p.split.parts; ++i) {
-        const int width = p.split.end[i] - (i == 0 ? 0 : p.split.end[i - 1]);
-        c.split.out[i] = p.split.out[i] + static_cast<int64_t>(t0) * width;
-      }
-    }
-    launch_chunk(c, stream);
-  }
+  for (int t0 = 0; t0 < p.n; t0 += 8)
+    launch_chunk(token_chunk(p, t0, std::min(8, p.n - t0)), stream);
 }
 
 void set_bits_rows(int rows) {

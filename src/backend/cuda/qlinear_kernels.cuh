@@ -45,6 +45,11 @@ struct Params {
   // y += x . W instead of y = (the residual add folded into the matmul; y is rounded to FP16
   // first, as a separate matmul + add would round it).
   bool accumulate = false;
+  // With accumulate (every kernel, through store_out): each new y[tok, row] also goes to
+  // y_perm[tok * rows + y_perm_index[row]], the residual in the column order of the act-order
+  // weight that reads it next (its inv_perm), so that weight's GEMV stages x without permuting.
+  __half* y_perm = nullptr;
+  const int32_t* y_perm_index = nullptr;
   // The 4-bit stream GEMV (qlinear_gemv_stream.cu) only: x is RMS-normalised per token and
   // multiplied by norm_w [cols] (original column order) before use.
   const __half* norm_w = nullptr;
@@ -73,6 +78,7 @@ __device__ __forceinline__ void store_out(const Params& p, int tok, int row, flo
     __half* dst = p.y + int64_t{tok} * p.rows + row;
     if (p.accumulate) v = __half2float(*dst) + __half2float(__float2half_rn(v));
     *dst = __float2half_rn(v);
+    if (p.y_perm != nullptr) p.y_perm[int64_t{tok} * p.rows + p.y_perm_index[row]] = *dst;
   } else
     cuda::split_store(p.split, tok, row, v);
 }
@@ -90,6 +96,7 @@ inline Params token_chunk(const Params& p, int t0, int n) {
     c.y = p.y + int64_t{t0} * p.swiglu_hidden;
   } else if (p.split.parts == 0) {
     c.y = p.y + int64_t{t0} * p.rows;
+    if (p.y_perm != nullptr) c.y_perm = p.y_perm + int64_t{t0} * p.rows;
   } else {
     for (int i = 0; i < p.split.parts; ++i) {
       const int width = p.split.end[i] - (i == 0 ? 0 : p.split.end[i - 1]);
