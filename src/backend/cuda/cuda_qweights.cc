@@ -92,11 +92,14 @@ bool CudaBackend::try_upload_quantized(const TensorView& w, Tensor& out) {
     }
     // GYRE_SYNTHETIC_ACT_ORDER=1: every weight also carries a random column permutation, as
     // act-order GPTQ layers do, to measure what gathering x through it costs a decode step; 2:
-    // every weight but down_proj, as a real act-order model loads (engine/mlp_order.h).
+    // every weight but down_proj, as a real act-order model loads (engine/mlp_order.h); 3 and 4
+    // (to attribute the cost): as 2 without o_proj's, or without the LM head's.
     const char* act = std::getenv("GYRE_SYNTHETIC_ACT_ORDER");
     const std::string act_mode = act != nullptr ? act : "";
-    d.has_perm = !d.trellis && (act_mode == "1" ||
-                                (act_mode == "2" && w.name.find("down_proj") == std::string::npos));
+    auto named = [&](const char* part) { return w.name.find(part) != std::string::npos; };
+    d.has_perm = !d.trellis && (act_mode == "1" || (act_mode == "2" && !named("down_proj")) ||
+                                (act_mode == "3" && !named("down_proj") && !named("o_proj")) ||
+                                (act_mode == "4" && !named("down_proj") && !named("lm_head")));
     qweight_validate(d);
     const size_t bytes = qweight_device_bytes(d);
     auto memory = device_alloc(bytes, "weight " + w.name);

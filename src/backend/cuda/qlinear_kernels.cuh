@@ -76,9 +76,12 @@ void qlaunch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, 
 __device__ __forceinline__ void store_out(const Params& p, int tok, int row, float v) {
   if (p.split.parts == 0) {
     __half* dst = p.y + int64_t{tok} * p.rows + row;
+    // The index load first, so that it and the residual's load are in flight together.
+    const int at = p.y_perm != nullptr ? __ldg(p.y_perm_index + row) : 0;
     if (p.accumulate) v = __half2float(*dst) + __half2float(__float2half_rn(v));
-    *dst = __float2half_rn(v);
-    if (p.y_perm != nullptr) p.y_perm[int64_t{tok} * p.rows + p.y_perm_index[row]] = *dst;
+    const __half h = __float2half_rn(v);
+    *dst = h;
+    if (p.y_perm != nullptr) p.y_perm[int64_t{tok} * p.rows + at] = h;
   } else
     cuda::split_store(p.split, tok, row, v);
 }
