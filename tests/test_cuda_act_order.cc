@@ -3,11 +3,13 @@
 // RMSNorm, the serving-batch kernel, and prefill's dequantization + cuBLAS with the input gathered
 // into the weight's stored column order) against the float64 reference of the host dequantizer,
 // at 4 bits and at the narrow widths; and the residual handed to such a weight in its column
-// order by the matmul_add before it. Skipped without a GPU.
+// order by the matmul_add before it, and the attention output handed to an act-order o_proj.
+// Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #ifdef GYRE_HAVE_CUDA
 #include <cmath>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -190,6 +192,54 @@ TEST(CudaActOrder, ResidualHandedOverInTheNextWeightsOrder) {
       EXPECT_EQ(btest::host(*b, h2.t), sum);
       EXPECT_LT(btest::rel_error(btest::host(*b, hs), btest::host(*b, ps)), 1e-3);
     }
+  }
+}
+
+// The attention output handed to an act-order o_proj (rope_attention's reader): the decode
+// kernel of a single row writes it in o_proj's column order (one block per head group, and split
+// shares combined in the kernel, by the online and by the weighted merge), and o_proj's
+// matmul_add reads it without the permutation. Against the same steps on a second cache without
+// the reader (the same sums: the GEMV sees the same staged values); 2 rows and prefill rows keep
+// the natural order.
+TEST(CudaActOrder, AttentionOutputHandedToAnActOrderOProj) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const int heads = 8, kv_heads = 2, hd = 64, width = heads * hd, dim = 256;
+  auto b = make_cuda_backend(0, BackendOptions{});
+  const QWeightHost wo = act_order_weight(dim, width, 4, 128, false, 140);
+  const Tensor o = b->upload_weight(qweight_view("model.layers.0.self_attn.o_proj.weight", wo));
+  std::unique_ptr<KvCache> caches[2] = {b->new_kv_cache(1, kv_heads, hd, 800),
+                                        b->new_kv_cache(1, kv_heads, hd, 800)};
+  AttentionParams p;
+  p.n_heads = heads;
+  p.n_kv_heads = kv_heads;
+  p.head_dim = hd;
+  p.scale = 0.125f;
+  RopeTable table;
+  table.rot_dim = hd;
+  for (int i = 0; i < hd / 2; ++i)
+    table.inv_freq.push_back(static_cast<float>(std::pow(10000.0, -2.0 * i / hd)));
+  std::mt19937 rng(141);
+  int pos = 0;
+  for (const int n : {37, 1, 1, 2, 660, 1, 2}) {
+    SCOPED_TRACE("rows " + std::to_string(n) + " at " + std::to_string(pos));
+    const std::vector<float> qv = btest::random_f16(size_t(n) * width, rng, 2.0f),
+                             kv = btest::random_f16(size_t(n) * kv_heads * hd, rng, 2.0f),
+                             vv = btest::random_f16(size_t(n) * kv_heads * hd, rng),
+                             r0 = btest::random_f16(size_t(n) * dim, rng);
+    std::vector<float> sums[2];
+    const uint64_t before = cuda_permuted_handoffs(*b);
+    for (int which = 0; which < 2; ++which) {
+      btest::Act q = btest::upload(*b, qv, n, width), k = btest::upload(*b, kv, n, kv_heads * hd),
+                 v = btest::upload(*b, vv, n, kv_heads * hd), res = btest::upload(*b, r0, n, dim);
+      Tensor att = b->alloc(n, width), tmp = b->alloc(n, dim);
+      b->rope_attention(att, q.t, k.t, v.t, *caches[which], 0, pos, p, table,
+                        which == 0 ? &o : nullptr);
+      b->matmul_add(res.t, att, o, tmp);
+      sums[which] = btest::host(*b, res.t);
+    }
+    EXPECT_EQ(cuda_permuted_handoffs(*b), before + (n == 1 ? 1 : 0));  // the decode row
+    EXPECT_LT(btest::rel_error(sums[0], sums[1]), 1e-6);
+    pos += n;
   }
 }
 

@@ -191,10 +191,12 @@ class Backend {
                          KvCache& cache, int layer, int pos0, const AttentionParams& p) = 0;
   // rope_qk of q and k at positions pos0.., then attention (q's and k's contents afterwards are
   // unspecified). Default: those two calls; a backend may rotate k on its way into the cache and
-  // q as the attention reads it instead (CUDA: one kernel for a decode row).
+  // q as the attention reads it instead (CUDA: one kernel for a decode row). reader: the weight
+  // whose matmul_add alone reads out next (or null); a backend may leave out in the order that
+  // weight's kernel reads it, so out is for that matmul_add only.
   virtual void rope_attention(Tensor& out, Tensor& q, Tensor& k, const Tensor& v, KvCache& cache,
-                              int layer, int pos0, const AttentionParams& p,
-                              const RopeTable& table);
+                              int layer, int pos0, const AttentionParams& p, const RopeTable& table,
+                              const Tensor* reader = nullptr);
   // ---- Batched serving (paged KV cache). The defaults throw: not every backend has them. ----
   virtual std::unique_ptr<PagedKvCache> new_paged_kv_cache(int n_layers, int n_kv_heads,
                                                            int head_dim, int num_pages,

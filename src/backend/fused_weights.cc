@@ -132,8 +132,8 @@ void Backend::rope_qk(Tensor& q, int n_heads, Tensor& k, int n_kv_heads, int hea
 }
 
 void Backend::rope_attention(Tensor& out, Tensor& q, Tensor& k, const Tensor& v, KvCache& cache,
-                             int layer, int pos0, const AttentionParams& p,
-                             const RopeTable& table) {
+                             int layer, int pos0, const AttentionParams& p, const RopeTable& table,
+                             const Tensor* /*reader*/) {
   std::vector<int32_t> positions(static_cast<size_t>(std::max<int64_t>(q.rows, 0)));
   std::iota(positions.begin(), positions.end(), pos0);
   rope_qk(q, p.n_heads, k, p.n_kv_heads, p.head_dim, positions.data(), table);

@@ -129,7 +129,7 @@ void Transformer::run_layers(const int32_t* tokens, int n, Attend&& attend) {
     } else {
       backend_.matmul_split({&q, &k, &v}, xn, l.wqkv, bqkv);
     }
-    attend(att, q, k, v, static_cast<int>(li));
+    attend(att, q, k, v, static_cast<int>(li), fuse ? &l.wo : nullptr);  // reader: o_proj's add
     if (fuse) {
       // Each residual add names the weight that reads the residual next (Backend::matmul_add).
       backend_.matmul_add(x, att, l.wo, ffn, &l.w_gate_up);
@@ -150,9 +150,10 @@ void Transformer::run_layers(const int32_t* tokens, int n, Attend&& attend) {
 
 void Transformer::run_ops(const int32_t* tokens, int n, int pos, bool all_logits) {
   const AttentionParams ap = attention_params();
-  run_layers(tokens, n, [&](Tensor& att, Tensor& q, Tensor& k, Tensor& v, int layer) {
-    backend_.rope_attention(att, q, k, v, *cache_, layer, pos, ap, rope_);
-  });
+  run_layers(tokens, n,
+             [&](Tensor& att, Tensor& q, Tensor& k, Tensor& v, int layer, const Tensor* reader) {
+               backend_.rope_attention(att, q, k, v, *cache_, layer, pos, ap, rope_, reader);
+             });
   const int first = all_logits ? 0 : n - 1;
   const int rows = n - first;
   Tensor out = logits_.slice_rows(0, rows);
@@ -258,9 +259,11 @@ void Transformer::forward_batch(const int32_t* tokens, const PagedBatch& batch, 
   } else {
     const AttentionParams ap = attention_params();
     ensure_scratch(n);
-    run_layers(tokens, n, [&](Tensor& att, Tensor& q, Tensor& k, Tensor& v, int layer) {
-      backend_.rope_attention_paged(att, q, k, v, kv, layer, batch, ap, rope_);
-    });
+    run_layers(
+        tokens, n,
+        [&](Tensor& att, Tensor& q, Tensor& k, Tensor& v, int layer, const Tensor* /*reader*/) {
+          backend_.rope_attention_paged(att, q, k, v, kv, layer, batch, ap, rope_);
+        });
   }
   logit_rows_ = n_logit_rows;
   if (n_logit_rows == 0) return;
@@ -314,10 +317,11 @@ void Transformer::forward_decode_bucket(const int32_t* tokens, const PagedBatch&
   backend_.stage_paged_step(pb, kv);
   const AttentionParams ap = attention_params();
   auto ops = [&] {
-    run_layers(padded_tokens.data(), bucket,
-               [&](Tensor& att, Tensor& q, Tensor& k, Tensor& v, int layer) {
-                 backend_.rope_attention_paged(att, q, k, v, kv, layer, pb, ap, rope_);
-               });
+    run_layers(
+        padded_tokens.data(), bucket,
+        [&](Tensor& att, Tensor& q, Tensor& k, Tensor& v, int layer, const Tensor* /*reader*/) {
+          backend_.rope_attention_paged(att, q, k, v, kv, layer, pb, ap, rope_);
+        });
   };
   if (backend_.graph_capable()) {
     backend_.stage_step_inputs(padded_tokens.data(), positions.data(), bucket, 0);

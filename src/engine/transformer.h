@@ -47,8 +47,10 @@ class Transformer {
   };
   void ensure_scratch(int n);
   AttentionParams attention_params() const;
-  // Runs rows [0, n) of the scratch through every layer; attend(att, q, k, v, layer) applies the
-  // rotary embedding to q and k and fills att (the paged path fuses the rotation with its store).
+  // Runs rows [0, n) of the scratch through every layer; attend(att, q, k, v, layer, reader)
+  // applies the rotary embedding to q and k and fills att (the paged path fuses the rotation with
+  // its store); reader: the weight whose matmul_add alone reads att next, or null
+  // (Backend::rope_attention).
   template <typename Attend>
   void run_layers(const int32_t* tokens, int n, Attend&& attend);
   // Every backend op of one forward pass, up to the logits in logits_ (device side).

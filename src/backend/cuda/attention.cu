@@ -56,6 +56,15 @@ __global__ void __launch_bounds__(kRopeStoreThreads)
                     [&](int h) { return static_cast<int64_t>(h) * a.store.max_seq + position; });
 }
 
+// Query qi's outputs from head head0 on; PERM: in AttentionArgs::out_index's order (a separate
+// instantiation: the run-time branch cost every decode step 1-2%, bench/NOTES.md session 17).
+template <bool PERM = false>
+__device__ __forceinline__ split_share::OutRow out_row(const AttentionArgs& a, int qi, int head0) {
+  half* full = a.out + static_cast<int64_t>(qi) * a.n_heads * a.head_dim;
+  return split_share::OutRow(full + head0 * a.head_dim, PERM ? a.out_index : nullptr, full,
+                             head0 * a.head_dim);
+}
+
 template <int T>
 __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, int n_sub) {
   pdl_wait();  // the block lets the next kernel in (attention_share.cuh)
@@ -69,7 +78,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionArgs a, in
   const int pos = *a.pos0 + qi;
   const int lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
   const int64_t first = static_cast<int64_t>(qi) * a.n_heads + head0;
-  split_attend<T>(contiguous_kv(a, kvh), a.q + first * D, a.out + first * D,
+  split_attend<T>(contiguous_kv(a, kvh), a.q + first * D, out_row(a, qi, head0),
                   a.splits > 1 ? a.partial + first * a.splits * (D + 2) : nullptr, D, gn, lo,
                   pos + 1, blockIdx.x, a.splits, a.scale, block_combine(a));
 }
@@ -101,7 +110,8 @@ __device__ __forceinline__ void prefetch_share(const AttentionArgs& a, int kvh, 
 #endif
 }
 
-template <int T, int L, int G, bool ROPE>
+// PERM (with ROPE only): the output in AttentionArgs::out_index's column order.
+template <int T, int L, int G, bool ROPE, bool PERM = false>
 __global__ void __launch_bounds__(decode_attn::kThreads) decode_kernel(AttentionArgs a, int n_sub) {
   const int D = a.head_dim;
   const int kvh = blockIdx.y / n_sub, sub = blockIdx.y % n_sub;
@@ -125,13 +135,13 @@ __global__ void __launch_bounds__(decode_attn::kThreads) decode_kernel(Attention
     // (pdl_wait inside; the block lets the next kernel in: attention_share.cuh)
     const decode_attn::QRope rq = decode_attn::rope_prologue<T>(
         a.rope, 0, kvh, pos, static_cast<int64_t>(kvh) * a.max_seq + pos, sh.hi == pos + 1, sm);
-    decode_attn::decode_attend<T, L, G>(contiguous_kv(a, kvh), a.q + first * D, a.out + first * D,
-                                        part, D, gn, lo, pos + 1, blockIdx.x, a.splits, a.scale,
-                                        cmb, &rq);
+    decode_attn::decode_attend<T, L, G>(contiguous_kv(a, kvh), a.q + first * D,
+                                        out_row<PERM>(a, qi, head0), part, D, gn, lo, pos + 1,
+                                        blockIdx.x, a.splits, a.scale, cmb, &rq);
   } else {
-    decode_attn::decode_attend<T, L, G>(contiguous_kv(a, kvh), a.q + first * D, a.out + first * D,
-                                        part, D, gn, lo, pos + 1, blockIdx.x, a.splits, a.scale,
-                                        block_combine(a));
+    decode_attn::decode_attend<T, L, G>(contiguous_kv(a, kvh), a.q + first * D,
+                                        out_row(a, qi, head0), part, D, gn, lo, pos + 1, blockIdx.x,
+                                        a.splits, a.scale, block_combine(a));
   }
 }
 
@@ -229,6 +239,8 @@ void attention(const AttentionArgs& args, cudaStream_t s) {
     return e == nullptr || std::string(e) != "0";
   }();
   a.prefetch_kv = prefetch && pdl_supported();
+  GYRE_CHECK(a.out_index == nullptr || a.fuse_rope,
+             "CUDA attention: only the decode kernel with RoPE writes another column order");
   GYRE_CHECK(a.head_dim > 0 && a.head_dim <= kMaxHeadDim, "CUDA attention supports head_dim up to ",
              kMaxHeadDim, ", got ", a.head_dim);
   GYRE_CHECK(a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0, "bad head counts ", a.n_heads, "/",
@@ -242,8 +254,12 @@ void attention(const AttentionArgs& args, cudaStream_t s) {
     GYRE_CHECK(attention_fuses_rope(a), "attention: fuse_rope set where it does not apply");
     with_kv_kind(a.kv_type, [&](auto kind) {
       decode_attn::with_shape(a.head_dim, std::min(group, kMaxGroup), [&](auto lanes, auto g) {
-        launch(decode_kernel<decltype(kind)::value, lanes.value, g.value, true>, grid,
-               decode_attn::kThreads, 0, s, a, n_sub);
+        if (a.out_index != nullptr)
+          launch(decode_kernel<decltype(kind)::value, lanes.value, g.value, true, true>, grid,
+                 decode_attn::kThreads, 0, s, a, n_sub);
+        else
+          launch(decode_kernel<decltype(kind)::value, lanes.value, g.value, true>, grid,
+                 decode_attn::kThreads, 0, s, a, n_sub);
       });
     });
   } else if (decode_attn::usable(a.head_dim, a.q) && !a.generic_block) {

@@ -245,9 +245,9 @@ __device__ __forceinline__ void reduce_scatter(float (&v)[Total], int lane) {
 // is). part: as split_attend's ((D + 2) floats per (head, split): acc, m, l; heads `splits` shares
 // apart). L lanes per row (8 or 16, D <= 8 L).
 template <int T, int L, int G, class Kv>
-__device__ __forceinline__ void decode_attend(const Kv& kv, const half* qrow, half* orow,
-                                              float* part, int D, int gn, int lo, int hi, int split,
-                                              int splits, float scale,
+__device__ __forceinline__ void decode_attend(const Kv& kv, const half* qrow,
+                                              split_share::OutRow orow, float* part, int D, int gn,
+                                              int lo, int hi, int split, int splits, float scale,
                                               const split_share::Combine& cmb,
                                               const QRope* rq = nullptr) {
   constexpr int R = 32 / L;  // rows per load instruction
@@ -409,7 +409,7 @@ __device__ __forceinline__ void decode_attend(const Kv& kv, const half* qrow, ha
       sum += l_s[w][g] * f;
     }
     if (share.shares == 1) {
-      orow[i] = __float2half(sum > 0.0f ? a / sum : 0.0f);
+      orow.put(i, sum > 0.0f ? a / sum : 0.0f);
     } else {
       float* pp = part + (static_cast<int64_t>(g) * splits + split) * (D + 2);
       pp[d] = a;

@@ -19,6 +19,35 @@
 
 namespace gyre::cuda::split_share {
 
+// Where a block writes its query heads' outputs: `row` (the query's output row at the block's
+// first head; heads of D values in order), or, for a reader that takes the row in its own column
+// order (an act-order o_proj: AttentionArgs::out_index, the weight's inv_perm), value j of the
+// block at full[index[col0 + j]] (full: the query's whole row, col0: the block's first column).
+struct OutRow {
+  half* row = nullptr;
+  const int32_t* index = nullptr;
+  half* full = nullptr;
+  int col0 = 0;
+  __host__ __device__ OutRow(half* r) : row(r) {}  // NOLINT(google-explicit-constructor)
+  __host__ __device__ OutRow(half* r, const int32_t* idx, half* f, int c0)
+      : row(r), index(idx), full(f), col0(c0) {}
+  __device__ __forceinline__ void put(int j, float v) const {
+    if (index != nullptr)
+      full[__ldg(index + col0 + j)] = __float2half(v);
+    else
+      row[j] = __float2half(v);
+  }
+  // Values j and j + 1 (j even, D even: 4-byte aligned in the natural order).
+  __device__ __forceinline__ void put2(int j, float a, float b) const {
+    if (index != nullptr) {
+      put(j, a);
+      put(j + 1, b);
+    } else {
+      *reinterpret_cast<half2*>(row + j) = __floats2half2_rn(a, b);
+    }
+  }
+};
+
 // Smallest share of the context per split. Measured (ncu, H100, Llama-3-8B shape, 130 keys):
 // with 128-key shares one block did all the work of a decode step at short context, 58 us per
 // layer; smaller shares spread short contexts over several blocks.
@@ -96,7 +125,7 @@ __device__ __forceinline__ Share share_of(int lo, int hi, int split, int splits,
 // H100, 4-bit Llama-3-8B decode at 8k: see bench/NOTES.md "Session 13".
 constexpr int kMaxMergeHeads = 8;  // a block's query heads (attention_split.cuh: kMaxGroup)
 
-static __device__ __forceinline__ void weighted_merge(const float* part, half* orow, int D, int gn,
+static __device__ __forceinline__ void weighted_merge(const float* part, OutRow orow, int D, int gn,
                                                       int splits, int shares) {
   __shared__ float wn[kMaxMergeHeads][kMaxSplits];
   const int stride = D + 2;
@@ -161,15 +190,15 @@ static __device__ __forceinline__ void weighted_merge(const float* part, half* o
       if (i >= total) break;
       const int d = dim[o];
       if (width == 2)
-        *reinterpret_cast<half2*>(orow + g[o] * D + d) = __floats2half2_rn(ax[o], ay[o]);
+        orow.put2(g[o] * D + d, ax[o], ay[o]);
       else
-        orow[g[o] * D + d] = __float2half(ax[o]);
+        orow.put(g[o] * D + d, ax[o]);
     }
   }
 }
 
 template <bool WEIGHTED = false>
-static __device__ __noinline__ void combine_if_last(const float* part, half* orow,
+static __device__ __noinline__ void combine_if_last(const float* part, OutRow orow,
                                                     unsigned* counter, int D, int gn, int splits,
                                                     int shares, int weighted_from) {
   __shared__ bool last_s;
@@ -232,9 +261,9 @@ static __device__ __noinline__ void combine_if_last(const float* part, half* oro
       const int g = i / per_head, d = dim[o];
       const float inv = l[o] > 0.0f ? 1.0f / l[o] : 0.0f;
       if (width == 2)
-        *reinterpret_cast<half2*>(orow + g * D + d) = __floats2half2_rn(ax[o] * inv, ay[o] * inv);
+        orow.put2(g * D + d, ax[o] * inv, ay[o] * inv);
       else
-        orow[g * D + d] = __float2half(ax[o] * inv);
+        orow.put(g * D + d, ax[o] * inv);
     }
   }
 }

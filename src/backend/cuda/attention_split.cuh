@@ -44,9 +44,9 @@ inline size_t smem_bytes(int head_dim, int kv_kind) {
 // pdl_wait before: this lets the next kernel in. part: the partials of head0, (D + 2) floats per
 // (head, split), heads `splits` shares apart.
 template <int T, class Kv>
-__device__ __forceinline__ void split_attend(const Kv& kv, const half* qrow, half* orow,
-                                             float* part, int D, int gn, int lo, int hi, int split,
-                                             int splits, float scale,
+__device__ __forceinline__ void split_attend(const Kv& kv, const half* qrow,
+                                             split_share::OutRow orow, float* part, int D, int gn,
+                                             int lo, int hi, int split, int splits, float scale,
                                              const split_share::Combine& cmb) {
   extern __shared__ float smem[];
   long long* voff_s = reinterpret_cast<long long*>(smem);  // [kThreads] value row bytes (paged)
@@ -214,7 +214,7 @@ __device__ __forceinline__ void split_attend(const Kv& kv, const half* qrow, hal
   if (share.shares == 1) {
     for (int i = tid; i < gn * D; i += kThreads) {
       const float l = l_s[i / D];
-      orow[i] = __float2half(l > 0.0f ? acc_s[i] / l : 0.0f);
+      orow.put(i, l > 0.0f ? acc_s[i] / l : 0.0f);
     }
   } else {
     for (int i = tid; i < gn * (D + 2); i += kThreads) {

@@ -114,7 +114,8 @@ class CudaBackend final : public Backend {
                  int layer, int pos0, const AttentionParams& p) override;
   // One kernel rotates q and k and stores k, v (GYRE_CUDA_FUSED_ROPE=0: rope_qk + attention).
   void rope_attention(Tensor& out, Tensor& q, Tensor& k, const Tensor& v, KvCache& cache, int layer,
-                      int pos0, const AttentionParams& p, const RopeTable& table) override;
+                      int pos0, const AttentionParams& p, const RopeTable& table,
+                      const Tensor* reader = nullptr) override;
   void silu_mul(Tensor& out, const Tensor& gate, const Tensor& up) override;
   // Fused projections (cuda_fused.cc): Q|K|V rows stacked, gate/up interleaved by 8 rows.
   Tensor upload_fused(const std::vector<TensorView>& parts, FusedKind kind) override;
@@ -187,7 +188,10 @@ class CudaBackend final : public Backend {
                     const AttentionParams& p, const RopeTable* rope);
   // attention, the same (contiguous cache).
   void attend(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, KvCache& cache,
-              int layer, int pos0, const AttentionParams& p, const RopeTable* rope);
+              int layer, int pos0, const AttentionParams& p, const RopeTable* rope,
+              const Tensor* reader = nullptr);
+  // matmul_add's direct path for w at n rows (the quantized kernels add into the residual).
+  bool adds_directly(const Tensor& w, int n) const;
   // The device rotary table of `rope` after checking it against head_dim.
   const float* checked_rope_table(const RopeTable& rope, int head_dim);
   Tensor device_tensor(int64_t rows, int64_t cols, const std::string& what);
@@ -270,13 +274,15 @@ class CudaBackend final : public Backend {
   size_t gather_halves_ = 0;
   std::shared_ptr<void> fused_scratch_;  // GEMM output of a fused weight before its epilogue
   size_t fused_scratch_halves_ = 0;
-  // What the last matmul_add wrote into xperm_: residual rows (x, n) in the order of perm.
-  struct PermutedResidual {
+  // Rows (x, n) held in the column order of the act-order weight with permutation perm: what
+  // the last matmul_add wrote into xperm_ (permuted_), what the last attention wrote into its
+  // output (att_permuted_, for the matmul_add after it).
+  struct PermutedCopy {
     const void* x = nullptr;
     int n = 0;
     const int32_t* perm = nullptr;
   };
-  PermutedResidual permuted_;
+  PermutedCopy permuted_, att_permuted_;
   bool permuted_residual_enabled_ = true;  // GYRE_CUDA_PERMUTED_RESIDUAL=0: never (A/B)
   uint64_t permuted_handoffs_ = 0;
   std::shared_ptr<void> xperm_;

@@ -91,8 +91,11 @@ struct AttentionArgs {
   const void* v_cache = nullptr;
   const half* k_params = nullptr;
   const half* v_params = nullptr;
-  int kv_type = 0;                // KvKind (kv_quant.cuh): 0 f16, 1 q8, 2 q4
-  half* out = nullptr;            // [n_q, n_heads * head_dim]
+  int kv_type = 0;      // KvKind (kv_quant.cuh): 0 f16, 1 q8, 2 q4
+  half* out = nullptr;  // [n_q, n_heads * head_dim]
+  // Not null: each row of out in the column order of the weight that reads it (an act-order
+  // o_proj), value c at column out_index[c] (its inv_perm). With fuse_rope only (a decode row).
+  const int32_t* out_index = nullptr;
   float* partial = nullptr;       // split workspace: attention_workspace_floats() floats
   const int32_t* pos0 = nullptr;  // device: position of query 0
   int n_q = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, max_seq = 0;

@@ -393,7 +393,7 @@ half* CudaBackend::permuted_residual(size_t halves) {
 // in its epilogue instead, for the price of one scattered 2-byte store per element.
 bool CudaBackend::take_permuted(const NormedInput& in, const QWeightDevice& w, QWeightDevice& plain,
                                 const half*& x, const half*& norm) {
-  const PermutedResidual rec = permuted_;
+  const PermutedCopy rec = permuted_;
   permuted_ = {};
   if (w.perm == nullptr || rec.x != in.x.data || rec.n != in.x.rows || rec.perm != w.perm)
     return false;
@@ -419,7 +419,12 @@ void CudaBackend::matmul_add(Tensor& residual, const Tensor& x, const Tensor& w,
                              const Tensor* next) {
   const int n = static_cast<int>(x.rows);
   permuted_ = {};
-  if (is_quantized_tensor(w) && n < kDequantGemmMinRows && qlinear_runs_direct(qweight_of(w), n)) {
+  // x as the attention before left it: in w's column order (rope_attention's reader).
+  const PermutedCopy in = att_permuted_;
+  att_permuted_ = {};
+  const bool x_permuted = in.x != nullptr && in.x == x.data && in.n == n &&
+                          is_quantized_tensor(w) && in.perm == qweight_of(w).perm;
+  if (adds_directly(w, n)) {
     check_f16(residual, "matmul_add");
     check_f16(x, "matmul_add");
     GYRE_CHECK(x.cols == w.cols && residual.cols == w.rows && residual.rows == x.rows,
@@ -437,12 +442,25 @@ void CudaBackend::matmul_add(Tensor& residual, const Tensor& x, const Tensor& w,
       f.y_perm = permuted_residual(halves);
       f.y_perm_index = qweight_of(*next).inv_perm;
     }
-    qlinear_matmul(qweight_of(w), rotated_input(w, static_cast<const half*>(x.data), n),
+    QWeightDevice plain;
+    if (x_permuted) {  // the weight as if stored without the permutation: x is in that order
+      plain = qweight_of(w);
+      plain.perm = nullptr;
+      plain.inv_perm = nullptr;
+      ++permuted_handoffs_;
+    }
+    qlinear_matmul(x_permuted ? plain : qweight_of(w),
+                   rotated_input(w, static_cast<const half*>(x.data), n),
                    static_cast<half*>(residual.data), n, nullptr, stream_, f);
     if (f.y_perm != nullptr) permuted_ = {residual.data, n, qweight_of(*next).perm};
     return;
   }
+  GYRE_CHECK(!x_permuted, "internal: a permuted attention output outside its matmul_add");
   Backend::matmul_add(residual, x, w, scratch);
+}
+
+bool CudaBackend::adds_directly(const Tensor& w, int n) const {
+  return is_quantized_tensor(w) && n < kDequantGemmMinRows && qlinear_runs_direct(qweight_of(w), n);
 }
 
 }  // namespace gyre::cuda

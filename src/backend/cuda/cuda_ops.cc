@@ -67,6 +67,7 @@ void CudaBackend::add_rmsnorm(Tensor& residual, Tensor& out, const Tensor& delta
 void CudaBackend::matmul(Tensor& out, const Tensor& x, const Tensor& w, const Tensor* bias) {
   check_act(out, "matmul");
   check_act(x, "matmul");
+  GYRE_CHECK(att_permuted_.x != x.data, "internal: a permuted attention output outside matmul_add");
   GYRE_CHECK(x.cols == w.cols && out.cols == w.rows && out.rows == x.rows, "CUDA matmul: x [",
              x.rows, ", ", x.cols, "] . w [", w.rows, ", ", w.cols, "] -> out [", out.rows, ", ",
              out.cols, "]");
@@ -195,18 +196,20 @@ void CudaBackend::attention(Tensor& out, const Tensor& q, const Tensor& k, const
 
 void CudaBackend::rope_attention(Tensor& out, Tensor& q, Tensor& k, const Tensor& v, KvCache& cache,
                                  int layer, int pos0, const AttentionParams& p,
-                                 const RopeTable& table) {
+                                 const RopeTable& table, const Tensor* reader) {
   if (!fused_rope_store_) {
+    att_permuted_ = {};
     Backend::rope_attention(out, q, k, v, cache, layer, pos0, p, table);
     return;
   }
   check_act(q, "rope_attention");
-  attend(out, q, k, v, cache, layer, pos0, p, &table);
+  attend(out, q, k, v, cache, layer, pos0, p, &table, reader);
 }
 
 void CudaBackend::attend(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
                          KvCache& cache, int layer, int pos0, const AttentionParams& p,
-                         const RopeTable* rope) {
+                         const RopeTable* rope, const Tensor* reader) {
+  att_permuted_ = {};
   auto* c = dynamic_cast<CudaKvCache*>(&cache);
   GYRE_CHECK(c != nullptr, "CUDA attention: the KV cache is not a CUDA cache");
   check_same(out, q, "attention");
@@ -274,8 +277,16 @@ void CudaBackend::attend(Tensor& out, const Tensor& q, const Tensor& k, const Te
   a.min_chunk = attention_min_chunk_;
   a.weighted_from = attention_weighted_from_;
   a.fuse_rope = try_fuse && attention_fuses_rope(a);
+  // An act-order o_proj next (reader): the output in its column order, so that its GEMV stages
+  // x plainly (its scatter staging cost the step 3.5 us per layer: bench/NOTES.md, session 17).
+  const QWeightDevice* o =
+      reader != nullptr && is_quantized_tensor(*reader) ? &qweight_of(*reader) : nullptr;
+  if (permuted_residual_enabled_ && a.fuse_rope && o != nullptr && o->perm != nullptr &&
+      o->inv_perm != nullptr && reader->cols == out.cols && adds_directly(*reader, n))
+    a.out_index = o->inv_perm;
   if (!a.fuse_rope) store();
   cuda::attention(a, stream_);
+  if (a.out_index != nullptr) att_permuted_ = {out.data, n, o->perm};
 }
 
 void CudaBackend::silu_mul(Tensor& out, const Tensor& gate, const Tensor& up) {

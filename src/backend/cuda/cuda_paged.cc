@@ -295,6 +295,7 @@ void CudaBackend::rope_attention_paged(Tensor& out, Tensor& q, Tensor& k, const 
 void CudaBackend::attend_paged(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
                                PagedKvCache& cache, int layer, const PagedBatch& batch,
                                const AttentionParams& p, const RopeTable* rope) {
+  att_permuted_ = {};  // the paged kernels write the natural order
   CudaPagedKvCache& c = cuda_cache(cache);
   check_paged_heads(p, c.n_kv_heads, c.head_dim, c.n_layers, layer);
   const int64_t n = batch.rows;
