@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -216,8 +217,8 @@ class CudaBackend final : public Backend {
   // writes it next to the sum; the fused-norm matmul of `next` then stages it without the
   // permutation (take_permuted: the weight without perm, that copy, the norm weights permuted).
   half* permuted_residual(size_t halves);
-  bool take_permuted(const NormedInput& in, const QWeightDevice& w, QWeightDevice& plain,
-                     const half*& x, const half*& norm);
+  bool take_permuted(const NormedInput& in, const Tensor& w, QWeightDevice& plain, const half*& x,
+                     const half*& norm);
   // Fused weights of parts with different layouts (cuda_fused_parts.cc): upload, one group's
   // product into its outputs, and the fused ops over the groups (f: the folded norm, if any).
   Tensor upload_parts(const std::vector<TensorView>& parts, FusedKind kind);
@@ -287,8 +288,13 @@ class CudaBackend final : public Backend {
   uint64_t permuted_handoffs_ = 0;
   std::shared_ptr<void> xperm_;
   size_t xperm_halves_ = 0;
-  // Norm weights in an act-order weight's column order, by (norm, perm); made on first use.
-  std::map<std::pair<const void*, const int32_t*>, std::shared_ptr<void>> permuted_norms_;
+  // Norm weights in an act-order weight's column order, by (norm, perm); made on first use and
+  // remade when either tensor behind the key is gone (its memory may serve a new model's).
+  struct PermutedNorm {
+    std::weak_ptr<void> norm_owner, weight_owner;
+    std::shared_ptr<void> values;
+  };
+  std::map<std::pair<const void*, const int32_t*>, PermutedNorm> permuted_norms_;
   std::shared_ptr<void> mixed_scratch_;  // gathered inputs and partial products of mixed weights
   size_t mixed_scratch_halves_ = 0;
   std::shared_ptr<void> hadamard_scratch_;  // rotated inputs of rotated weights

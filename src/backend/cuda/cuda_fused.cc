@@ -339,7 +339,7 @@ void CudaBackend::norm_matmul_split(const std::vector<Tensor*>& outs, const Norm
   f.norm_eps = in.eps;
   QWeightDevice plain;
   const half* xin = static_cast<const half*>(in.x.data);
-  const bool permuted = take_permuted(in, qweight_of(w), plain, xin, f.norm_w);
+  const bool permuted = take_permuted(in, w, plain, xin, f.norm_w);
   qlinear_matmul_split(permuted ? plain : qweight_of(w), xin, split, static_cast<int>(in.x.rows), b,
                        stream_, f);
 }
@@ -367,7 +367,7 @@ void CudaBackend::norm_matmul_swiglu(Tensor& out, const NormedInput& in, const T
     f.norm_eps = in.eps;
     QWeightDevice plain;
     const half* xin = static_cast<const half*>(in.x.data);
-    const bool permuted = take_permuted(in, qweight_of(w_gate_up), plain, xin, f.norm_w);
+    const bool permuted = take_permuted(in, w_gate_up, plain, xin, f.norm_w);
     if (qlinear_gemv_swiglu(permuted ? plain : qweight_of(w_gate_up), xin,
                             static_cast<half*>(out.data), n, static_cast<int>(out.cols), stream_,
                             f))
@@ -391,26 +391,31 @@ half* CudaBackend::permuted_residual(size_t halves) {
 // block's staging (qlinear_stream.cuh), which cost the Llama-3-8B shape 10% of its decode speed
 // at 4 bits (bench/NOTES.md, session 16); the producer of the residual writes one permuted copy
 // in its epilogue instead, for the price of one scattered 2-byte store per element.
-bool CudaBackend::take_permuted(const NormedInput& in, const QWeightDevice& w, QWeightDevice& plain,
+bool CudaBackend::take_permuted(const NormedInput& in, const Tensor& wt, QWeightDevice& plain,
                                 const half*& x, const half*& norm) {
+  const QWeightDevice& w = qweight_of(wt);
   const PermutedCopy rec = permuted_;
   permuted_ = {};
-  if (w.perm == nullptr || rec.x != in.x.data || rec.n != in.x.rows || rec.perm != w.perm)
+  if (w.perm == nullptr || rec.x != in.x.data || rec.n != in.x.rows || rec.perm != w.perm ||
+      in.norm.owner == nullptr || wt.owner == nullptr)
     return false;
-  const auto key = std::make_pair(static_cast<const void*>(in.norm.data), w.perm);
-  auto it = permuted_norms_.find(key);
-  if (it == permuted_norms_.end()) {
+  PermutedNorm& pn =
+      permuted_norms_[std::make_pair(static_cast<const void*>(in.norm.data), w.perm)];
+  if (pn.values == nullptr || pn.norm_owner.lock() != in.norm.owner ||
+      pn.weight_owner.lock() != wt.owner) {
     if (capturing_) return false;  // made in the eager run before any capture; not here
-    auto buf = device_alloc(static_cast<size_t>(in.x.cols) * sizeof(half), "permuted norm weights");
-    qlinear_gather_input(w, static_cast<const half*>(in.norm.data), static_cast<half*>(buf.get()),
-                         1, stream_);
-    it = permuted_norms_.emplace(key, std::move(buf)).first;
+    pn.values =
+        device_alloc(static_cast<size_t>(in.x.cols) * sizeof(half), "permuted norm weights");
+    qlinear_gather_input(w, static_cast<const half*>(in.norm.data),
+                         static_cast<half*>(pn.values.get()), 1, stream_);
+    pn.norm_owner = in.norm.owner;
+    pn.weight_owner = wt.owner;
   }
   plain = w;
   plain.perm = nullptr;
   plain.inv_perm = nullptr;
   x = static_cast<const half*>(xperm_.get());
-  norm = static_cast<const half*>(it->second.get());
+  norm = static_cast<const half*>(pn.values.get());
   ++permuted_handoffs_;
   return true;
 }
