@@ -267,7 +267,7 @@ CudaMemoryReport CudaBackend::memory_report() {
   CudaMemoryReport r;
   r.weights = weight_bytes_;
   r.kv_cache = kv_bytes_;
-  r.scratch = scratch_bytes_ + workspace_floats_ * sizeof(float);
+  r.scratch = scratch_bytes_ + workspace_.bytes;
   GYRE_CUDA_CHECK(cudaMemGetInfo(&r.free, &r.total));
   return r;
 }
@@ -425,26 +425,28 @@ int CudaBackend::decode_bucket(int rows) const {
   return b;
 }
 
+bool CudaBackend::grow(Scratch& b, size_t bytes, const char* what) {
+  if (bytes <= b.bytes) return false;
+  GYRE_CHECK(!capturing_, "internal: growth of ", what, " while capturing a CUDA graph");
+  drop_graph();
+  b.mem.reset();  // the old buffer goes first: together they may not fit
+  b.bytes = 0;
+  b.mem = device_alloc(bytes, what);
+  b.bytes = bytes;
+  return true;
+}
+
 float* CudaBackend::workspace(size_t floats) {
-  if (floats > workspace_floats_) {
-    GYRE_CHECK(!capturing_, "internal: workspace growth while capturing a CUDA graph");
-    drop_graph();
-    workspace_ = device_alloc(floats * sizeof(float), "the attention workspace");
-    workspace_floats_ = floats;
-  }
-  return static_cast<float*>(workspace_.get());
+  grow(workspace_, floats * sizeof(float), "the attention workspace");
+  return workspace_.as<float>();
 }
 
 unsigned* CudaBackend::split_counters(size_t n) {
-  if (n > counters_n_) {
-    GYRE_CHECK(!capturing_, "internal: counter growth while capturing a CUDA graph");
-    drop_graph();
-    const size_t count = std::max<size_t>(n, 1024);
-    counters_ = device_alloc(count * sizeof(unsigned), "the attention combine counters");
-    GYRE_CUDA_CHECK(cudaMemsetAsync(counters_.get(), 0, count * sizeof(unsigned), stream_));
-    counters_n_ = count;
-  }
-  return static_cast<unsigned*>(counters_.get());
+  const size_t bytes = std::max<size_t>(n, 1024) * sizeof(unsigned);
+  if (n * sizeof(unsigned) > counters_.bytes &&
+      grow(counters_, bytes, "the attention combine counters"))
+    GYRE_CUDA_CHECK(cudaMemsetAsync(counters_.mem.get(), 0, bytes, stream_));
+  return counters_.as<unsigned>();
 }
 
 }  // namespace cuda

@@ -198,6 +198,18 @@ class CudaBackend final : public Backend {
   Tensor device_tensor(int64_t rows, int64_t cols, const std::string& what);
   void upload_converted(half* dst, const TensorView& w);
   bool try_upload_quantized(const TensorView& w, Tensor& out);
+  // A device buffer that grows on demand. Growing frees memory a recorded step may read, so it
+  // drops the records, and it may not happen while one is being captured.
+  struct Scratch {
+    std::shared_ptr<void> mem;
+    size_t bytes = 0;
+    template <class T>
+    T* as() const {
+      return static_cast<T*>(mem.get());
+    }
+  };
+  // Makes b at least `bytes` long; true when it was (re)allocated.
+  bool grow(Scratch& b, size_t bytes, const char* what);
   float* workspace(size_t floats);
   // At least n zeroed combine counters (attention_share.cuh; the kernels leave them zero).
   unsigned* split_counters(size_t n);
@@ -258,10 +270,7 @@ class CudaBackend final : public Backend {
   std::shared_ptr<void> cublas_workspace_;
   StagedInts tokens_, positions_, pos0_;
   std::vector<std::pair<std::vector<float>, std::shared_ptr<void>>> rope_tables_;
-  std::shared_ptr<void> workspace_;
-  size_t workspace_floats_ = 0;
-  std::shared_ptr<void> counters_;
-  size_t counters_n_ = 0;
+  Scratch workspace_, counters_;
   // GYRE_CUDA_SPLIT_COMBINE=kernel: the separate combine kernel (A/B); GYRE_CUDA_ATTN_SINGLE=N:
   // contexts of at most N keys are attended by one block per head group; GYRE_CUDA_ATTN_TRIGGER=N:
   // contexts of more than N keys let the next kernel in after their keys.
@@ -269,12 +278,9 @@ class CudaBackend final : public Backend {
   int single_span_ = kDefaultSingleSpan;
   int trigger_span_ = kDefaultTriggerSpan;  // GYRE_CUDA_ATTN_TRIGGER=N
   std::shared_ptr<void> to_host_buf_, to_host_pinned_;
-  std::shared_ptr<void> dequant_;  // FP16 copy of a quantized weight for prefill GEMMs
-  size_t dequant_elems_ = 0;
-  std::shared_ptr<void> gather_;  // x in an act-order weight's column order (dense_weight)
-  size_t gather_halves_ = 0;
-  std::shared_ptr<void> fused_scratch_;  // GEMM output of a fused weight before its epilogue
-  size_t fused_scratch_halves_ = 0;
+  Scratch dequant_;        // FP16 copy of a quantized weight for prefill GEMMs
+  Scratch gather_;         // x in an act-order weight's column order (dense_weight)
+  Scratch fused_scratch_;  // GEMM output of a fused weight before its epilogue
   // Rows (x, n) held in the column order of the act-order weight with permutation perm: what
   // the last matmul_add wrote into xperm_ (permuted_), what the last attention wrote into its
   // output (att_permuted_, for the matmul_add after it).
@@ -286,8 +292,7 @@ class CudaBackend final : public Backend {
   PermutedCopy permuted_, att_permuted_;
   bool permuted_residual_enabled_ = true;  // GYRE_CUDA_PERMUTED_RESIDUAL=0: never (A/B)
   uint64_t permuted_handoffs_ = 0;
-  std::shared_ptr<void> xperm_;
-  size_t xperm_halves_ = 0;
+  Scratch xperm_;
   // Norm weights in an act-order weight's column order, by (norm, perm); made on first use and
   // remade when either tensor behind the key is gone (its memory may serve a new model's).
   struct PermutedNorm {
@@ -295,10 +300,8 @@ class CudaBackend final : public Backend {
     std::shared_ptr<void> values;
   };
   std::map<std::pair<const void*, const int32_t*>, PermutedNorm> permuted_norms_;
-  std::shared_ptr<void> mixed_scratch_;  // gathered inputs and partial products of mixed weights
-  size_t mixed_scratch_halves_ = 0;
-  std::shared_ptr<void> hadamard_scratch_;  // rotated inputs of rotated weights
-  size_t hadamard_scratch_halves_ = 0;
+  Scratch mixed_scratch_;     // gathered inputs and partial products of mixed weights
+  Scratch hadamard_scratch_;  // rotated inputs of rotated weights
   size_t to_host_floats_ = 0;
   std::shared_ptr<void> sample_pinned_, sample_device_;  // per-row parameters, then results
   int sample_rows_ = 0;

@@ -147,13 +147,8 @@ Tensor CudaBackend::upload_fused(const std::vector<TensorView>& parts, FusedKind
 }
 
 half* CudaBackend::fused_scratch(size_t halves) {
-  if (halves > fused_scratch_halves_) {
-    GYRE_CHECK(!capturing_, "internal: scratch growth while capturing a CUDA graph");
-    drop_graph();
-    fused_scratch_ = device_alloc(halves * sizeof(half), "the fused-projection scratch");
-    fused_scratch_halves_ = halves;
-  }
-  return static_cast<half*>(fused_scratch_.get());
+  grow(fused_scratch_, halves * sizeof(half), "the fused-projection scratch");
+  return fused_scratch_.as<half>();
 }
 
 const half* CudaBackend::dense_weight(const Tensor& w, const half*& x, int n) {
@@ -164,26 +159,16 @@ const half* CudaBackend::dense_weight(const Tensor& w, const half*& x, int n) {
   }
   const QWeightDevice& q = qweight_of(w);
   const size_t elems = static_cast<size_t>(w.rows) * w.cols;
-  if (elems > dequant_elems_) {
-    GYRE_CHECK(!capturing_, "internal: scratch growth while capturing a CUDA graph");
-    drop_graph();  // a record may read the buffer replaced here
-    dequant_ = device_alloc(elems * sizeof(half), "the dequantized-weight scratch");
-    dequant_elems_ = elems;
-  }
+  grow(dequant_, elems * sizeof(half), "the dequantized-weight scratch");
   const bool gather = q.perm != nullptr;
   if (gather) {
     const size_t halves = static_cast<size_t>(n) * w.cols;
-    if (halves > gather_halves_) {
-      GYRE_CHECK(!capturing_, "internal: scratch growth while capturing a CUDA graph");
-      drop_graph();
-      gather_ = device_alloc(halves * sizeof(half), "the act-order input scratch");
-      gather_halves_ = halves;
-    }
-    qlinear_gather_input(q, x, static_cast<half*>(gather_.get()), n, stream_);
-    x = static_cast<const half*>(gather_.get());
+    grow(gather_, halves * sizeof(half), "the act-order input scratch");
+    qlinear_gather_input(q, x, gather_.as<half>(), n, stream_);
+    x = gather_.as<const half>();
   }
-  qlinear_dequantize(q, static_cast<half*>(dequant_.get()), stream_, gather);
-  return static_cast<const half*>(dequant_.get());
+  qlinear_dequantize(q, dequant_.as<half>(), stream_, gather);
+  return dequant_.as<const half>();
 }
 
 void CudaBackend::gemm(half* out, int ldo, const half* x, const half* w, int n, int o, int in) {
@@ -378,13 +363,8 @@ void CudaBackend::norm_matmul_swiglu(Tensor& out, const NormedInput& in, const T
 }
 
 half* CudaBackend::permuted_residual(size_t halves) {
-  if (halves > xperm_halves_) {
-    GYRE_CHECK(!capturing_, "internal: permuted residual growth while capturing a CUDA graph");
-    drop_graph();
-    xperm_ = device_alloc(halves * sizeof(half), "the permuted residual");
-    xperm_halves_ = halves;
-  }
-  return static_cast<half*>(xperm_.get());
+  grow(xperm_, halves * sizeof(half), "the permuted residual");
+  return xperm_.as<half>();
 }
 
 // Why: an act-order weight's decode GEMV otherwise scatters x through inv_perm into every thread
@@ -414,7 +394,7 @@ bool CudaBackend::take_permuted(const NormedInput& in, const Tensor& wt, QWeight
   plain = w;
   plain.perm = nullptr;
   plain.inv_perm = nullptr;
-  x = static_cast<const half*>(xperm_.get());
+  x = xperm_.as<const half>();
   norm = static_cast<const half*>(pn.values.get());
   ++permuted_handoffs_;
   return true;
@@ -443,7 +423,7 @@ void CudaBackend::matmul_add(Tensor& residual, const Tensor& x, const Tensor& w,
     if (permuted_residual_enabled_ && next != nullptr && is_quantized_tensor(*next) &&
         qweight_of(*next).perm != nullptr && qweight_of(*next).inv_perm != nullptr &&
         next->cols == residual.cols && fuses_norms(n, *next) &&
-        (!capturing_ || halves <= xperm_halves_)) {
+        (!capturing_ || halves * sizeof(half) <= xperm_.bytes)) {
       f.y_perm = permuted_residual(halves);
       f.y_perm_index = qweight_of(*next).inv_perm;
     }

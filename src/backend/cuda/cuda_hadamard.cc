@@ -36,13 +36,8 @@ const half* CudaBackend::rotated_input(const Tensor& w, const half* x, int n) {
   }
   if (block == 0) return x;
   const size_t halves = static_cast<size_t>(n) * static_cast<size_t>(w.cols);
-  if (halves > hadamard_scratch_halves_) {
-    GYRE_CHECK(!capturing_, "internal: scratch growth while capturing a CUDA graph");
-    drop_graph();  // a record may read the buffer replaced here
-    hadamard_scratch_ = device_alloc(halves * sizeof(half), "the rotated-input scratch");
-    hadamard_scratch_halves_ = halves;
-  }
-  auto* out = static_cast<half*>(hadamard_scratch_.get());
+  grow(hadamard_scratch_, halves * sizeof(half), "the rotated-input scratch");
+  auto* out = hadamard_scratch_.as<half>();
   hadamard_rotate(out, x, signs, n, static_cast<int>(w.cols), block, stream_);
   return out;
 }

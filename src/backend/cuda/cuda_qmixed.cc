@@ -69,13 +69,8 @@ Tensor CudaBackend::upload_mixed(const QMixedHost& host) {
 }
 
 half* CudaBackend::mixed_scratch(size_t halves) {
-  if (halves > mixed_scratch_halves_) {
-    GYRE_CHECK(!capturing_, "internal: scratch growth while capturing a CUDA graph");
-    drop_graph();
-    mixed_scratch_ = device_alloc(halves * sizeof(half), "the mixed-weight scratch");
-    mixed_scratch_halves_ = halves;
-  }
-  return static_cast<half*>(mixed_scratch_.get());
+  grow(mixed_scratch_, halves * sizeof(half), "the mixed-weight scratch");
+  return mixed_scratch_.as<half>();
 }
 
 void CudaBackend::packed_part_matmul(const QWeightDevice& w, const half* x, half* y, int n,
@@ -86,13 +81,8 @@ void CudaBackend::packed_part_matmul(const QWeightDevice& w, const half* x, half
   }
   const int o = w.desc.rows, in = w.desc.cols;
   const size_t elems = static_cast<size_t>(o) * in;
-  if (elems > dequant_elems_) {
-    GYRE_CHECK(!capturing_, "internal: scratch growth while capturing a CUDA graph");
-    drop_graph();
-    dequant_ = device_alloc(elems * sizeof(half), "the dequantized-weight scratch");
-    dequant_elems_ = elems;
-  }
-  auto* wd = static_cast<half*>(dequant_.get());
+  grow(dequant_, elems * sizeof(half), "the dequantized-weight scratch");
+  auto* wd = dequant_.as<half>();
   qlinear_dequantize(w, wd, stream_);
   if (n <= kGemvMaxRows) {
     gemv(y, x, wd, bias, n, o, in, stream_);
