@@ -45,16 +45,19 @@ QMixedHost mixed(int rows, int lo_bits, int hi_bits, const std::vector<int>& hi_
   QMixedHost m;
   m.rows = rows;
   m.cols = kCols;
+  std::vector<int32_t> hi_cols, lo_cols;
   for (int c = 0; c < kCols; ++c) {
     const bool hi = std::find(hi_groups.begin(), hi_groups.end(), c / kGroup) != hi_groups.end();
-    (hi ? m.hi_cols : m.lo_cols).push_back(c);
+    (hi ? hi_cols : lo_cols).push_back(c);
   }
-  auto part = [&](int bits, size_t n, uint32_t s) {
-    const auto w = normal(static_cast<size_t>(rows) * n, 0.05f, s);
-    return qweight_pack_from_f32(w.data(), rows, static_cast<int>(n), bits, kGroup, false);
+  auto part = [&](int bits, std::vector<int32_t> idx, uint32_t s) {
+    const auto w = normal(static_cast<size_t>(rows) * idx.size(), 0.05f, s);
+    const int n = static_cast<int>(idx.size());
+    return QMixedPart{qweight_pack_from_f32(w.data(), rows, n, bits, kGroup, false),
+                      std::move(idx)};
   };
-  m.hi = part(hi_bits, m.hi_cols.size(), seed);
-  m.lo = part(lo_bits, m.lo_cols.size(), seed + 1);
+  m.parts.push_back(part(hi_bits, hi_cols, seed));
+  m.parts.push_back(part(lo_bits, lo_cols, seed + 1));
   qmixed_validate(m);
   return m;
 }

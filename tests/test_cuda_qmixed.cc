@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <memory>
@@ -34,14 +35,16 @@ QMixedHost random_mixed(int rows, int cols, int group, int lo_bits, int hi_bits,
   m.cols = cols;
   std::vector<bool> is_hi(static_cast<size_t>(cols / group), false);
   for (int g : hi_groups) is_hi[g] = true;
-  for (int c = 0; c < cols; ++c) (is_hi[c / group] ? m.hi_cols : m.lo_cols).push_back(c);
-  auto part = [&](int bits, int n) {
-    std::vector<float> w(static_cast<size_t>(rows) * n);
+  std::vector<int32_t> hi_cols, lo_cols;
+  for (int c = 0; c < cols; ++c) (is_hi[c / group] ? hi_cols : lo_cols).push_back(c);
+  auto part = [&](int bits, std::vector<int32_t> idx) {
+    std::vector<float> w(static_cast<size_t>(rows) * idx.size());
     for (float& x : w) x = nd(rng);
-    return qweight_pack_from_f32(w.data(), rows, n, bits, group, asym);
+    const int n = static_cast<int>(idx.size());
+    return QMixedPart{qweight_pack_from_f32(w.data(), rows, n, bits, group, asym), std::move(idx)};
   };
-  m.hi = part(hi_bits, static_cast<int>(m.hi_cols.size()));
-  m.lo = part(lo_bits, static_cast<int>(m.lo_cols.size()));
+  m.parts.push_back(part(hi_bits, hi_cols));
+  m.parts.push_back(part(lo_bits, lo_cols));
   qmixed_validate(m);
   return m;
 }
@@ -118,6 +121,76 @@ TEST(QMixedCuda, MatmulSplitAndSwigluMatchTheCpuBackend) {
       expect_close(outs[1][0], outs[0][0], "matmul");
       expect_close(outs[1][1], outs[0][1], "matmul_split");
       expect_close(outs[1][2], outs[0][2], "matmul_swiglu");
+    }
+  }
+}
+
+// A weight of several parts as EXL2 layers load (model/exl2.h): widths of their own group sizes
+// over shuffled input columns, the last part padded (its padding columns hold random weights
+// here, which must not count), matmul and matmul_add against the CPU backend at every path.
+QMixedHost random_parts(int rows, int cols, const std::vector<std::array<int, 3>>& specs,
+                        uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  std::vector<int32_t> order(static_cast<size_t>(cols));
+  for (int c = 0; c < cols; ++c) order[c] = c;
+  std::shuffle(order.begin(), order.end(), rng);
+  QMixedHost m;
+  m.rows = rows;
+  m.cols = cols;
+  size_t next = 0;
+  for (const auto& [bits, group, real] : specs) {  // real columns, padded to whole groups
+    std::vector<int32_t> idx(order.begin() + next, order.begin() + next + real);
+    next += real;
+    idx.resize((idx.size() + group - 1) / group * group, -1);
+    const int n = static_cast<int>(idx.size());
+    std::vector<float> w(static_cast<size_t>(rows) * n);
+    for (float& x : w) x = nd(rng);
+    m.parts.push_back({qweight_pack_from_f32(w.data(), rows, n, bits, group, false), idx});
+  }
+  qmixed_validate(m);
+  return m;
+}
+
+TEST(QMixedCuda, PartsOfSeveralWidthsWithPaddingMatchTheCpuBackend) {
+  auto gpu = mtest::cuda_backend_or_null();
+  if (!gpu) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
+  auto cpu = make_cpu_backend(2);
+  const int rows = 160, cols = 1056;
+  // ExLlamaV2-like: 8 bits g32, 4 bits g128, 3 bits g128 with a short last group; then one
+  // padded width alone (a single-width layer whose last group is short).
+  const std::vector<std::vector<std::array<int, 3>>> layouts = {
+      {{8, 32, 64}, {4, 128, 256}, {3, 128, 736}},
+      {{6, 32, 96}, {5, 64, 128}, {4, 128, 384}, {2, 64, 448}},
+      {{4, 128, 1056}}};
+  for (size_t li = 0; li < layouts.size(); ++li) {
+    SCOPED_TRACE(li);
+    const QMixedHost w = random_parts(rows, cols, layouts[li], 7 + static_cast<uint32_t>(li));
+    const TensorView v = qmixed_view("model.layers.0.mlp.down_proj.weight", w);
+    for (int n : {1, 3, 8, 40, 200}) {
+      SCOPED_TRACE(n);
+      std::mt19937 rng(n);
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      std::vector<float> x(static_cast<size_t>(n) * cols), r(static_cast<size_t>(n) * rows);
+      for (float& e : x) e = nd(rng);
+      for (float& e : r) e = nd(rng);
+      std::vector<float> outs[2][2];
+      Backend* backends[2] = {cpu.get(), gpu.get()};
+      for (int bi = 0; bi < 2; ++bi) {
+        Backend& b = *backends[bi];
+        const Tensor xt = input_on(b, x, n, cols);
+        Tensor res = input_on(b, r, n, rows);
+        Tensor y = b.alloc(n, rows), s = b.alloc(n, rows);
+        const Tensor wt = b.upload_weight(v);
+        b.matmul(y, xt, wt, nullptr);
+        b.matmul_add(res, xt, wt, s);
+        for (int k = 0; k < 2; ++k) {
+          outs[bi][k].resize(static_cast<size_t>(n) * rows);
+          b.to_host(k == 0 ? y : res, outs[bi][k].data());
+        }
+      }
+      expect_close(outs[1][0], outs[0][0], "matmul");
+      expect_close(outs[1][1], outs[0][1], "matmul_add");
     }
   }
 }

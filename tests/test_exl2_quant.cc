@@ -6,6 +6,7 @@
 // case's group table in cases.json, classified here from the format's rules.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -37,17 +38,31 @@ Exl2Tensors tensors_of(const WeightSet& w, const std::string& p) {
           find(".q_groups"), find(".q_invperm"), find(".q_perm")};
 }
 
-// The expected fate of a layer from its (bits, rows) groups: Gyre's layouts take at most two
-// widths, each with one group size of 32, 64, 128 or 256 rows (16 too at 8 bits).
-std::string expected_reason(const std::vector<std::pair<int, int>>& groups) {
-  std::set<int> widths;
-  for (const auto& g : groups) widths.insert(g.first);
-  if (widths.size() > 2) return "3+ widths";
-  std::map<int, std::set<int>> sizes;
-  for (const auto& [bits, rows] : groups) sizes[bits].insert(rows);
-  for (const auto& [bits, rows] : sizes)
-    for (int r : rows)
-      if (rows.size() > 1 || !(r == 32 || r == 64 || r == 128 || r == 256)) return "fallback";
+// The expected fate of a layer from its (bits, rows) groups, by the format rules of model/exl2.h:
+// each width's groups all of its first's supported size (32, 64, 128 or 256 rows, 16 too at 8
+// bits) but a shorter last one, or a single group of at most 256 rows; then `group` holds each
+// width's group size (the last group padded to it). "fallback" otherwise.
+std::string expected_layout(const std::vector<std::pair<int, int>>& groups,
+                            std::map<int, int>& group) {
+  std::map<int, std::vector<int>> rows_of;
+  for (const auto& [bits, rows] : groups) rows_of[bits].push_back(rows);
+  auto supported = [](int bits, int r) {
+    return r == 32 || r == 64 || r == 128 || r == 256 || (bits == 8 && r == 16);
+  };
+  for (const auto& [bits, rows] : rows_of) {
+    if (rows.size() == 1) {
+      int size = 0;
+      for (int r : {16, 32, 64, 128, 256})
+        if (size == 0 && r >= rows[0] && supported(bits, r)) size = r;
+      if (size == 0) return "fallback";
+      group[bits] = size;
+      continue;
+    }
+    if (!supported(bits, rows[0])) return "fallback";
+    for (size_t i = 1; i < rows.size(); ++i)
+      if (rows[i] > rows[0] || (i + 1 < rows.size() && rows[i] != rows[0])) return "fallback";
+    group[bits] = rows[0];
+  }
   return "";
 }
 
@@ -90,7 +105,7 @@ int64_t expect_exl2_values(const QWeightHost* single, const QMixedHost* mixed, c
 
 TEST(Exl2Quant, LayerCasesKeepExl2ValuesOrFallBackForTheFormatsReasons) {
   const auto cases = nlohmann::json::parse(read_text_file(kDir + "/layers/cases.json"));
-  int quantized = 0, single = 0, mixed = 0, fallback = 0;
+  int quantized = 0, single = 0, mixed = 0, fallback = 0, padded_parts = 0;
   for (const auto& j : cases.at("cases")) {
     const std::string name = j.at("name");
     const int64_t in = j.at("in"), out = j.at("out");
@@ -99,58 +114,77 @@ TEST(Exl2Quant, LayerCasesKeepExl2ValuesOrFallBackForTheFormatsReasons) {
     const auto groups = j.at("groups").get<std::vector<std::pair<int, int>>>();
     const Exl2Tensors t = tensors_of(w, "layer");
     const Exl2Quantized q = exl2_quantize_layer(name, t, out);
-    const std::string want = expected_reason(groups);
+    std::map<int, int> group;
+    const std::string want = expected_layout(groups, group);
     if (!want.empty()) {
       ++fallback;
       EXPECT_FALSE(q.single || q.mixed) << name;
-      EXPECT_FALSE(q.reason.empty()) << name;
-      if (want == "3+ widths") {
-        EXPECT_EQ(q.reason, want) << name;
-      }
+      EXPECT_EQ(q.reason, "an unsupported group size") << name;
       continue;
     }
     ASSERT_TRUE(q.single || q.mixed) << name << ": " << q.reason;
-    std::set<int> widths;
-    for (const auto& g : groups) widths.insert(g.first);
-    EXPECT_EQ(q.mixed != nullptr, widths.size() == 2) << name;
+    // Padded rows: each width's groups rounded up to its group size.
+    std::map<int, int64_t> real, stored;
+    for (const auto& [bits, rows] : groups) {
+      real[bits] += rows;
+      stored[bits] += group[bits];
+    }
+    bool padded = false;
+    for (const auto& [bits, rows] : real) padded = padded || stored[bits] != rows;
+    EXPECT_EQ(q.mixed != nullptr, group.size() > 1 || padded) << name;
     ++quantized;
     (q.single ? single : mixed)++;
+    if (q.mixed) padded_parts += padded;
     const TensorView& e = w.get("expected", {out, in});
     std::vector<float> expected(static_cast<size_t>(out * in));
     std::memcpy(expected.data(), e.data, expected.size() * 4);
     expect_exl2_values(q.single.get(), q.mixed.get(), expected.data(), expected.size(), name);
 
     // Memory: the integers take the checkpoint's bits exactly (every group fills whole words
-    // here, all columns real), plus one f16 scale per group and column (EXL2: 4 bits + 1/G f16).
+    // here, padding rows included), plus one f16 scale per group and column (EXL2: 4 bits + 1/G
+    // f16); a mix holds one part per width, widest first, each listing its input columns.
     int64_t code_bits = 0;
-    const auto n_groups = static_cast<int64_t>(groups.size());
-    for (const auto& [bits, rows] : groups) code_bits += int64_t{bits} * rows * out;
-    const QWeightHost* parts[2] = {q.single ? q.single.get() : &q.mixed->hi,
-                                   q.single ? nullptr : &q.mixed->lo};
+    for (const auto& [bits, rows] : stored) code_bits += bits * rows * out;
+    std::vector<const QWeightHost*> parts;
+    if (q.single) parts.push_back(q.single.get());
+    if (q.mixed) {
+      ASSERT_EQ(q.mixed->parts.size(), group.size()) << name;
+      auto width = group.rbegin();
+      for (const QMixedPart& p : q.mixed->parts) {
+        parts.push_back(&p.w);
+        EXPECT_EQ(p.w.desc.bits, width->first) << name;
+        EXPECT_EQ(p.w.desc.group_size, width->second) << name;
+        EXPECT_EQ(static_cast<int64_t>(std::count(p.cols.begin(), p.cols.end(), -1)),
+                  stored[width->first] - real[width->first])
+            << name;
+        ++width;
+      }
+    }
     int64_t qbytes = 0, sbytes = 0;
     for (const QWeightHost* p : parts)
-      if (p) qbytes += static_cast<int64_t>(p->qweight.size()), sbytes += p->scales.size();
+      qbytes += static_cast<int64_t>(p->qweight.size()), sbytes += p->scales.size();
     EXPECT_EQ(qbytes * 8, code_bits) << name;
-    EXPECT_EQ(sbytes, n_groups * out * 2) << name;
-    if (t.q_weight->shape[1] == out) {
+    EXPECT_EQ(sbytes, static_cast<int64_t>(groups.size()) * out * 2) << name;
+    if (t.q_weight->shape[1] == out && !padded) {
       EXPECT_EQ(qbytes, static_cast<int64_t>(t.q_weight->nbytes)) << name;
     }
   }
   EXPECT_GE(single, 1);
-  EXPECT_GE(mixed, 2);
+  EXPECT_GE(mixed, 4);
+  EXPECT_GE(padded_parts, 3);  // 3 widths with a short last group, one width padded, ...
   EXPECT_GE(fallback, 3);
   EXPECT_EQ(quantized + fallback, static_cast<int>(cases.at("cases").size()));
 }
 
-TEST(Exl2Quant, TinyLlamaKeepsOneAndTwoWidthLayersQuantizedWithExl2Values) {
+TEST(Exl2Quant, TinyLlamaKeepsEveryLayerQuantizedWithExl2Values) {
   ::testing::internal::CaptureStderr();
   const auto m = load_model(kDir + "/llama");
   const std::string log = ::testing::internal::GetCapturedStderr();
   const auto dense = load_model(kDir + "/llama_float");  // EXL2's fp16 values, from numpy
   // The fixture's mixes (make_exl2_fixture.py LLAMA_BITS, HEAD_BITS): per decoder layer q, k, o,
-  // gate (two widths) and v, up (one) stay quantized, down (6/4/3 bits) is dequantized; the head
-  // (8/6 bits) is a mix.
-  int singles = 0, mixes = 0, f16 = 0;
+  // gate (two widths) and down (6/4/3 bits, the 3-bit group of 44 rows padded to 64) are mixes,
+  // v and up (one width) packed weights; the head (8/6 bits) is a mix.
+  int singles = 0, mixes = 0, three_widths = 0;
   int64_t rounded = 0, total = 0;
   for (const auto& [name, t] : m->weights.all()) {
     if (name.find("proj") == std::string::npos && name != "lm_head.weight") continue;
@@ -163,18 +197,13 @@ TEST(Exl2Quant, TinyLlamaKeepsOneAndTwoWidthLayersQuantizedWithExl2Values) {
       want[i] = f16_to_f32(h);
     }
     const bool down = name.find("down_proj") != std::string::npos;
-    if (t.dtype == DType::F16) {
-      ++f16;
-      EXPECT_TRUE(down) << name;
-      EXPECT_EQ(std::memcmp(t.data, d.data, t.nbytes), 0) << name;
-      continue;
-    }
     ASSERT_EQ(t.dtype, DType::QPACKED) << name;
-    EXPECT_FALSE(down) << name;
     const QMixedHost* mixed = is_qmixed_view(t) ? &qmixed_of_view(t) : nullptr;
     const QWeightHost* single = mixed ? nullptr : &qweight_of_view(t);
     if (mixed) {
       ++mixes;
+      three_widths += mixed->parts.size() == 3;
+      EXPECT_EQ(mixed->parts.size() == 3, down) << name;
     } else {
       ++singles;
       const bool one_width =
@@ -185,11 +214,10 @@ TEST(Exl2Quant, TinyLlamaKeepsOneAndTwoWidthLayersQuantizedWithExl2Values) {
     total += static_cast<int64_t>(want.size());
   }
   EXPECT_EQ(singles, 2 * 2);
-  EXPECT_EQ(mixes, 2 * 4 + 1);
-  EXPECT_EQ(f16, 2);
-  EXPECT_NE(
-      log.find("EXL2: 13 of 15 layers kept quantized, 2 dequantized to F16 (2 with 3+ widths)"),
-      std::string::npos)
+  EXPECT_EQ(mixes, 2 * 5 + 1);
+  EXPECT_EQ(three_widths, 2);
+  EXPECT_NE(log.find("EXL2: 15 of 15 layers kept quantized, 0 dequantized to F16"),
+            std::string::npos)
       << log;
   // Most exact products need no rounding, but some do: the CPU's f32 values are then within half
   // an fp16 step of EXL2's (checked above), which the logits test below bounds end to end.
@@ -207,8 +235,7 @@ TEST(Exl2Quant, FusedPartnersOfADequantizedLayerAreDequantizedAndReported) {
     safetensors_load(kDir + "/layers/" + name + ".safetensors", *w);
     return w;
   };
-  const auto fallback = load("b6_b2_partial"), single = load("b4_noperm"),
-             mix = load("head_8_6_bias");
+  const auto fallback = load("b4_uneven"), single = load("b4_noperm"), mix = load("head_8_6_bias");
   auto raw = std::make_shared<WeightSet>();
   auto add_as = [&](const WeightSet& from, const std::string& prefix) {
     for (const auto& [name, t] : from.all()) {

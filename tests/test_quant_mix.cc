@@ -137,8 +137,9 @@ void check_mixed_layer(const QuantSetting& st, int rows, int cols, uint32_t seed
   const TensorView& t = out.get("x.weight");
   ASSERT_TRUE(is_qmixed_view(t));
   const QMixedHost& m = qmixed_of_view(t);
-  EXPECT_EQ(m.hi.desc.bits, st.mix_bits);
-  EXPECT_EQ(m.lo.desc.bits, st.bits);
+  ASSERT_EQ(m.parts.size(), 2u);
+  EXPECT_EQ(m.parts[0].w.desc.bits, st.mix_bits);
+  EXPECT_EQ(m.parts[1].w.desc.bits, st.bits);
   EXPECT_NEAR(m.bits_per_weight() * rows * cols, st.stored_bits(rows, cols), 1e-6);
   std::vector<float> row(static_cast<size_t>(cols));
   int differ = 0;

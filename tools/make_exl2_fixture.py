@@ -201,11 +201,22 @@ LAYER_CASES = [
     ("b6_b2_partial", 8, [(6, 32), (2, 40)], False, False, False, (0.5, 4.0)),
 ]
 
+# Written with their own generator (the cases above and the tiny Llama keep their bytes).
+LAYER_CASES_2 = [
+    # ExLlamaV2's down_proj shape of mix: 8 bits g32, 4 bits g128, 3 bits g128 with a short
+    # last group (each width's groups are counted by ceil, the layer's last one takes the rest)
+    ("exl2_8_4_3_short_last", 32, [(8, 32), (8, 32), (4, 128), (3, 128), (3, 32)], True, False,
+     False, (0.02, 0.3)),
+    ("b4_short_last", 32, [(4, 128), (4, 64)], True, True, False, (0.05, 0.2)),
+    ("b4_uneven", 32, [(4, 64), (4, 32), (4, 64)], True, False, False, (0.05, 0.2)),
+    ("b5_g96", 32, [(5, 96), (5, 96)], False, False, False, (0.05, 0.2)),
+]
 
-def write_layers(rng):
+
+def write_layers(specs, rng):
     os.makedirs(os.path.join(OUT, "layers"), exist_ok=True)
     cases = []
-    for name, n, groups, act, with_perm, with_bias, (lo, hi) in LAYER_CASES:
+    for name, n, groups, act, with_perm, with_bias, (lo, hi) in specs:
         k = sum(r for _, r in groups)
         np_cols = -(-n // 32) * 32
         codes = np.zeros((k, np_cols), dtype=np.int64)
@@ -224,8 +235,7 @@ def write_layers(rng):
         tensors["expected"] = expected
         write_safetensors(os.path.join(OUT, "layers", name + ".safetensors"), tensors)
         cases.append({"name": name, "in": k, "out": n, "groups": groups})
-    with open(os.path.join(OUT, "layers", "cases.json"), "w") as f:
-        json.dump({"cases": cases}, f, indent=1)
+    return cases
 
 
 # ---- Tiny Llama from stories260K ----
@@ -284,8 +294,11 @@ def write_llama(rng):
 
 def main():
     rng = np.random.default_rng(20261122)
-    write_layers(rng)
+    cases = write_layers(LAYER_CASES, rng)
     write_llama(rng)
+    cases += write_layers(LAYER_CASES_2, np.random.default_rng(20261124))
+    with open(os.path.join(OUT, "layers", "cases.json"), "w") as f:
+        json.dump({"cases": cases}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -79,10 +79,13 @@ nlohmann::json describe(const LoadedModel& m) {
       return q.qweight.size() + q.scales.size() + q.mins.size() + q.perm.size() * 4;
     };
     std::string scheme;
-    if (is_qmixed_view(t)) {  // two packed parts and their column lists
+    if (is_qmixed_view(t)) {  // packed parts and their column lists, the lowest width first
       const QMixedHost& m = qmixed_of_view(t);
-      bytes = packed(m.hi) + packed(m.lo) + (m.hi_cols.size() + m.lo_cols.size()) * 4;
-      scheme = packed_scheme(m.lo) + " + " + packed_scheme(m.hi);
+      bytes = 0;
+      for (auto p = m.parts.rbegin(); p != m.parts.rend(); ++p) {
+        bytes += packed(p->w) + p->cols.size() * 4;
+        scheme += (scheme.empty() ? "" : " + ") + packed_scheme(p->w);
+      }
     } else if (t.dtype == DType::QPACKED) {
       bytes = packed(qweight_of_view(t));
       scheme = packed_scheme(qweight_of_view(t));

@@ -247,21 +247,47 @@ bool gyre_group_size_ok(int bits, int64_t rows) {
   return rows == 32 || rows == 64 || rows == 128 || rows == 256 || (bits == 8 && rows == 16);
 }
 
-// Groups [g0, g1) of one width as a QWeightHost over their quantized rows in order (packed
-// column j = quantized row first_row + j), with EXL2's codes and fp16 scales; no permutation.
-QWeightHost pack_groups(const Exl2Layer& l, size_t g0, size_t g1) {
-  const Group& first = l.groups[g0];
+// One width's groups [g0, g1) as Gyre keeps them: `group` rows per group, the last group padded
+// with zero-valued columns up to it (ExLlamaV2's last group of a layer can be short).
+struct WidthRun {
+  size_t g0 = 0, g1 = 0;
+  int group = 0;
+  int64_t padding = 0;
+};
+
+// The run's group size, or 0 when Gyre's layouts cannot hold it: every group but the last has
+// the first's row count, a supported size, and the last at most that many; a run of one group
+// takes the smallest supported size that holds it.
+int run_group_size(const std::vector<Group>& groups, size_t g0, size_t g1) {
+  const int bits = groups[g0].bits;
+  const int64_t first = groups[g0].rows;
+  if (g1 - g0 == 1) {
+    for (int size : {16, 32, 64, 128, 256})
+      if (size >= first && gyre_group_size_ok(bits, size)) return size;
+    return 0;
+  }
+  for (size_t g = g0 + 1; g < g1; ++g)
+    if (groups[g].rows > first || (g + 1 < g1 && groups[g].rows != first)) return 0;
+  return gyre_group_size_ok(bits, first) ? static_cast<int>(first) : 0;
+}
+
+// The run as a QWeightHost over its quantized rows in order (packed column j = quantized row
+// first_row + j, padding after them), with EXL2's codes and fp16 scales; no permutation.
+QWeightHost pack_run(const Exl2Layer& l, const WidthRun& run) {
+  const Group& first = l.groups[run.g0];
   QWeightDesc d;
   d.bits = first.bits;
-  d.group_size = static_cast<int>(first.rows);
+  d.group_size = run.group;
   d.rows = static_cast<int>(l.N);
-  d.cols = static_cast<int>(static_cast<int64_t>(g1 - g0) * first.rows);
+  d.cols = static_cast<int>(static_cast<int64_t>(run.g1 - run.g0) * run.group);
+  const int64_t real = d.cols - run.padding;
   QWeightHost w = qweight_allocate(d);
   parallel_ranges(l.N, [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
-      for (int64_t j = 0; j < d.cols; ++j) qweight_set_q(w, n, j, l.code(first.first_row + j, n));
-      for (size_t g = g0; g < g1; ++g)  // an fp16 value: set exactly
-        qweight_set_scale(w, n, static_cast<int64_t>(g - g0), l.scale[g * l.N + n], 0.0f);
+      for (int64_t j = 0; j < d.cols; ++j)  // padding: the zero code, value 0
+        qweight_set_q(w, n, j, j < real ? l.code(first.first_row + j, n) : 1 << (d.bits - 1));
+      for (size_t g = run.g0; g < run.g1; ++g)  // an fp16 value: set exactly
+        qweight_set_scale(w, n, static_cast<int64_t>(g - run.g0), l.scale[g * l.N + n], 0.0f);
     }
   });
   return w;
@@ -302,47 +328,48 @@ Exl2Quantized exl2_quantize_layer(const std::string& name, const Exl2Tensors& t,
                                   int64_t out_features) {
   const Exl2Layer l = read_layer(name, t, out_features);
   Exl2Quantized q;
-  // Runs of one width (widths never increase, so each width is one run), at most two, and their
-  // group size: every group of a width must have the same supported row count, the last included.
-  std::vector<size_t> run_begin;
-  for (size_t g = 0; g < l.groups.size(); ++g)
-    if (g == 0 || l.groups[g].bits != l.groups[g - 1].bits) run_begin.push_back(g);
-  if (run_begin.size() > 2) {
-    q.reason = "3+ widths";
-    return q;
-  }
-  for (size_t g = 0; g < l.groups.size(); ++g) {
-    const bool run_start = std::find(run_begin.begin(), run_begin.end(), g) != run_begin.end();
-    if (!run_start && l.groups[g].rows != l.groups[g - 1].rows) {
-      q.reason = g + 1 == l.groups.size() ? "a partial last group" : "uneven group sizes";
-      return q;
+  // Runs of one width (widths never increase, so each width is one run) and their group sizes.
+  std::vector<WidthRun> runs;
+  for (size_t g = 0; g <= l.groups.size(); ++g)
+    if (g == l.groups.size() || g == 0 || l.groups[g].bits != l.groups[g - 1].bits) {
+      if (!runs.empty()) runs.back().g1 = g;
+      if (g < l.groups.size()) runs.push_back({g, 0, 0, 0});
     }
-    if (!gyre_group_size_ok(l.groups[g].bits, l.groups[g].rows)) {
+  GYRE_CHECK(runs.size() <= static_cast<size_t>(kQMixedMaxParts), "EXL2 layer ", name, ": ",
+             runs.size(), " bit widths");  // read_layer allows six, in decreasing order
+  for (WidthRun& run : runs) {
+    run.group = run_group_size(l.groups, run.g0, run.g1);
+    if (run.group == 0) {
       q.reason = "an unsupported group size";
       return q;
     }
+    run.padding =
+        static_cast<int64_t>(run.g1 - run.g0) * run.group -
+        (l.groups[run.g1 - 1].first_row + l.groups[run.g1 - 1].rows - l.groups[run.g0].first_row);
   }
-  run_begin.push_back(l.groups.size());
-  bool identity = true;
-  for (int64_t r = 0; r < l.K; ++r) identity = identity && l.perm[r] == r;
-  if (run_begin.size() == 2) {
-    q.single = std::make_shared<QWeightHost>(pack_groups(l, 0, l.groups.size()));
+  if (runs.size() == 1 && runs[0].padding == 0) {
+    q.single = std::make_shared<QWeightHost>(pack_run(l, runs[0]));
+    bool identity = true;
+    for (int64_t r = 0; r < l.K; ++r) identity = identity && l.perm[r] == r;
     if (!identity) {
       q.single->desc.has_perm = true;
       q.single->perm.assign(l.perm.begin(), l.perm.end());
     }
     return q;
   }
-  // Two widths: the first width's groups read the inputs of their quantized rows, the rest the
-  // others (a mix's parts have no permutation of their own; hi_cols / lo_cols are one).
-  const int64_t hi_rows = l.groups[run_begin[1]].first_row;
+  // Each width reads the inputs of its quantized rows (a mix's parts have no permutation of
+  // their own: their column lists are the act-order), then its padding.
   q.mixed = std::make_shared<QMixedHost>();
   q.mixed->rows = static_cast<int>(l.N);
   q.mixed->cols = static_cast<int>(l.K);
-  q.mixed->hi = pack_groups(l, 0, run_begin[1]);
-  q.mixed->lo = pack_groups(l, run_begin[1], l.groups.size());
-  q.mixed->hi_cols.assign(l.perm.begin(), l.perm.begin() + hi_rows);
-  q.mixed->lo_cols.assign(l.perm.begin() + hi_rows, l.perm.end());
+  for (const WidthRun& run : runs) {
+    QMixedPart part{pack_run(l, run), {}};
+    const int64_t r0 = l.groups[run.g0].first_row;
+    const int64_t r1 = r0 + part.w.desc.cols - run.padding;
+    part.cols.assign(l.perm.begin() + r0, l.perm.begin() + r1);
+    part.cols.resize(static_cast<size_t>(part.w.desc.cols), -1);
+    q.mixed->parts.push_back(std::move(part));
+  }
   qmixed_validate(*q.mixed);
   return q;
 }

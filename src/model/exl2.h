@@ -17,13 +17,17 @@
 // with q the code of quantized row q_invperm[i] in column n (each product is exact in f32, so
 // one rounding to fp16 gives the same bits as the GPU's half arithmetic).
 //
-// The loader keeps a layer quantized in Gyre's layouts when they hold its codes and scales as
-// they are (exl2_quantize_layer): one width with one supported group size (32, 64, 128, 256 rows;
-// also 16 at 8 bits) becomes a QWeightHost whose perm is the act-order, two such widths a
-// QMixedHost. Gyre's value is the exact product (q - 2^(bits-1)) * s, of which EXL2's is the
-// fp16 rounding (the CUDA kernels' half arithmetic rounds the same way; the CPU keeps f32).
-// Any other layer (3+ widths, other or uneven group sizes, a partial last group) is dequantized
-// to an F16 weight (exact: every value is an fp16 number) by exl2_dequantize.
+// The loader keeps a layer quantized in Gyre's layouts, which hold its codes and scales as they
+// are (exl2_quantize_layer): each width's groups, of one supported group size (32, 64, 128, 256
+// rows; also 16 at 8 bits; a width of one group takes the smallest that holds it), become one
+// packed weight over that width's input rows, the last group padded with zero-valued columns
+// when it is short (ExLlamaV2 sizes each width's groups by ceil, so the layer's last group
+// often is). One width without padding is a QWeightHost whose perm is the act-order; anything
+// else a QMixedHost with one part per width. Gyre's value is the exact product
+// (q - 2^(bits-1)) * s, of which EXL2's is the fp16 rounding (the CUDA kernels' half arithmetic
+// rounds the same way; the CPU keeps f32). A layer whose groups of one width differ otherwise
+// in size is dequantized to an F16 weight (exact: every value is an fp16 number) by
+// exl2_dequantize.
 #pragma once
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
@@ -63,8 +67,9 @@ struct Exl2Tensors {
 std::vector<float> exl2_dequantize(const std::string& name, const Exl2Tensors& t,
                                    int64_t out_features);
 
-// The layer in Gyre's quantized layouts: `single` for one width, `mixed` for two, or neither
-// with `reason` saying why (the layer is then dequantized). Throws as exl2_dequantize does.
+// The layer in Gyre's quantized layouts: `single` for one width without padding, `mixed` (a part
+// per width) otherwise, or neither with `reason` saying why (the layer is then dequantized).
+// Throws as exl2_dequantize does.
 struct Exl2Quantized {
   std::shared_ptr<QWeightHost> single;
   std::shared_ptr<QMixedHost> mixed;

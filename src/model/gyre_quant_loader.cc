@@ -178,7 +178,7 @@ std::shared_ptr<QWeightHost> read_part(const WeightSet& raw, const std::string& 
 // are the file's exactly and the memory cost is the file's bits per weight. The file's bit stream
 // is repacked here (rather than read by the kernels) because a plain stream makes 3/5/6-bit
 // values straddle words; the split-plane layout keeps every GPU extraction one shift and mask.
-// A mix becomes a QMixedHost (backend/cpu/qmixed.h) of two such weights.
+// A mix becomes a QMixedHost (backend/cpu/qmixed.h) of two such weights (hi first).
 // A rotated layer's NAME.had_signs (I16 [cols], each +1 or -1; see backend/cpu/hadamard.h).
 HadamardRotation read_rotation(const Layer& l, const WeightSet& raw, const std::string& where) {
   HadamardRotation r;
@@ -252,11 +252,14 @@ void materialize(const Layer& l, const WeightSet& raw, WeightSet& out, const std
   m->cols = static_cast<int>(l.cols);
   std::vector<char> is_hi(static_cast<size_t>(groups), 0);
   for (int32_t g : hi_groups) is_hi[g] = 1;
+  std::vector<int32_t> hi_cols, lo_cols;
   for (int64_t c = 0; c < l.cols; ++c)
-    (is_hi[c / gs] ? m->hi_cols : m->lo_cols).push_back(static_cast<int32_t>(c));
-  const auto hi_cols = static_cast<int64_t>(m->hi_cols.size());
-  m->lo = std::move(*read_part(raw, l.name, l.st.part(false), l.rows, l.cols - hi_cols, where));
-  m->hi = std::move(*read_part(raw, l.name + ".hi", l.st.part(true), l.rows, hi_cols, where));
+    (is_hi[c / gs] ? hi_cols : lo_cols).push_back(static_cast<int32_t>(c));
+  const auto n_hi = static_cast<int64_t>(hi_cols.size());
+  auto hi = read_part(raw, l.name + ".hi", l.st.part(true), l.rows, n_hi, where);
+  auto lo = read_part(raw, l.name, l.st.part(false), l.rows, l.cols - n_hi, where);
+  m->parts.push_back({std::move(*hi), std::move(hi_cols)});
+  m->parts.push_back({std::move(*lo), std::move(lo_cols)});
   m->had = read_rotation(l, raw, where);
   qmixed_validate(*m);
   out.add(qmixed_view(l.name + ".weight", *m));

@@ -1,9 +1,12 @@
-// A linear weight quantized at two bit widths (`gyre convert` mixes, model/gyre_qformat.h): the
-// input columns are split into two disjoint sets, each stored as its own packed weight in Gyre's
-// layout (qlinear_ref.h) over just its columns, so the existing kernels run each part:
-//   y = W x = hi (x[hi_cols]) + lo (x[lo_cols])
-// where x[idx] gathers the listed input columns in order. The CPU dequantizes both parts into
-// one float matrix (the reference); CUDA gathers x per part and adds the two products.
+// A linear weight quantized at two or more bit widths (`gyre convert` mixes, model/gyre_qformat.h;
+// EXL2 layers of several widths, model/exl2.h): the input columns are split into disjoint sets,
+// each stored as its own packed weight in Gyre's layout (qlinear_ref.h) over just its columns, so
+// the existing kernels run each part:
+//   y = W x = sum over parts p of p.w (x[p.cols])
+// where x[idx] gathers the listed input columns in order. A part may end in padding columns
+// (index -1, reading 0: an EXL2 width whose last group is shorter than its group size is padded
+// to whole groups). The CPU dequantizes every part into one float matrix (the reference); CUDA
+// gathers x per part and adds the products.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -14,21 +17,31 @@
 
 namespace gyre {
 
+struct QMixedPart {
+  QWeightHost w;              // [rows, cols.size()]
+  std::vector<int32_t> cols;  // input column of each packed column, in order; -1: padding
+};
+
+// Parts a mixed weight may have: one per width EXL2 writes (8, 6, 5, 4, 3, 2).
+constexpr int kQMixedMaxParts = 6;
+
 struct QMixedHost {
   int rows = 0, cols = 0;
-  QWeightHost hi, lo;                     // [rows, hi_cols.size()] and [rows, lo_cols.size()]
-  std::vector<int32_t> hi_cols, lo_cols;  // input columns of each part's packed columns, in order
+  // Gyre's own mixes: parts[0] the groups at the higher width ("hi"), parts[1] the rest.
+  std::vector<QMixedPart> parts;
   // A rotated layer (backend/cpu/hadamard.h): the parts hold quant(W R), whose columns are
   // gathered from the rotated input R^T x; the parts themselves carry no rotation.
   HadamardRotation had;
 
-  // Stored bits per weight over all rows * cols: both parts' integers, scales and mins, plus the
-  // I32 list of the hi part's groups (as QuantSetting::stored_bits counts them).
+  // Stored bits per weight over all rows * cols: every part's integers, scales and mins (padding
+  // included), plus an I32 per group of every part but the last (as QuantSetting::stored_bits
+  // counts the list of a mix's hi groups).
   double bits_per_weight() const;
 };
 
-// Throws unless the parts have rows rows and no permutation of their own, and hi_cols / lo_cols
-// are disjoint, in range, and together cover every column.
+// Throws unless there are 1..kQMixedMaxParts parts of `rows` rows with no permutation or rotation
+// of their own, and their column lists (padding aside) are disjoint, in range, and together
+// cover every column.
 void qmixed_validate(const QMixedHost& m);
 
 // Row r of W in the original column order (for a rotated weight, (W R)_q R^T).

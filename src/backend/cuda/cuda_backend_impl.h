@@ -19,6 +19,7 @@
 #include "core/kv_quant.h"
 
 namespace gyre {
+struct QWeightDesc;
 struct QWeightDevice;
 struct QMixedDevice;
 struct QMixedHost;
@@ -243,7 +244,14 @@ class CudaBackend final : public Backend {
   // Mixed-width weights (cuda_qmixed.cc): upload, y [n, rows] = W x (+ bias) as the sum of the
   // parts' products, one part's product, and the scratch of gathered inputs and partial sums.
   Tensor upload_mixed(const QMixedHost& host);
-  void mixed_matmul(const QMixedDevice& m, const half* x, half* y, int n, const half* bias);
+  // Benchmark weights made on the device (synthetic_): a packed weight of layout d with random
+  // bytes and small positive scales, and a mixed weight as GYRE_SYNTHETIC_MIX describes.
+  std::pair<std::shared_ptr<QWeightDevice>, std::shared_ptr<void>> random_packed(
+      const QWeightDesc& d, const std::string& what);
+  Tensor synthetic_mixed(int rows, int cols, const std::string& spec, const std::string& name);
+  // y = m . x (+ bias), or y += it with accumulate.
+  void mixed_matmul(const QMixedDevice& m, const half* x, half* y, int n, const half* bias,
+                    bool accumulate = false);
   void packed_part_matmul(const QWeightDevice& w, const half* x, half* y, int n, const half* bias);
   half* mixed_scratch(size_t halves);
   // Rotated weights (cuda_hadamard.cc): x itself, or x [n, w.cols] rotated by w's R^T into

@@ -409,12 +409,20 @@ void CudaBackend::matmul_add(Tensor& residual, const Tensor& x, const Tensor& w,
   att_permuted_ = {};
   const bool x_permuted = in.x != nullptr && in.x == x.data && in.n == n &&
                           is_quantized_tensor(w) && in.perm == qweight_of(w).perm;
-  if (adds_directly(w, n)) {
+  const bool mixed = is_mixed_tensor(w), direct = adds_directly(w, n);
+  if (mixed || direct) {
     check_f16(residual, "matmul_add");
     check_f16(x, "matmul_add");
     GYRE_CHECK(x.cols == w.cols && residual.cols == w.rows && residual.rows == x.rows,
                "CUDA matmul_add: x [", x.rows, ", ", x.cols, "] . w [", w.rows, ", ", w.cols,
                "] -> residual [", residual.rows, ", ", residual.cols, "]");
+  }
+  if (mixed) {  // every part adds its product into the residual
+    mixed_matmul(qmixed_of(w), rotated_input(w, static_cast<const half*>(x.data), n),
+                 static_cast<half*>(residual.data), n, nullptr, true);
+    return;
+  }
+  if (direct) {
     QlinearFusion f;
     f.accumulate = true;
     // The next reader an act-order weight with the fused norm (not EXL2 parts): the sum in its

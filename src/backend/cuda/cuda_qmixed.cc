@@ -1,8 +1,16 @@
 // Mixed-width linear weights on the CUDA backend (qmixed_device.h): upload, and the matmul as
-// the sum of the two parts' products, each through qlinear's kernels (decode and batches up to
-// the part's direct limit) or a dequantized FP16 GEMM/GEMV beyond it, as plain packed weights do.
+// the sum of the parts' products, each through qlinear's kernels (decode and batches up to the
+// part's direct limit, adding into y) or a dequantized FP16 GEMM/GEMV beyond it, as plain packed
+// weights do.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <memory>
+#include <numeric>
+#include <random>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "backend/cpu/qmixed.h"
 #include "backend/cuda/cuda_backend_impl.h"
@@ -29,40 +37,126 @@ const QMixedDevice& qmixed_of(const Tensor& t) {
   return *static_cast<const QMixedDevice*>(t.data);
 }
 
+namespace {
+
+static_assert(kMixedMaxParts == kQMixedMaxParts);
+
+// What a mixed weight's Tensor owns: the parts (their own allocations, or views of `memory`),
+// the column lists and a rotation's signs.
+struct MixedOwner {
+  QMixedDevice d;
+  std::shared_ptr<void> cols;
+  std::shared_ptr<void> signs;
+  std::vector<std::shared_ptr<void>> memory;
+  MixedOwner() = default;
+  MixedOwner(const MixedOwner&) = delete;
+  MixedOwner& operator=(const MixedOwner&) = delete;
+  ~MixedOwner() {
+    for (int p = 0; p < d.n_parts; ++p) qweight_free(d.parts[p]);  // views: allocation is null
+  }
+};
+
+}  // namespace
+
 Tensor CudaBackend::upload_mixed(const QMixedHost& host) {
   qmixed_validate(host);
-  struct Owner {
-    QMixedDevice d;
-    std::shared_ptr<void> cols;
-    std::shared_ptr<void> signs;
-    ~Owner() {
-      qweight_free(d.hi);
-      qweight_free(d.lo);
-    }
-  };
-  auto o = std::make_shared<Owner>();
+  auto o = std::make_shared<MixedOwner>();
   o->d.rows = host.rows;
   o->d.cols = host.cols;
-  o->d.hi = qweight_upload(host.hi);
-  o->d.lo = qweight_upload(host.lo);
-  const size_t n_hi = host.hi_cols.size(), n_lo = host.lo_cols.size();
-  o->cols = device_alloc((n_hi + n_lo) * sizeof(int32_t), "mixed weight columns");
-  auto* cols = static_cast<int32_t*>(o->cols.get());
-  GYRE_CUDA_CHECK(cudaMemcpy(cols, host.hi_cols.data(), n_hi * 4, cudaMemcpyHostToDevice));
-  GYRE_CUDA_CHECK(cudaMemcpy(cols + n_hi, host.lo_cols.data(), n_lo * 4, cudaMemcpyHostToDevice));
-  o->d.hi_cols = cols;
-  o->d.lo_cols = cols + n_hi;
+  std::vector<int32_t> cols_all;
+  for (const QMixedPart& p : host.parts) {
+    o->d.parts[o->d.n_parts++] = qweight_upload(p.w);
+    cols_all.insert(cols_all.end(), p.cols.begin(), p.cols.end());
+    weight_bytes_ += qweight_device_bytes(p.w.desc);
+  }
+  const size_t list_bytes = cols_all.size() * sizeof(int32_t);
+  o->cols = device_alloc(list_bytes, "mixed weight columns");
+  GYRE_CUDA_CHECK(cudaMemcpy(o->cols.get(), cols_all.data(), list_bytes, cudaMemcpyHostToDevice));
+  o->d.cols_all = static_cast<const int32_t*>(o->cols.get());
   if (host.had.active()) {
     o->signs = upload_hadamard_signs(host.had, host.cols);
     o->d.had_signs = static_cast<const int8_t*>(o->signs.get());
     o->d.had_block = host.had.block;
   }
-  weight_bytes_ += qweight_device_bytes(host.hi.desc) + qweight_device_bytes(host.lo.desc) +
-                   (n_hi + n_lo) * sizeof(int32_t);
+  weight_bytes_ += list_bytes;
   Tensor t;
   t.dtype = DType::QPACKED;
   t.rows = host.rows;
   t.cols = host.cols;
+  t.data = &o->d;
+  t.owner = std::move(o);
+  return t;
+}
+
+// GYRE_SYNTHETIC_MIX (cuda_qweights.cc; GYRE_SYNTHETIC_MIX_LAYERS=NAME/NAME picks the weights by
+// name, default all but the head): "f16" (the weight as F16, as a layer Gyre could not
+// keep quantized loads), or widths "BITS:GROUP:SHARE/..." in decreasing bits, sized as
+// ExLlamaV2's converter sizes a layer's groups (each width ceil(share * cols / GROUP) groups, the
+// last width the rest, its last group short and padded here), over shuffled input columns.
+Tensor CudaBackend::synthetic_mixed(int rows, int cols, const std::string& spec,
+                                    const std::string& name) {
+  if (spec == "f16") {
+    Tensor t = device_tensor(rows, cols, "weight " + name);
+    fill_random(static_cast<half*>(t.data), static_cast<int64_t>(rows) * cols, synthetic_seed_++,
+                2.0f / std::sqrt(static_cast<float>(cols)), 0.0f, stream_);
+    weight_bytes_ += static_cast<size_t>(rows) * cols * sizeof(half);
+    return t;
+  }
+  struct Width {
+    int bits, group;
+    double share;
+  };
+  std::vector<Width> widths;
+  std::string list = spec + ",";  // "/" separates widths too (a comma splits bench arms)
+  std::replace(list.begin(), list.end(), '/', ',');
+  for (size_t a = 0, b; (b = list.find(',', a)) != std::string::npos; a = b + 1) {
+    Width wd{};
+    GYRE_CHECK(std::sscanf(list.substr(a, b - a).c_str(), "%d:%d:%lf", &wd.bits, &wd.group,
+                           &wd.share) == 3 &&
+                   wd.share > 0,
+               "GYRE_SYNTHETIC_MIX: '", list.substr(a, b - a), "' is not BITS:GROUP:SHARE");
+    widths.push_back(wd);
+  }
+  std::vector<int32_t> order(static_cast<size_t>(cols));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<uint32_t>(synthetic_seed_++)));
+  auto o = std::make_shared<MixedOwner>();
+  o->d.rows = rows;
+  o->d.cols = cols;
+  std::vector<int32_t> cols_all;
+  int64_t left = cols;
+  for (size_t i = 0; i < widths.size() && left > 0; ++i) {
+    const Width& wd = widths[i];
+    const double want = i + 1 == widths.size() ? static_cast<double>(left)
+                                               : std::min<double>(wd.share * cols, left);
+    const auto groups = static_cast<int64_t>(std::ceil(want / wd.group));
+    const int64_t real = std::min<int64_t>(groups * wd.group, left);
+    QWeightDesc d;
+    d.bits = wd.bits;
+    d.group_size = wd.group;
+    d.rows = rows;
+    d.cols = static_cast<int>(groups * wd.group);
+    qweight_validate(d);
+    GYRE_CHECK(o->d.n_parts < kMixedMaxParts, "GYRE_SYNTHETIC_MIX: too many widths");
+    auto [q, memory] = random_packed(d, "weight " + name);
+    o->d.parts[o->d.n_parts++] = *q;
+    o->memory.push_back(std::move(memory));
+    const size_t at = static_cast<size_t>(cols - left);
+    cols_all.insert(cols_all.end(), order.begin() + static_cast<int64_t>(at),
+                    order.begin() + static_cast<int64_t>(at + real));
+    cols_all.resize(cols_all.size() + static_cast<size_t>(d.cols - real), -1);
+    left -= real;
+  }
+  const size_t list_bytes = cols_all.size() * sizeof(int32_t);
+  o->cols = device_alloc(list_bytes, "mixed weight columns");
+  GYRE_CUDA_CHECK(cudaMemcpy(o->cols.get(), cols_all.data(), list_bytes, cudaMemcpyHostToDevice));
+  o->d.cols_all = static_cast<const int32_t*>(o->cols.get());
+  weight_bytes_ += list_bytes;
+  GYRE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  Tensor t;
+  t.dtype = DType::QPACKED;
+  t.rows = rows;
+  t.cols = cols;
   t.data = &o->d;
   t.owner = std::move(o);
   return t;
@@ -93,19 +187,38 @@ void CudaBackend::packed_part_matmul(const QWeightDevice& w, const half* x, half
 }
 
 void CudaBackend::mixed_matmul(const QMixedDevice& m, const half* x, half* y, int n,
-                               const half* bias) {
-  const int k_hi = m.hi.desc.cols, k_lo = m.lo.desc.cols;
-  const size_t x_hi = aligned_halves(static_cast<size_t>(n) * k_hi);
-  const size_t x_lo = aligned_halves(static_cast<size_t>(n) * k_lo);
-  half* scratch = mixed_scratch(x_hi + x_lo + static_cast<size_t>(n) * m.rows);
-  half* xh = scratch;
-  half* xl = scratch + x_hi;
-  half* partial = xl + x_lo;
-  gather_columns(xh, x, m.hi_cols, n, m.cols, k_hi, stream_);
-  gather_columns(xl, x, m.lo_cols, n, m.cols, k_lo, stream_);
-  packed_part_matmul(m.hi, xh, y, n, bias);
-  packed_part_matmul(m.lo, xl, partial, n, nullptr);
-  cuda::add(y, partial, static_cast<int64_t>(n) * m.rows, stream_);  // the member add takes Tensors
+                               const half* bias, bool accumulate) {
+  MixedGather g;
+  g.parts = m.n_parts;
+  size_t halves = 0;
+  bool direct = true;
+  for (int p = 0; p < m.n_parts; ++p) {
+    g.k[p] = m.parts[p].desc.cols;
+    g.offset[p] = static_cast<int64_t>(halves);
+    halves += aligned_halves(static_cast<size_t>(n) * g.k[p]);
+    direct = direct && n < kDequantGemmMinRows && qlinear_runs_direct(m.parts[p], n);
+  }
+  // Without the kernels' accumulate fusion, each product after the first goes through partial.
+  const size_t partial_at = halves;
+  if (!direct) halves += static_cast<size_t>(n) * m.rows;
+  half* scratch = mixed_scratch(halves);
+  gather_parts(scratch, x, m.cols_all, n, m.cols, g, stream_);
+  for (int p = 0; p < m.n_parts; ++p) {
+    const half* xp = scratch + g.offset[p];
+    const half* b = p == 0 ? bias : nullptr;
+    const bool add = accumulate || p > 0;
+    if (direct) {
+      QlinearFusion f;
+      f.accumulate = add;
+      qlinear_matmul(m.parts[p], xp, y, n, b, stream_, f);
+    } else if (!add) {
+      packed_part_matmul(m.parts[p], xp, y, n, b);
+    } else {
+      half* partial = scratch + partial_at;
+      packed_part_matmul(m.parts[p], xp, partial, n, b);
+      cuda::add(y, partial, static_cast<int64_t>(n) * m.rows, stream_);  // member add takes Tensors
+    }
+  }
 }
 
 }  // namespace gyre::cuda

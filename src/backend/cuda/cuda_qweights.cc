@@ -66,6 +66,25 @@ const QWeightDevice& qweight_of(const Tensor& t) {
   return *static_cast<QWeightDevice*>(t.data);
 }
 
+std::pair<std::shared_ptr<QWeightDevice>, std::shared_ptr<void>> CudaBackend::random_packed(
+    const QWeightDesc& d, const std::string& what) {
+  const size_t bytes = qweight_device_bytes(d);
+  auto memory = device_alloc(bytes, what);
+  // The device layout of every width (tiled 4-bit and, by default, tiled 2/3/5/6-bit).
+  auto q = std::make_shared<QWeightDevice>(qweight_device_view(d, memory.get()));
+  auto* base = static_cast<uint8_t*>(memory.get());
+  const size_t qbytes = static_cast<size_t>(static_cast<const uint8_t*>(q->scales) - base);
+  // Any bytes are valid packed values (and trellis streams); scales (the rest: symmetric, no
+  // perm) are small positive halves.
+  fill_random(reinterpret_cast<half*>(base), static_cast<int64_t>(qbytes / 2), synthetic_seed_++,
+              1.0f, 0.0f, stream_);
+  fill_random(reinterpret_cast<half*>(base + qbytes), static_cast<int64_t>((bytes - qbytes) / 2),
+              synthetic_seed_++, 0.5f / static_cast<float>(d.cols),
+              1.0f / static_cast<float>(d.cols), stream_);
+  weight_bytes_ += bytes;
+  return {std::move(q), std::move(memory)};
+}
+
 bool CudaBackend::try_upload_quantized(const TensorView& w, Tensor& out) {
   if (is_qmixed_view(w)) {  // two packed parts (backend/cpu/qmixed.h)
     out = upload_mixed(qmixed_of_view(w));
@@ -101,19 +120,22 @@ bool CudaBackend::try_upload_quantized(const TensorView& w, Tensor& out) {
                                 (act_mode == "3" && !named("down_proj") && !named("o_proj")) ||
                                 (act_mode == "4" && !named("down_proj") && !named("lm_head")));
     qweight_validate(d);
-    const size_t bytes = qweight_device_bytes(d);
-    auto memory = device_alloc(bytes, "weight " + w.name);
-    // The device layout of every width (tiled 4-bit and, by default, tiled 2/3/5/6-bit).
-    auto q = std::make_shared<QWeightDevice>(qweight_device_view(d, memory.get()));
-    auto* base = static_cast<uint8_t*>(memory.get());
-    const size_t qbytes = static_cast<size_t>(static_cast<const uint8_t*>(q->scales) - base);
-    // Any bytes are valid packed values (and trellis streams); scales (the rest: symmetric, no
-    // perm) are small positive halves.
-    fill_random(reinterpret_cast<half*>(base), static_cast<int64_t>(qbytes / 2), synthetic_seed_++,
-                1.0f, 0.0f, stream_);
-    fill_random(reinterpret_cast<half*>(base + qbytes), static_cast<int64_t>((bytes - qbytes) / 2),
-                synthetic_seed_++, 0.5f / static_cast<float>(cols), 1.0f / static_cast<float>(cols),
-                stream_);
+    if (const char* mix = std::getenv("GYRE_SYNTHETIC_MIX"); mix != nullptr && *mix != 0) {
+      const char* only = std::getenv("GYRE_SYNTHETIC_MIX_LAYERS");
+      bool chosen = w.name != "lm_head.weight";
+      if (only != nullptr && *only != 0) {
+        chosen = false;
+        std::string list = std::string(only) + ",";
+        std::replace(list.begin(), list.end(), '/', ',');
+        for (size_t a = 0, b; (b = list.find(',', a)) != std::string::npos; a = b + 1)
+          chosen = chosen || (b > a && named(list.substr(a, b - a).c_str()));
+      }
+      if (chosen) {
+        out = synthetic_mixed(rows, cols, mix, w.name);
+        return true;
+      }
+    }
+    auto [q, memory] = random_packed(d, "weight " + w.name);
     if (d.has_perm) {
       std::vector<int32_t> perm(static_cast<size_t>(cols));
       std::iota(perm.begin(), perm.end(), 0);
@@ -122,7 +144,6 @@ bool CudaBackend::try_upload_quantized(const TensorView& w, Tensor& out) {
       qweight_put_perm(*q, perm.data(), stream_);
     }
     GYRE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    weight_bytes_ += bytes;
     // GYRE_SYNTHETIC_HADAMARD=1: every weight also carries a random rotation (hadamard.h), to
     // measure what rotating the activations costs a decode step.
     const char* had = std::getenv("GYRE_SYNTHETIC_HADAMARD");

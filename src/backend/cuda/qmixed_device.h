@@ -1,7 +1,8 @@
-// Mixed-width linear weights on the GPU (backend/cpu/qmixed.h): two packed parts over disjoint
-// sets of input columns, each run by the existing qlinear kernels on its gathered input, the
-// two products added. On the backend's Tensor the marker is dtype QPACKED (packed 4/8-bit
-// weights use Q4_0/Q8_0 markers, so QPACKED is free on the device), data -> QMixedDevice.
+// Mixed-width linear weights on the GPU (backend/cpu/qmixed.h): packed parts over disjoint sets
+// of input columns, each run by the existing qlinear kernels on its gathered input (one gather
+// launch for all parts), the products summed into y by the kernels' accumulate fusion. On the
+// backend's Tensor the marker is dtype QPACKED (packed 4/8-bit weights use Q4_0/Q8_0 markers, so
+// QPACKED is free on the device), data -> QMixedDevice.
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -12,20 +13,31 @@
 
 namespace gyre {
 
+constexpr int kMixedMaxParts = 6;  // = kQMixedMaxParts (backend/cpu/qmixed.h)
+
 struct QMixedDevice {
   int rows = 0, cols = 0;
-  QWeightDevice hi, lo;
-  const int32_t* hi_cols = nullptr;   // [hi.desc.cols] input column of each packed column
-  const int32_t* lo_cols = nullptr;   // [lo.desc.cols]
+  int n_parts = 0;
+  QWeightDevice parts[kMixedMaxParts];
+  // Every part's list of input columns (-1: padding, gathered as 0), one after the other.
+  const int32_t* cols_all = nullptr;
   const int8_t* had_signs = nullptr;  // a rotated layer: x is rotated before the gathers
   int had_block = 0;
 };
 
+// Where gather_parts writes: part p's x [n, k[p]] at out + offset[p] (halves).
+struct MixedGather {
+  int parts = 0;
+  int k[kMixedMaxParts] = {};
+  int64_t offset[kMixedMaxParts] = {};
+};
+
 namespace cuda {
 
-// out [n, k] = x [n, in] columns cols[0..k) (row-major FP16).
-void gather_columns(half* out, const half* x, const int32_t* cols, int64_t n, int in, int k,
-                    cudaStream_t s);
+// For each part p: out + g.offset[p], [n, g.k[p]], = the columns of x [n, in] that the part's
+// slice of cols_all lists (the parts' slices one after the other; -1 gives 0). One launch.
+void gather_parts(half* out, const half* x, const int32_t* cols_all, int64_t n, int in,
+                  const MixedGather& g, cudaStream_t s);
 
 }  // namespace cuda
 }  // namespace gyre
