@@ -174,23 +174,33 @@ TEST(QMixedCuda, PartsOfSeveralWidthsWithPaddingMatchTheCpuBackend) {
       std::vector<float> x(static_cast<size_t>(n) * cols), r(static_cast<size_t>(n) * rows);
       for (float& e : x) e = nd(rng);
       for (float& e : r) e = nd(rng);
-      std::vector<float> outs[2][2];
+      std::vector<float> norm(static_cast<size_t>(cols));
+      for (float& e : norm) e = 0.5f + 0.1f * nd(rng);
+      std::vector<float> outs[2][5];
       Backend* backends[2] = {cpu.get(), gpu.get()};
       for (int bi = 0; bi < 2; ++bi) {
         Backend& b = *backends[bi];
-        const Tensor xt = input_on(b, x, n, cols);
+        const Tensor xt = input_on(b, x, n, cols), nt = input_on(b, norm, 1, cols);
         Tensor res = input_on(b, r, n, rows);
-        Tensor y = b.alloc(n, rows), s = b.alloc(n, rows);
+        Tensor y = b.alloc(n, rows), s = b.alloc(n, rows), y2 = b.alloc(n, rows),
+               act = b.alloc(n, rows), xs = b.alloc(n, cols);
         const Tensor wt = b.upload_weight(v);
         b.matmul(y, xt, wt, nullptr);
         b.matmul_add(res, xt, wt, s);
-        for (int k = 0; k < 2; ++k) {
+        // The norm folded into the gather (CUDA) against rmsnorm then the product (CPU).
+        const TensorView v2 = qmixed_view("model.layers.0.self_attn.k_proj.weight", w);
+        b.norm_matmul_split({&y2, &s}, {xt, nt, 1e-5f, xs},
+                            b.upload_fused({v, v2}, FusedKind::Concat), nullptr);
+        b.norm_matmul_swiglu(act, {xt, nt, 1e-5f, xs}, b.upload_fused({v, v2}, FusedKind::GateUp));
+        const Tensor* got[5] = {&y, &res, &y2, &s, &act};
+        for (int k = 0; k < 5; ++k) {
           outs[bi][k].resize(static_cast<size_t>(n) * rows);
-          b.to_host(k == 0 ? y : res, outs[bi][k].data());
+          b.to_host(*got[k], outs[bi][k].data());
         }
       }
-      expect_close(outs[1][0], outs[0][0], "matmul");
-      expect_close(outs[1][1], outs[0][1], "matmul_add");
+      const char* what[5] = {"matmul", "matmul_add", "norm_matmul_split (first)",
+                             "norm_matmul_split (second)", "norm_matmul_swiglu"};
+      for (int k = 0; k < 5; ++k) expect_close(outs[1][k], outs[0][k], what[k]);
     }
   }
 }

@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/qlinear_ref.h"
+#include "backend/cpu/qmixed.h"
 #include "backend_test_util.h"
 #include "core/error.h"
 #include "engine/mlp_order.h"
@@ -103,6 +104,20 @@ TEST(MlpOrder, LeavesOtherWeightsAlone) {
   dense.nbytes = f.size() * sizeof(float);
   EXPECT_FALSE(
       mlp_in_down_order(dense, qweight_view("u", up), qweight_view("d", down)).has_value());
+  // A mix of widths (an EXL2 layer of several, Gyre's mixes) as any of the three.
+  QMixedHost mixed;
+  mixed.rows = 64;
+  mixed.cols = 96;
+  std::vector<int32_t> cols(96);
+  std::iota(cols.begin(), cols.end(), 0);
+  mixed.parts.push_back({random_weight(64, 96, 4, false, false, 25), cols});
+  qmixed_validate(mixed);
+  EXPECT_FALSE(
+      mlp_in_down_order(qweight_view("g", gate), qweight_view("u", up), qmixed_view("d", mixed))
+          .has_value());
+  EXPECT_FALSE(
+      mlp_in_down_order(qmixed_view("g", mixed), qweight_view("u", up), qweight_view("d", down))
+          .has_value());
 }
 
 }  // namespace

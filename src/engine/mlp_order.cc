@@ -2,6 +2,8 @@
 
 #include <numeric>
 
+#include "backend/cpu/qmixed.h"
+
 namespace gyre {
 
 std::vector<TensorView> MlpInDownOrder::gate_up_views(const std::string& gate_name,
@@ -17,6 +19,8 @@ std::optional<MlpInDownOrder> mlp_in_down_order(const TensorView& gate, const Te
                                                 const TensorView& down) {
   if (gate.dtype != DType::QPACKED || up.dtype != DType::QPACKED || down.dtype != DType::QPACKED)
     return std::nullopt;
+  if (is_qmixed_view(gate) || is_qmixed_view(up) || is_qmixed_view(down))
+    return std::nullopt;  // a mix's parts list their own columns (EXL2 widths, Gyre's mixes)
   const QWeightHost& d = qweight_of_view(down);
   const QWeightHost& g = qweight_of_view(gate);
   const QWeightHost& u = qweight_of_view(up);

@@ -24,8 +24,8 @@ struct MlpInDownOrder {
 };
 
 // The rewritten weights, or nothing when there is nothing to gain or it cannot be done: down is
-// not a packed act-order weight (or is rotated or trellis-coded), or gate or up is not a packed
-// weight of down's column count whose rows can be permuted (trellis).
+// not a packed act-order weight (or is rotated or trellis-coded; mixes of widths are left alone),
+// or gate or up is not a packed weight of down's column count whose rows can be permuted (trellis).
 std::optional<MlpInDownOrder> mlp_in_down_order(const TensorView& gate, const TensorView& up,
                                                 const TensorView& down);
 

@@ -249,9 +249,19 @@ class CudaBackend final : public Backend {
   std::pair<std::shared_ptr<QWeightDevice>, std::shared_ptr<void>> random_packed(
       const QWeightDesc& d, const std::string& what);
   Tensor synthetic_mixed(int rows, int cols, const std::string& spec, const std::string& name);
-  // y = m . x (+ bias), or y += it with accumulate.
+  // y = m . x (+ bias), or y += it with accumulate; x RMS-normalised by norm [m.cols] in the
+  // gather when norm is not null.
   void mixed_matmul(const QMixedDevice& m, const half* x, half* y, int n, const half* bias,
-                    bool accumulate = false);
+                    bool accumulate = false, const half* norm = nullptr, float eps = 0.0f);
+  // A mixed weight's product into split outputs, or through SwiGLU into out (via the fused
+  // scratch), with the norm as mixed_matmul's.
+  void mixed_split(const OutSplit& split, const half* x, const Tensor& w, int n, const half* bias,
+                   const half* norm, float eps);
+  void mixed_swiglu(half* out, const half* x, const Tensor& w, int n, int hidden, const half* norm,
+                    float eps);
+  // A mixed weight whose gather can apply the norm (not rotated: the rotation comes after the
+  // norm and before the gather). GYRE_CUDA_MIXED_NORM=0: never (A/B).
+  bool mixed_fuses_norm(const Tensor& w) const;
   void packed_part_matmul(const QWeightDevice& w, const half* x, half* y, int n, const half* bias);
   half* mixed_scratch(size_t halves);
   // Rotated weights (cuda_hadamard.cc): x itself, or x [n, w.cols] rotated by w's R^T into
@@ -299,6 +309,7 @@ class CudaBackend final : public Backend {
   };
   PermutedCopy permuted_, att_permuted_;
   bool permuted_residual_enabled_ = true;  // GYRE_CUDA_PERMUTED_RESIDUAL=0: never (A/B)
+  bool mixed_norm_in_gather_ = true;       // GYRE_CUDA_MIXED_NORM=0: never (A/B)
   uint64_t permuted_handoffs_ = 0;
   Scratch xperm_;
   // Norm weights in an act-order weight's column order, by (norm, perm); made on first use and

@@ -222,12 +222,7 @@ void CudaBackend::matmul_split(const std::vector<Tensor*>& outs, const Tensor& x
             in = static_cast<int>(w.cols);
   const half* b = split_bias(bias, w);
   const half* xd = rotated_input(w, static_cast<const half*>(x.data), n);
-  if (is_mixed_tensor(w)) {  // the fused product, then copied into the parts' outputs
-    half* fused = fused_scratch(static_cast<size_t>(n) * o);
-    mixed_matmul(qmixed_of(w), xd, fused, n, b);
-    split_rows(split, fused, n, o, stream_);
-    return;
-  }
+  if (is_mixed_tensor(w)) return mixed_split(split, xd, w, n, b, nullptr, 0.0f);
   if (is_quantized_tensor(w) && n < kDequantGemmMinRows && qlinear_runs_direct(qweight_of(w), n)) {
     qlinear_matmul_split(qweight_of(w), xd, split, n, b, stream_);
     return;
@@ -258,12 +253,7 @@ void CudaBackend::matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_ga
              w_gate_up.cols, "] -> out [", out.rows, ", ", out.cols, "]");
   half* o = static_cast<half*>(out.data);
   const half* xd = rotated_input(w_gate_up, static_cast<const half*>(x.data), n);
-  if (is_mixed_tensor(w_gate_up)) {  // the interleaved product, then one SwiGLU kernel
-    half* fused = fused_scratch(static_cast<size_t>(n) * rows);
-    mixed_matmul(qmixed_of(w_gate_up), xd, fused, n, nullptr);
-    swiglu_interleaved(o, fused, n, hidden, rows, kSwigluBlock, stream_);
-    return;
-  }
+  if (is_mixed_tensor(w_gate_up)) return mixed_swiglu(o, xd, w_gate_up, n, hidden, nullptr, 0.0f);
   const bool trellis = is_quantized_tensor(w_gate_up) && qweight_of(w_gate_up).desc.trellis;
   if (is_quantized_tensor(w_gate_up)) {
     // Decode and serving batches: one pass over the weight with the SwiGLU epilogue (not for
@@ -294,6 +284,7 @@ void CudaBackend::matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_ga
 // quantized matmul can add into its output.
 bool CudaBackend::fuses_norms(int n, const Tensor& w) const {
   if (is_parts_tensor(w)) return parts_fuse_norms(n, w);
+  if (is_mixed_tensor(w)) return mixed_fuses_norm(w);  // in the gather of its parts' inputs
   // A rotated weight needs the normalised x rotated before use: fused where the GEMV also
   // rotates in its staging (GYRE_CUDA_FUSED_ROTATION=1), else the separate norm -> rotate ->
   // matmul (cuda_hadamard.cc).
@@ -304,6 +295,14 @@ bool CudaBackend::fuses_norms(int n, const Tensor& w) const {
 
 void CudaBackend::norm_matmul_split(const std::vector<Tensor*>& outs, const NormedInput& in,
                                     const Tensor& w, const Tensor* bias) {
+  if (mixed_fuses_norm(w)) {
+    permuted_ = {};
+    check_f16(in.norm, "norm_matmul_split");
+    GYRE_CHECK(in.norm.rows * in.norm.cols == in.x.cols, "CUDA norm_matmul_split: bad norm size");
+    return mixed_split(split_outputs(outs, in.x, w), static_cast<const half*>(in.x.data), w,
+                       static_cast<int>(in.x.rows), split_bias(bias, w),
+                       static_cast<const half*>(in.norm.data), in.eps);
+  }
   if (!fuses_norms(static_cast<int>(in.x.rows), w)) {
     permuted_ = {};
     return Backend::norm_matmul_split(outs, in, w, bias);
@@ -331,6 +330,18 @@ void CudaBackend::norm_matmul_split(const std::vector<Tensor*>& outs, const Norm
 
 void CudaBackend::norm_matmul_swiglu(Tensor& out, const NormedInput& in, const Tensor& w_gate_up) {
   const int n = static_cast<int>(in.x.rows);
+  if (mixed_fuses_norm(w_gate_up)) {
+    permuted_ = {};
+    check_f16(out, "norm_matmul_swiglu");
+    check_f16(in.norm, "norm_matmul_swiglu");
+    GYRE_CHECK(out.rows == n && w_gate_up.cols == in.x.cols &&
+                   w_gate_up.rows == swiglu_rows(out.cols) &&
+                   in.norm.rows * in.norm.cols == in.x.cols,
+               "CUDA norm_matmul_swiglu: bad shapes");
+    return mixed_swiglu(static_cast<half*>(out.data), static_cast<const half*>(in.x.data),
+                        w_gate_up, n, static_cast<int>(out.cols),
+                        static_cast<const half*>(in.norm.data), in.eps);
+  }
   if (is_parts_tensor(w_gate_up) && fuses_norms(n, w_gate_up)) {
     permuted_ = {};
     check_f16(in.norm, "norm_matmul_swiglu");

@@ -186,8 +186,28 @@ void CudaBackend::packed_part_matmul(const QWeightDevice& w, const half* x, half
   if (bias) add_bias(y, bias, n, o, stream_);
 }
 
+bool CudaBackend::mixed_fuses_norm(const Tensor& w) const {
+  return mixed_norm_in_gather_ && is_mixed_tensor(w) && qmixed_of(w).had_signs == nullptr;
+}
+
+void CudaBackend::mixed_split(const OutSplit& split, const half* x, const Tensor& w, int n,
+                              const half* bias, const half* norm, float eps) {
+  const int rows = static_cast<int>(w.rows);
+  half* fused = fused_scratch(static_cast<size_t>(n) * rows);
+  mixed_matmul(qmixed_of(w), x, fused, n, bias, false, norm, eps);
+  split_rows(split, fused, n, rows, stream_);
+}
+
+void CudaBackend::mixed_swiglu(half* out, const half* x, const Tensor& w, int n, int hidden,
+                               const half* norm, float eps) {
+  const int rows = static_cast<int>(w.rows);
+  half* fused = fused_scratch(static_cast<size_t>(n) * rows);
+  mixed_matmul(qmixed_of(w), x, fused, n, nullptr, false, norm, eps);
+  swiglu_interleaved(out, fused, n, hidden, rows, kSwigluBlock, stream_);
+}
+
 void CudaBackend::mixed_matmul(const QMixedDevice& m, const half* x, half* y, int n,
-                               const half* bias, bool accumulate) {
+                               const half* bias, bool accumulate, const half* norm, float eps) {
   MixedGather g;
   g.parts = m.n_parts;
   size_t halves = 0;
@@ -202,7 +222,7 @@ void CudaBackend::mixed_matmul(const QMixedDevice& m, const half* x, half* y, in
   const size_t partial_at = halves;
   if (!direct) halves += static_cast<size_t>(n) * m.rows;
   half* scratch = mixed_scratch(halves);
-  gather_parts(scratch, x, m.cols_all, n, m.cols, g, stream_);
+  gather_parts(scratch, x, m.cols_all, n, m.cols, g, stream_, norm, eps);
   for (int p = 0; p < m.n_parts; ++p) {
     const half* xp = scratch + g.offset[p];
     const half* b = p == 0 ? bias : nullptr;

@@ -35,9 +35,11 @@ struct MixedGather {
 namespace cuda {
 
 // For each part p: out + g.offset[p], [n, g.k[p]], = the columns of x [n, in] that the part's
-// slice of cols_all lists (the parts' slices one after the other; -1 gives 0). One launch.
+// slice of cols_all lists (the parts' slices one after the other; -1 gives 0). One launch. With
+// norm_w [in], each row is RMS-normalised first (x / rms(x) * norm_w, as the rmsnorm op).
 void gather_parts(half* out, const half* x, const int32_t* cols_all, int64_t n, int in,
-                  const MixedGather& g, cudaStream_t s);
+                  const MixedGather& g, cudaStream_t s, const half* norm_w = nullptr,
+                  float eps = 0.0f);
 
 }  // namespace cuda
 }  // namespace gyre
