@@ -11,6 +11,10 @@
 #   SET smoltrellis: SmolLM2 as smol, the trellis rows.
 #   SET smol: SmolLM2-135M-Instruct from /tmp/smol.gguf (the reference: its Q4_1 GGUF), 100,000
 #     evaluation bytes (23,501 tokens), default head, scored on the GPU.
+#   SET floor: gyre-ref-25M as ref25 (from /tmp/gyre-ref-25M when an earlier call left it
+#     there), each model also scored on the GPU against the reference on the CPU (`gyre kld
+#     --device cuda --ref-device cpu`): the unquantized model itself (what FP16 inference alone
+#     costs top-1), trellis 6.0, scalar 6.0 and 8.0 (session 18).
 #   SET smolgrid: SmolLM2 as smol, layers on their grid stored exactly (the default since session
 #     14) against --no-exact-grid at 4.0 / 4.25 / 6.0 bpw, 8.0, and the FP16 twin.
 # Target correction is on by default since session 7; the ref25 log of session 7
@@ -19,11 +23,12 @@ G=$1
 SET=${2:-ref25}
 LOG=${OUT:-/tmp}/quality.log
 T=.device/shared/fixtures/text/wikitext2-test.txt
+[ -f "$T" ] || T=.device/text/fixtures/text/wikitext2-test.txt
 head -c 200000 "$T" > /tmp/calib.txt
 if [ "$SET" = smol ] || [ "$SET" = smoltrellis ] || [ "$SET" = smolgrid ]; then
   M=/tmp/smol.gguf; EVAL=100000; EXTRA=(); KLD=(--device cuda)
 else
-  tar -C /tmp -xJf .device/ref25/ref25.tar.xz
+  [ -d /tmp/gyre-ref-25M ] || tar -C /tmp -xJf .device/ref25/ref25.tar.xz
   M=/tmp/gyre-ref-25M; EVAL=14000; EXTRA=(--head-bits 0); KLD=(--device cpu)
 fi
 tail -c +700001 "$T" | head -c $EVAL > /tmp/eval.txt
@@ -39,7 +44,22 @@ conv() {  # name, then convert options
     > /tmp/kld_$name.json 2>/dev/null
   python3 -c "import json,sys; d=json.load(open('/tmp/kld_$name.json')); print({k: v for k, v in d.items() if k not in ('kld_percentiles', 'model', 'ref')})" >> "$LOG" 2>&1 || tail -c 400 /tmp/kld_$name.json >> "$LOG"
 }
-if [ "$SET" = paired ]; then  # session 9: the paired perplexity ratio of the 4.0 rows
+# name, model: scored on the GPU against the reference on the CPU.
+on_gpu() {
+  $G kld -m "$2" --ref $M -f /tmp/eval.txt --score-all --json --device cuda --ref-device cpu \
+    > /tmp/kldg_$1.json 2>/tmp/kldg_$1.err
+  echo "== $1 on the GPU, the reference on the CPU" >> "$LOG"
+  python3 -c "import json,sys; d=json.load(open('/tmp/kldg_$1.json')); print({k: v for k, v in d.items() if k not in ('kld_percentiles', 'model', 'ref')})" >> "$LOG" 2>&1 || tail -c 400 /tmp/kldg_$1.err >> "$LOG"
+}
+if [ "$SET" = floor ]; then
+  on_gpu original $M
+  conv t60 --bpw 6.0 --trellis
+  on_gpu t60 /tmp/q/t60
+  conv g60 --bpw 6.0
+  on_gpu g60 /tmp/q/g60
+  conv g80 --bpw 8.0 --measurement /tmp/q/g60/measurement.json
+  on_gpu g80 /tmp/q/g80
+elif [ "$SET" = paired ]; then  # session 9: the paired perplexity ratio of the 4.0 rows
   conv gptq4_noclip --uniform 4:128 --no-clip-search --no-target-correction
   conv g40_tc_h --bpw 4.0 --hadamard
   conv t40 --bpw 4.0 --trellis

@@ -17,7 +17,7 @@ namespace {
 
 struct EvalCliOptions {
   ModelOptions model;
-  std::string ref, text_file;
+  std::string ref, ref_device, text_file;
   EvalOptions eval;
   bool json = false;
 };
@@ -92,6 +92,7 @@ void run_kld(const EvalCliOptions& o) {
   const auto windows = make_eval_windows(*ref_loaded->tokenizer, text, o.eval);
   ModelOptions ro = o.model;
   ro.model = o.ref;
+  if (!o.ref_device.empty()) ro.device = o.ref_device;
   OpenedModel ref = open_for_windows(std::move(ref_loaded), ro, o.eval.ctx);
   OpenedModel model = open_for_windows(std::move(model_loaded), o.model, o.eval.ctx);
   const KldResult r = evaluate_kld(
@@ -105,6 +106,8 @@ void run_kld(const EvalCliOptions& o) {
     nlohmann::json j = windows_json(o, windows.size());
     j["model"] = o.model.model;
     j["ref"] = o.ref;
+    j["device"] = o.model.device;
+    j["ref_device"] = o.ref_device.empty() ? o.model.device : o.ref_device;
     j["kld_mean"] = r.mean();
     j["kld_stderr"] = r.stderr_of_mean();
     nlohmann::json p;
@@ -151,6 +154,9 @@ void add_eval_commands(CLI::App& app) {
   add_eval_options(kld, *kopts);
   kld->add_option("--ref", kopts->ref, "the reference model (e.g. the unquantized one)")
       ->required();
+  kld->add_option("--ref-device", kopts->ref_device,
+                  "device of the reference model (default: --device's); e.g. cpu to score a GPU "
+                  "run against the CPU's f32 arithmetic, the same model as both");
   kld->callback([kopts] { run_kld(*kopts); });
 }
 
