@@ -330,14 +330,18 @@ void CudaBackend::norm_matmul_split(const std::vector<Tensor*>& outs, const Norm
 
 void CudaBackend::norm_matmul_swiglu(Tensor& out, const NormedInput& in, const Tensor& w_gate_up) {
   const int n = static_cast<int>(in.x.rows);
-  if (mixed_fuses_norm(w_gate_up)) {
-    permuted_ = {};
+  // The paths below that fold the norm in themselves (the parts path checks its own).
+  const auto check_shapes = [&] {
     check_f16(out, "norm_matmul_swiglu");
     check_f16(in.norm, "norm_matmul_swiglu");
     GYRE_CHECK(out.rows == n && w_gate_up.cols == in.x.cols &&
                    w_gate_up.rows == swiglu_rows(out.cols) &&
                    in.norm.rows * in.norm.cols == in.x.cols,
                "CUDA norm_matmul_swiglu: bad shapes");
+  };
+  if (mixed_fuses_norm(w_gate_up)) {
+    permuted_ = {};
+    check_shapes();
     return mixed_swiglu(static_cast<half*>(out.data), static_cast<const half*>(in.x.data),
                         w_gate_up, n, static_cast<int>(out.cols),
                         static_cast<const half*>(in.norm.data), in.eps);
@@ -352,12 +356,7 @@ void CudaBackend::norm_matmul_swiglu(Tensor& out, const NormedInput& in, const T
     return parts_matmul_swiglu(out, in.x, w_gate_up, f);
   }
   if (fuses_norms(n, w_gate_up)) {
-    check_f16(out, "norm_matmul_swiglu");
-    check_f16(in.norm, "norm_matmul_swiglu");
-    GYRE_CHECK(out.rows == n && w_gate_up.cols == in.x.cols &&
-                   w_gate_up.rows == swiglu_rows(out.cols) &&
-                   in.norm.rows * in.norm.cols == in.x.cols,
-               "CUDA norm_matmul_swiglu: bad shapes");
+    check_shapes();
     QlinearFusion f;
     f.norm_w = static_cast<const half*>(in.norm.data);
     f.norm_eps = in.eps;
