@@ -253,8 +253,20 @@ class CudaBackend final : public Backend {
   // gather when norm is not null.
   void mixed_matmul(const QMixedDevice& m, const half* x, half* y, int n, const half* bias,
                     bool accumulate = false, const half* norm = nullptr, float eps = 0.0f);
-  // A mixed weight's product into split outputs, or through SwiGLU into out (via the fused
-  // scratch), with the norm as mixed_matmul's.
+  // m's parts' inputs gathered for n rows (one launch: x RMS-normalised by norm when not null),
+  // whether every part runs through qlinear's kernels at n rows (their accumulate and prior
+  // fusions), and otherwise the scratch of a part's product before its add.
+  struct MixedInput {
+    const half* x[6] = {};  // kMixedMaxParts (qmixed_device.h)
+    bool direct = true;
+    half* partial = nullptr;
+  };
+  MixedInput mixed_input(const QMixedDevice& m, const half* x, int n, const half* norm, float eps);
+  // Parts [first, last) of m into y: the first writes y (+ bias) unless accumulate, the others add.
+  void mixed_parts(const QMixedDevice& m, const MixedInput& in, half* y, int n, int first, int last,
+                   const half* bias, bool accumulate);
+  // A mixed weight's product into split outputs, or through SwiGLU into out, with the norm as
+  // mixed_matmul's (the last part's kernel completing the sum: cuda_qmixed.cc).
   void mixed_split(const OutSplit& split, const half* x, const Tensor& w, int n, const half* bias,
                    const half* norm, float eps);
   void mixed_swiglu(half* out, const half* x, const Tensor& w, int n, int hidden, const half* norm,
@@ -310,6 +322,7 @@ class CudaBackend final : public Backend {
   PermutedCopy permuted_, att_permuted_;
   bool permuted_residual_enabled_ = true;  // GYRE_CUDA_PERMUTED_RESIDUAL=0: never (A/B)
   bool mixed_norm_in_gather_ = true;       // GYRE_CUDA_MIXED_NORM=0: never (A/B)
+  bool mixed_prior_epilogue_ = true;       // GYRE_CUDA_MIXED_PRIOR=0: never (A/B)
   uint64_t permuted_handoffs_ = 0;
   Scratch xperm_;
   // Norm weights in an act-order weight's column order, by (norm, perm); made on first use and

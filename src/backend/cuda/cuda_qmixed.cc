@@ -190,53 +190,90 @@ bool CudaBackend::mixed_fuses_norm(const Tensor& w) const {
   return mixed_norm_in_gather_ && is_mixed_tensor(w) && qmixed_of(w).had_signs == nullptr;
 }
 
+// The last part's kernel completes the earlier parts' sum in its epilogue (QlinearFusion::prior)
+// and stores the split outputs or the SwiGLU product itself, so no split or SwiGLU kernel runs
+// after the parts; otherwise (a part beyond the kernels' direct reach, or GYRE_CUDA_MIXED_PRIOR=0)
+// the product goes through the fused scratch and a kernel of its own.
 void CudaBackend::mixed_split(const OutSplit& split, const half* x, const Tensor& w, int n,
                               const half* bias, const half* norm, float eps) {
+  const QMixedDevice& m = qmixed_of(w);
   const int rows = static_cast<int>(w.rows);
+  const MixedInput in = mixed_input(m, x, n, norm, eps);
   half* fused = fused_scratch(static_cast<size_t>(n) * rows);
-  mixed_matmul(qmixed_of(w), x, fused, n, bias, false, norm, eps);
-  split_rows(split, fused, n, rows, stream_);
+  if (!in.direct || !mixed_prior_epilogue_) {
+    mixed_parts(m, in, fused, n, 0, m.n_parts, bias, false);
+    split_rows(split, fused, n, rows, stream_);
+    return;
+  }
+  const int last = m.n_parts - 1;
+  mixed_parts(m, in, fused, n, 0, last, bias, false);
+  QlinearFusion f;
+  f.prior = last > 0 ? fused : nullptr;
+  qlinear_matmul_split(m.parts[last], in.x[last], split, n, last > 0 ? nullptr : bias, stream_, f);
 }
 
 void CudaBackend::mixed_swiglu(half* out, const half* x, const Tensor& w, int n, int hidden,
                                const half* norm, float eps) {
+  const QMixedDevice& m = qmixed_of(w);
   const int rows = static_cast<int>(w.rows);
+  const MixedInput in = mixed_input(m, x, n, norm, eps);
   half* fused = fused_scratch(static_cast<size_t>(n) * rows);
-  mixed_matmul(qmixed_of(w), x, fused, n, nullptr, false, norm, eps);
+  const int last = m.n_parts - 1;
+  if (in.direct && mixed_prior_epilogue_) {
+    mixed_parts(m, in, fused, n, 0, last, nullptr, false);
+    QlinearFusion f;
+    f.prior = last > 0 ? fused : nullptr;
+    if (qlinear_gemv_swiglu(m.parts[last], in.x[last], out, n, hidden, stream_, f)) return;
+    mixed_parts(m, in, fused, n, last, m.n_parts, nullptr, last > 0);
+  } else {
+    mixed_parts(m, in, fused, n, 0, m.n_parts, nullptr, false);
+  }
   swiglu_interleaved(out, fused, n, hidden, rows, kSwigluBlock, stream_);
 }
 
 void CudaBackend::mixed_matmul(const QMixedDevice& m, const half* x, half* y, int n,
                                const half* bias, bool accumulate, const half* norm, float eps) {
+  mixed_parts(m, mixed_input(m, x, n, norm, eps), y, n, 0, m.n_parts, bias, accumulate);
+}
+
+CudaBackend::MixedInput CudaBackend::mixed_input(const QMixedDevice& m, const half* x, int n,
+                                                 const half* norm, float eps) {
+  MixedInput in;
+  static_assert(sizeof(in.x) / sizeof(in.x[0]) == kMixedMaxParts);
   MixedGather g;
   g.parts = m.n_parts;
   size_t halves = 0;
-  bool direct = true;
   for (int p = 0; p < m.n_parts; ++p) {
     g.k[p] = m.parts[p].desc.cols;
     g.offset[p] = static_cast<int64_t>(halves);
     halves += aligned_halves(static_cast<size_t>(n) * g.k[p]);
-    direct = direct && n < kDequantGemmMinRows && qlinear_runs_direct(m.parts[p], n);
+    in.direct = in.direct && n < kDequantGemmMinRows && qlinear_runs_direct(m.parts[p], n);
   }
   // Without the kernels' accumulate fusion, each product after the first goes through partial.
   const size_t partial_at = halves;
-  if (!direct) halves += static_cast<size_t>(n) * m.rows;
+  if (!in.direct) halves += static_cast<size_t>(n) * m.rows;
   half* scratch = mixed_scratch(halves);
   gather_parts(scratch, x, m.cols_all, n, m.cols, g, stream_, norm, eps);
-  for (int p = 0; p < m.n_parts; ++p) {
-    const half* xp = scratch + g.offset[p];
-    const half* b = p == 0 ? bias : nullptr;
-    const bool add = accumulate || p > 0;
-    if (direct) {
+  for (int p = 0; p < m.n_parts; ++p) in.x[p] = scratch + g.offset[p];
+  if (!in.direct) in.partial = scratch + partial_at;
+  return in;
+}
+
+void CudaBackend::mixed_parts(const QMixedDevice& m, const MixedInput& in, half* y, int n,
+                              int first, int last, const half* bias, bool accumulate) {
+  for (int p = first; p < last; ++p) {
+    const half* b = p == first ? bias : nullptr;
+    const bool add = accumulate || p > first;
+    if (in.direct) {
       QlinearFusion f;
       f.accumulate = add;
-      qlinear_matmul(m.parts[p], xp, y, n, b, stream_, f);
+      qlinear_matmul(m.parts[p], in.x[p], y, n, b, stream_, f);
     } else if (!add) {
-      packed_part_matmul(m.parts[p], xp, y, n, b);
+      packed_part_matmul(m.parts[p], in.x[p], y, n, b);
     } else {
-      half* partial = scratch + partial_at;
-      packed_part_matmul(m.parts[p], xp, partial, n, b);
-      cuda::add(y, partial, static_cast<int64_t>(n) * m.rows, stream_);  // member add takes Tensors
+      packed_part_matmul(m.parts[p], in.x[p], in.partial, n, b);
+      cuda::add(y, in.partial, static_cast<int64_t>(n) * m.rows,
+                stream_);  // member add takes Tensors
     }
   }
 }

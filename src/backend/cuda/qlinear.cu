@@ -504,6 +504,8 @@ Params fused_params(const QWeightDevice& w, const __half* x, __half* y, int n, c
              "qlinear: a permuted copy of y needs accumulate and its index");
   p.y_perm = f.y_perm;
   p.y_perm_index = f.y_perm_index;
+  GYRE_CHECK(f.prior == nullptr || !f.accumulate, "qlinear: a prior sum does not accumulate");
+  p.prior = f.prior;
   if (f.norm_w != nullptr) {
     GYRE_CHECK(qlinear_fuses_norm(w, n), "qlinear: no fused RMSNorm for a ", w.desc.bits, "-bit [",
                w.desc.rows, ", ", w.desc.cols, "] weight at ", n, " rows");

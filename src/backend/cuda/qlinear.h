@@ -74,6 +74,9 @@ struct QlinearFusion {
   const int32_t* y_perm_index = nullptr;
   const __half* norm_w = nullptr;
   float norm_eps = 0.f;
+  // Not with accumulate: prior [n, rows] (FP16) is added to every output before the split or
+  // SwiGLU epilogue (a mixed weight's earlier parts, cuda_qmixed.cc).
+  const __half* prior = nullptr;
 };
 bool qlinear_fuses_norm(const QWeightDevice& w, int n);
 // w carries a rotation that the entry points taking a QlinearFusion apply to x in their staging

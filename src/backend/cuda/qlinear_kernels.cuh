@@ -45,6 +45,10 @@ struct Params {
   // y += x . W instead of y = (the residual add folded into the matmul; y is rounded to FP16
   // first, as a separate matmul + add would round it).
   bool accumulate = false;
+  // A mixed weight's last part (cuda_qmixed.cc): prior [n, rows] holds the earlier parts' sum,
+  // which each output completes (rounded to FP16 first, as accumulate rounds) before the split or
+  // SwiGLU epilogue, so that no separate split or SwiGLU kernel runs after the parts.
+  const __half* prior = nullptr;
   // With accumulate (every kernel, through store_out): each new y[tok, row] also goes to
   // y_perm[tok * rows + y_perm_index[row]], the residual in the column order of the act-order
   // weight that reads it next (its inv_perm), so that weight's GEMV stages x without permuting.
@@ -73,7 +77,27 @@ void qlaunch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, 
 }
 
 // Output row `row` of token `tok`: into y [n, rows], or into the split outputs.
+// v completed by the prior sum of output row `row` of token tok (Params::prior), if any.
+__device__ __forceinline__ float with_prior(const Params& p, int tok, int row, float v) {
+  if (p.prior == nullptr) return v;
+  return __half2float(p.prior[int64_t{tok} * p.rows + row]) + __half2float(__float2half_rn(v));
+}
+
+// A SwiGLU weight's output for hidden row `hrow` of token tok from its gate row's and up row's
+// sums (out_split.h's interleave); with a prior each sum is first completed and stored-rounded
+// to FP16, as the separate matmul + SwiGLU kernels round them.
+__device__ __forceinline__ __half swiglu_out(const Params& p, int tok, int hrow, float gate,
+                                             float up) {
+  if (p.prior != nullptr) {
+    const int gate_row = 2 * hrow - hrow % cuda::kSwigluBlock;
+    gate = __half2float(__float2half_rn(with_prior(p, tok, gate_row, gate)));
+    up = __half2float(__float2half_rn(with_prior(p, tok, gate_row + cuda::kSwigluBlock, up)));
+  }
+  return __float2half_rn(cuda::silu_times(gate, up));
+}
+
 __device__ __forceinline__ void store_out(const Params& p, int tok, int row, float v) {
+  v = with_prior(p, tok, row, v);
   if (p.split.parts == 0) {
     __half* dst = p.y + int64_t{tok} * p.rows + row;
     // The index load first, so that it and the residual's load are in flight together.
@@ -95,6 +119,7 @@ inline Params token_chunk(const Params& p, int t0, int n) {
   Params c = p;
   c.n = n;
   c.x = p.x + int64_t{t0} * p.cols;
+  if (p.prior != nullptr) c.prior = p.prior + int64_t{t0} * p.rows;
   if (p.swiglu_hidden > 0) {
     c.y = p.y + int64_t{t0} * p.swiglu_hidden;
   } else if (p.split.parts == 0) {
@@ -300,7 +325,7 @@ __device__ __forceinline__ void store_batch_element(const Params& p, int tile, i
   if (p.swiglu_hidden > 0) {
     const int hrow = 8 * tile + gg;
     if (i < 2 && hrow < p.swiglu_hidden)
-      p.y[int64_t{tok} * p.swiglu_hidden + hrow] = __float2half_rn(cuda::silu_times(v, up()));
+      p.y[int64_t{tok} * p.swiglu_hidden + hrow] = swiglu_out(p, tok, hrow, v, up());
     return;
   }
   const int row = 16 * tile + gg + 8 * (i / 2);
