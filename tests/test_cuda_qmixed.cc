@@ -16,6 +16,9 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/qmixed.h"
+#ifdef GYRE_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 #include "engine/transformer.h"
 #include "model/loader.h"
 #include "model_test_util.h"
@@ -204,6 +207,73 @@ TEST(QMixedCuda, PartsOfSeveralWidthsWithPaddingMatchTheCpuBackend) {
     }
   }
 }
+
+#ifdef GYRE_HAVE_CUDA
+// The decode row handed over (Backend::matmul_add's `next`): the residual's producer, a mixed
+// weight or a packed one, also writes the new sum into the mixed reader's row, and the reader's
+// parts stage it with the norm over the whole row instead of a gather. Against the same ops
+// without the hand-over on the GPU (the sum itself bit for bit the same) and on the CPU.
+TEST(QMixedCuda, ReaderTakesTheDecodeRowItsProducerWrote) {
+  auto gpu = mtest::cuda_backend_or_null();
+  if (!gpu) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
+  auto cpu = make_cpu_backend(2);
+  const int dim = 1056, att = 512, q_rows = 160;
+  // Every part of a width whose stream GEMV stages x (no 8-bit part), so both readers have a
+  // row: q|k of four widths, gate|up of one padded 4-bit part.
+  const QMixedHost wq =
+      random_parts(q_rows, dim, {{6, 32, 96}, {5, 64, 128}, {4, 128, 384}, {2, 64, 448}}, 41);
+  const QMixedHost wk = random_parts(q_rows, dim, {{4, 128, 1056}}, 42);
+  const QMixedHost wo = random_parts(dim, att, {{4, 128, 300}, {3, 64, 212}}, 43);
+  std::mt19937 rng(44);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(att), r(dim), norm(dim);
+  for (float& e : x) e = nd(rng);
+  for (float& e : r) e = nd(rng);
+  for (float& e : norm) e = 0.5f + 0.1f * nd(rng);
+  std::vector<float> wp(static_cast<size_t>(dim) * att);
+  for (float& e : wp) e = 0.05f * nd(rng);
+  const QWeightHost wo_packed = qweight_pack_from_f32(wp.data(), dim, att, 4, 128, false);
+  for (const bool packed_producer : {false, true}) {
+    SCOPED_TRACE(packed_producer ? "packed producer" : "mixed producer");
+    std::vector<float> outs[2][2][3];  // [backend][hand-over][output]
+    Backend* backends[2] = {cpu.get(), gpu.get()};
+    for (int bi = 0; bi < 2; ++bi) {
+      Backend& b = *backends[bi];
+      const Tensor qk = b.upload_fused({qmixed_view("model.layers.0.self_attn.q_proj.weight", wq),
+                                        qmixed_view("model.layers.0.self_attn.k_proj.weight", wq)},
+                                       FusedKind::Concat);
+      const Tensor gu = b.upload_fused({qmixed_view("model.layers.0.mlp.gate_proj.weight", wk),
+                                        qmixed_view("model.layers.0.mlp.up_proj.weight", wk)},
+                                       FusedKind::GateUp);
+      const Tensor o =
+          packed_producer
+              ? b.upload_weight(qweight_view("model.layers.0.self_attn.o_proj.weight", wo_packed))
+              : b.upload_weight(qmixed_view("model.layers.0.self_attn.o_proj.weight", wo));
+      const Tensor xt = input_on(b, x, 1, att), nt = input_on(b, norm, 1, dim);
+      for (int handed = 0; handed < 2; ++handed) {
+        const uint64_t before = bi == 1 ? cuda_permuted_handoffs(b) : 0;
+        Tensor res = input_on(b, r, 1, dim), tmp = b.alloc(1, dim), xs = b.alloc(1, dim);
+        Tensor q = b.alloc(1, q_rows), k = b.alloc(1, q_rows), act = b.alloc(1, q_rows);
+        b.matmul_add(res, xt, o, tmp, handed ? &qk : nullptr);
+        b.norm_matmul_split({&q, &k}, {res, nt, 1e-5f, xs}, qk, nullptr);
+        b.matmul_add(res, xt, o, tmp, handed ? &gu : nullptr);
+        b.norm_matmul_swiglu(act, {res, nt, 1e-5f, xs}, gu);
+        if (bi == 1) EXPECT_EQ(cuda_permuted_handoffs(b), before + (handed ? 2 : 0));
+        const Tensor* got[3] = {&q, &k, &act};
+        for (int i = 0; i < 3; ++i) {
+          outs[bi][handed][i].resize(static_cast<size_t>(q_rows));
+          b.to_host(*got[i], outs[bi][handed][i].data());
+        }
+      }
+    }
+    const char* what[3] = {"q", "k", "SwiGLU"};
+    for (int i = 0; i < 3; ++i) {
+      expect_close(outs[1][1][i], outs[0][0][i], what[i]);
+      expect_close(outs[1][0][i], outs[0][0][i], what[i]);
+    }
+  }
+}
+#endif
 
 // The 3-bit GPTQ tiny Llama (tests/data/gptq/llama3: act-order, asymmetric) runs on the narrow
 // kernels with a permutation; the CPU backend (checked against its float twin in test_gptq.cc)

@@ -119,6 +119,8 @@ CudaBackend::CudaBackend(int device, const BackendOptions& options)
     mixed_norm_in_gather_ = std::string(r) != "0";
   if (const char* r = std::getenv("GYRE_CUDA_MIXED_PRIOR"))
     mixed_prior_epilogue_ = std::string(r) != "0";
+  if (const char* r = std::getenv("GYRE_CUDA_MIXED_ROW"))
+    mixed_row_enabled_ = std::string(r) != "0";
   cudaDeviceProp prop{};
   GYRE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   sm_count_ = prop.multiProcessorCount;

@@ -230,6 +230,12 @@ class CudaBackend final : public Backend {
   // writes it next to the sum; the fused-norm matmul of `next` then stages it without the
   // permutation (take_permuted: the weight without perm, that copy, the norm weights permuted).
   half* permuted_residual(size_t halves);
+  struct ResidualCopy {
+    half* y = nullptr;
+    const int32_t* index = nullptr;  // QlinearFusion::y_perm_index
+    const int32_t* key = nullptr;    // the reader's PermutedCopy::perm
+  };
+  ResidualCopy residual_copy(const Tensor* next, const Tensor& residual, int n);
   bool take_permuted(const NormedInput& in, const Tensor& w, QWeightDevice& plain, const half*& x,
                      const half*& norm);
   // Fused weights of parts with different layouts (cuda_fused_parts.cc): upload, one group's
@@ -250,27 +256,42 @@ class CudaBackend final : public Backend {
       const QWeightDesc& d, const std::string& what);
   Tensor synthetic_mixed(int rows, int cols, const std::string& spec, const std::string& name);
   // y = m . x (+ bias), or y += it with accumulate; x RMS-normalised by norm [m.cols] in the
-  // gather when norm is not null.
-  void mixed_matmul(const QMixedDevice& m, const half* x, half* y, int n, const half* bias,
-                    bool accumulate = false, const half* norm = nullptr, float eps = 0.0f);
-  // m's parts' inputs gathered for n rows (one launch: x RMS-normalised by norm when not null),
-  // whether every part runs through qlinear's kernels at n rows (their accumulate and prior
-  // fusions), and otherwise the scratch of a part's product before its add.
+  // gather when norm is not null. y_perm (with accumulate; QlinearFusion's): the sum also in the
+  // order y_perm_index gives, where every part runs direct; returns whether it was written.
+  bool mixed_matmul(const QMixedDevice& m, const half* x, half* y, int n, const half* bias,
+                    bool accumulate = false, const half* norm = nullptr, float eps = 0.0f,
+                    half* y_perm = nullptr, const int32_t* y_perm_index = nullptr);
+  // m's parts' inputs for n rows: gathered (one launch: x RMS-normalised by norm when not null),
+  // or with row_norm (the norm weights in m.row's layout) the decode row the residual's producer
+  // filled (no launch); whether every part runs through qlinear's kernels at n rows (their
+  // accumulate and prior fusions), and otherwise the scratch of a part's product before its add.
   struct MixedInput {
     const half* x[6] = {};  // kMixedMaxParts (qmixed_device.h)
+    int offset[6] = {};
+    int x_cols = 0, norm_cols = 0;  // > 0: the shared row's (QlinearFusion::x_cols)
+    const half* norm = nullptr;
+    float eps = 0.0f;
     bool direct = true;
     half* partial = nullptr;
   };
-  MixedInput mixed_input(const QMixedDevice& m, const half* x, int n, const half* norm, float eps);
-  // Parts [first, last) of m into y: the first writes y (+ bias) unless accumulate, the others add.
+  MixedInput mixed_input(const QMixedDevice& m, const half* x, int n, const half* norm, float eps,
+                         const half* row_norm = nullptr);
+  QlinearFusion part_fusion(const MixedInput& in, int p);  // the shared row's, if any
+  // Parts [first, last) of m into y: the first writes y (+ bias) unless accumulate, the others
+  // add; the last also writes y_perm (QlinearFusion's) when set.
   void mixed_parts(const QMixedDevice& m, const MixedInput& in, half* y, int n, int first, int last,
-                   const half* bias, bool accumulate);
+                   const half* bias, bool accumulate, half* y_perm = nullptr,
+                   const int32_t* y_perm_index = nullptr);
   // A mixed weight's product into split outputs, or through SwiGLU into out, with the norm as
-  // mixed_matmul's (the last part's kernel completing the sum: cuda_qmixed.cc).
+  // mixed_matmul's or row_norm's (mixed_input; the last part's kernel completing the sum:
+  // cuda_qmixed.cc).
   void mixed_split(const OutSplit& split, const half* x, const Tensor& w, int n, const half* bias,
-                   const half* norm, float eps);
+                   const half* norm, float eps, const half* row_norm = nullptr);
   void mixed_swiglu(half* out, const half* x, const Tensor& w, int n, int hidden, const half* norm,
-                    float eps);
+                    float eps, const half* row_norm = nullptr);
+  // The norm weights in w's decode-row layout when the last matmul_add wrote in.x there (its
+  // record), else null.
+  const half* take_mixed_row(const NormedInput& in, const Tensor& w);
   // A mixed weight whose gather can apply the norm (not rotated: the rotation comes after the
   // norm and before the gather). GYRE_CUDA_MIXED_NORM=0: never (A/B).
   bool mixed_fuses_norm(const Tensor& w) const;
@@ -311,9 +332,10 @@ class CudaBackend final : public Backend {
   Scratch dequant_;        // FP16 copy of a quantized weight for prefill GEMMs
   Scratch gather_;         // x in an act-order weight's column order (dense_weight)
   Scratch fused_scratch_;  // GEMM output of a fused weight before its epilogue
-  // Rows (x, n) held in the column order of the act-order weight with permutation perm: what
-  // the last matmul_add wrote into xperm_ (permuted_), what the last attention wrote into its
-  // output (att_permuted_, for the matmul_add after it).
+  // Rows (x, n) held in the column order of the act-order weight with permutation perm (or in
+  // the decode row of the mixed weight whose pos is perm): what the last matmul_add wrote into
+  // xperm_ or that row (permuted_), what the last attention wrote into its output
+  // (att_permuted_, for the matmul_add after it).
   struct PermutedCopy {
     const void* x = nullptr;
     int n = 0;
@@ -323,6 +345,7 @@ class CudaBackend final : public Backend {
   bool permuted_residual_enabled_ = true;  // GYRE_CUDA_PERMUTED_RESIDUAL=0: never (A/B)
   bool mixed_norm_in_gather_ = true;       // GYRE_CUDA_MIXED_NORM=0: never (A/B)
   bool mixed_prior_epilogue_ = true;       // GYRE_CUDA_MIXED_PRIOR=0: never (A/B)
+  bool mixed_row_enabled_ = true;          // GYRE_CUDA_MIXED_ROW=0: never (A/B)
   uint64_t permuted_handoffs_ = 0;
   Scratch xperm_;
   // Norm weights in an act-order weight's column order, by (norm, perm); made on first use and

@@ -296,12 +296,12 @@ bool CudaBackend::fuses_norms(int n, const Tensor& w) const {
 void CudaBackend::norm_matmul_split(const std::vector<Tensor*>& outs, const NormedInput& in,
                                     const Tensor& w, const Tensor* bias) {
   if (mixed_fuses_norm(w)) {
-    permuted_ = {};
     check_f16(in.norm, "norm_matmul_split");
     GYRE_CHECK(in.norm.rows * in.norm.cols == in.x.cols, "CUDA norm_matmul_split: bad norm size");
+    const half* row_norm = take_mixed_row(in, w);
     return mixed_split(split_outputs(outs, in.x, w), static_cast<const half*>(in.x.data), w,
                        static_cast<int>(in.x.rows), split_bias(bias, w),
-                       static_cast<const half*>(in.norm.data), in.eps);
+                       static_cast<const half*>(in.norm.data), in.eps, row_norm);
   }
   if (!fuses_norms(static_cast<int>(in.x.rows), w)) {
     permuted_ = {};
@@ -340,11 +340,11 @@ void CudaBackend::norm_matmul_swiglu(Tensor& out, const NormedInput& in, const T
                "CUDA norm_matmul_swiglu: bad shapes");
   };
   if (mixed_fuses_norm(w_gate_up)) {
-    permuted_ = {};
     check_shapes();
+    const half* row_norm = take_mixed_row(in, w_gate_up);
     return mixed_swiglu(static_cast<half*>(out.data), static_cast<const half*>(in.x.data),
                         w_gate_up, n, static_cast<int>(out.cols),
-                        static_cast<const half*>(in.norm.data), in.eps);
+                        static_cast<const half*>(in.norm.data), in.eps, row_norm);
   }
   if (is_parts_tensor(w_gate_up) && fuses_norms(n, w_gate_up)) {
     permuted_ = {};
@@ -410,6 +410,51 @@ bool CudaBackend::take_permuted(const NormedInput& in, const Tensor& wt, QWeight
   return true;
 }
 
+// A mixed reader: its parts stage the row the producer filled (QMixedDevice::row) with the norm
+// over it, instead of a gather launch before them (cuda_qmixed.cc).
+const half* CudaBackend::take_mixed_row(const NormedInput& in, const Tensor& wt) {
+  const PermutedCopy rec = permuted_;
+  permuted_ = {};
+  const QMixedDevice& m = qmixed_of(wt);
+  if (m.row == nullptr || rec.x != in.x.data || rec.n != 1 || in.x.rows != 1 || rec.perm != m.pos ||
+      in.norm.owner == nullptr || wt.owner == nullptr)
+    return nullptr;
+  PermutedNorm& pn = permuted_norms_[std::make_pair(static_cast<const void*>(in.norm.data), m.pos)];
+  if (pn.values == nullptr || pn.norm_owner.lock() != in.norm.owner ||
+      pn.weight_owner.lock() != wt.owner) {
+    if (capturing_) return nullptr;  // made in the eager run before any capture; not here
+    pn.values =
+        device_alloc(static_cast<size_t>(m.row_cols) * sizeof(half), "mixed row norm weights");
+    MixedGather g;
+    g.parts = 1;
+    g.k[0] = m.row_cols;
+    gather_parts(static_cast<half*>(pn.values.get()), static_cast<const half*>(in.norm.data),
+                 m.row_list, 1, m.cols, g, stream_);
+    pn.norm_owner = in.norm.owner;
+    pn.weight_owner = wt.owner;
+  }
+  ++permuted_handoffs_;
+  return static_cast<const half*>(pn.values.get());
+}
+
+// Where matmul_add writes the residual a second time for `next`, its reader: an act-order
+// weight's column order (permuted_residual) or a mixed weight's decode row; none otherwise.
+CudaBackend::ResidualCopy CudaBackend::residual_copy(const Tensor* next, const Tensor& residual,
+                                                     int n) {
+  if (!permuted_residual_enabled_ || next == nullptr || next->cols != residual.cols) return {};
+  if (is_mixed_tensor(*next)) {
+    const QMixedDevice& m = qmixed_of(*next);
+    if (n != 1 || m.row == nullptr || !mixed_row_enabled_ || !mixed_fuses_norm(*next)) return {};
+    return {m.row, m.pos, m.pos};
+  }
+  const size_t halves = static_cast<size_t>(residual.rows) * residual.cols;
+  if (is_quantized_tensor(*next) && qweight_of(*next).perm != nullptr &&
+      qweight_of(*next).inv_perm != nullptr && fuses_norms(n, *next) &&
+      (!capturing_ || halves * sizeof(half) <= xperm_.bytes))
+    return {permuted_residual(halves), qweight_of(*next).inv_perm, qweight_of(*next).perm};
+  return {};
+}
+
 void CudaBackend::matmul_add(Tensor& residual, const Tensor& x, const Tensor& w, Tensor& scratch,
                              const Tensor* next) {
   const int n = static_cast<int>(x.rows);
@@ -427,24 +472,19 @@ void CudaBackend::matmul_add(Tensor& residual, const Tensor& x, const Tensor& w,
                "CUDA matmul_add: x [", x.rows, ", ", x.cols, "] . w [", w.rows, ", ", w.cols,
                "] -> residual [", residual.rows, ", ", residual.cols, "]");
   }
+  const ResidualCopy copy = residual_copy(next, residual, n);
   if (mixed) {  // every part adds its product into the residual
-    mixed_matmul(qmixed_of(w), rotated_input(w, static_cast<const half*>(x.data), n),
-                 static_cast<half*>(residual.data), n, nullptr, true);
+    if (mixed_matmul(qmixed_of(w), rotated_input(w, static_cast<const half*>(x.data), n),
+                     static_cast<half*>(residual.data), n, nullptr, true, nullptr, 0.0f, copy.y,
+                     copy.index))
+      permuted_ = {residual.data, n, copy.key};
     return;
   }
   if (direct) {
     QlinearFusion f;
     f.accumulate = true;
-    // The next reader an act-order weight with the fused norm (not EXL2 parts): the sum in its
-    // column order too (not while capturing if the buffer would have to grow).
-    const size_t halves = static_cast<size_t>(residual.rows) * residual.cols;
-    if (permuted_residual_enabled_ && next != nullptr && is_quantized_tensor(*next) &&
-        qweight_of(*next).perm != nullptr && qweight_of(*next).inv_perm != nullptr &&
-        next->cols == residual.cols && fuses_norms(n, *next) &&
-        (!capturing_ || halves * sizeof(half) <= xperm_.bytes)) {
-      f.y_perm = permuted_residual(halves);
-      f.y_perm_index = qweight_of(*next).inv_perm;
-    }
+    f.y_perm = copy.y;
+    f.y_perm_index = copy.index;
     QWeightDevice plain;
     if (x_permuted) {  // the weight as if stored without the permutation: x is in that order
       plain = qweight_of(w);
@@ -455,7 +495,7 @@ void CudaBackend::matmul_add(Tensor& residual, const Tensor& x, const Tensor& w,
     qlinear_matmul(x_permuted ? plain : qweight_of(w),
                    rotated_input(w, static_cast<const half*>(x.data), n),
                    static_cast<half*>(residual.data), n, nullptr, stream_, f);
-    if (f.y_perm != nullptr) permuted_ = {residual.data, n, qweight_of(*next).perm};
+    if (f.y_perm != nullptr) permuted_ = {residual.data, n, copy.key};
     return;
   }
   GYRE_CHECK(!x_permuted, "internal: a permuted attention output outside its matmul_add");

@@ -45,7 +45,7 @@ static_assert(kMixedMaxParts == kQMixedMaxParts);
 // the column lists and a rotation's signs.
 struct MixedOwner {
   QMixedDevice d;
-  std::shared_ptr<void> cols;
+  std::shared_ptr<void> cols, row, pos, row_list;
   std::shared_ptr<void> signs;
   std::vector<std::shared_ptr<void>> memory;
   MixedOwner() = default;
@@ -55,6 +55,50 @@ struct MixedOwner {
     for (int p = 0; p < d.n_parts; ++p) qweight_free(d.parts[p]);  // views: allocation is null
   }
 };
+
+// The column lists on the device, and the decode row every part reads where each can
+// (QMixedDevice::row): slots one after the other, each its part's padded columns long.
+size_t finish_mixed(MixedOwner& o, const std::vector<int32_t>& cols_all) {
+  QMixedDevice& d = o.d;
+  const size_t list_bytes = cols_all.size() * sizeof(int32_t);
+  o.cols = device_alloc(list_bytes, "mixed weight columns");
+  GYRE_CUDA_CHECK(cudaMemcpy(o.cols.get(), cols_all.data(), list_bytes, cudaMemcpyHostToDevice));
+  d.cols_all = static_cast<const int32_t*>(o.cols.get());
+  if (d.had_signs != nullptr) return list_bytes;
+  int row_cols = 0;
+  for (int p = 0; p < d.n_parts; ++p) {
+    d.row_offset[p] = row_cols;
+    row_cols += qlinear_padded_cols(d.parts[p]);
+  }
+  for (int p = 0; p < d.n_parts; ++p)
+    if (!qlinear_reads_row(d.parts[p], 1, row_cols)) return list_bytes;
+  std::vector<int32_t> row_list(static_cast<size_t>(row_cols), -1),
+      pos(static_cast<size_t>(d.cols), -1);
+  size_t at = 0;
+  for (int p = 0; p < d.n_parts; ++p) {
+    for (int j = 0; j < d.parts[p].desc.cols; ++j, ++at) {
+      const int32_t c = cols_all[at];
+      if (c < 0) continue;
+      row_list[static_cast<size_t>(d.row_offset[p] + j)] = c;
+      pos[static_cast<size_t>(c)] = d.row_offset[p] + j;
+    }
+  }
+  for (const int32_t e : pos) GYRE_CHECK(e >= 0, "internal: a mixed weight misses an input column");
+  o.row = device_alloc(static_cast<size_t>(row_cols) * sizeof(half), "mixed weight decode row");
+  GYRE_CUDA_CHECK(cudaMemset(o.row.get(), 0, static_cast<size_t>(row_cols) * sizeof(half)));
+  o.pos = device_alloc(pos.size() * sizeof(int32_t), "mixed weight row places");
+  GYRE_CUDA_CHECK(
+      cudaMemcpy(o.pos.get(), pos.data(), pos.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  o.row_list = device_alloc(row_list.size() * sizeof(int32_t), "mixed weight row columns");
+  GYRE_CUDA_CHECK(cudaMemcpy(o.row_list.get(), row_list.data(), row_list.size() * sizeof(int32_t),
+                             cudaMemcpyHostToDevice));
+  d.row = static_cast<half*>(o.row.get());
+  d.row_cols = row_cols;
+  d.pos = static_cast<const int32_t*>(o.pos.get());
+  d.row_list = static_cast<const int32_t*>(o.row_list.get());
+  return list_bytes + static_cast<size_t>(row_cols) * (sizeof(half) + sizeof(int32_t)) +
+         pos.size() * sizeof(int32_t);
+}
 
 }  // namespace
 
@@ -69,16 +113,12 @@ Tensor CudaBackend::upload_mixed(const QMixedHost& host) {
     cols_all.insert(cols_all.end(), p.cols.begin(), p.cols.end());
     weight_bytes_ += qweight_device_bytes(p.w.desc);
   }
-  const size_t list_bytes = cols_all.size() * sizeof(int32_t);
-  o->cols = device_alloc(list_bytes, "mixed weight columns");
-  GYRE_CUDA_CHECK(cudaMemcpy(o->cols.get(), cols_all.data(), list_bytes, cudaMemcpyHostToDevice));
-  o->d.cols_all = static_cast<const int32_t*>(o->cols.get());
   if (host.had.active()) {
     o->signs = upload_hadamard_signs(host.had, host.cols);
     o->d.had_signs = static_cast<const int8_t*>(o->signs.get());
     o->d.had_block = host.had.block;
   }
-  weight_bytes_ += list_bytes;
+  weight_bytes_ += finish_mixed(*o, cols_all);
   Tensor t;
   t.dtype = DType::QPACKED;
   t.rows = host.rows;
@@ -147,12 +187,8 @@ Tensor CudaBackend::synthetic_mixed(int rows, int cols, const std::string& spec,
     cols_all.resize(cols_all.size() + static_cast<size_t>(d.cols - real), -1);
     left -= real;
   }
-  const size_t list_bytes = cols_all.size() * sizeof(int32_t);
-  o->cols = device_alloc(list_bytes, "mixed weight columns");
-  GYRE_CUDA_CHECK(cudaMemcpy(o->cols.get(), cols_all.data(), list_bytes, cudaMemcpyHostToDevice));
-  o->d.cols_all = static_cast<const int32_t*>(o->cols.get());
-  weight_bytes_ += list_bytes;
-  GYRE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  GYRE_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the parts' random bytes
+  weight_bytes_ += finish_mixed(*o, cols_all);
   Tensor t;
   t.dtype = DType::QPACKED;
   t.rows = rows;
@@ -195,10 +231,10 @@ bool CudaBackend::mixed_fuses_norm(const Tensor& w) const {
 // after the parts; otherwise (a part beyond the kernels' direct reach, or GYRE_CUDA_MIXED_PRIOR=0)
 // the product goes through the fused scratch and a kernel of its own.
 void CudaBackend::mixed_split(const OutSplit& split, const half* x, const Tensor& w, int n,
-                              const half* bias, const half* norm, float eps) {
+                              const half* bias, const half* norm, float eps, const half* row_norm) {
   const QMixedDevice& m = qmixed_of(w);
   const int rows = static_cast<int>(w.rows);
-  const MixedInput in = mixed_input(m, x, n, norm, eps);
+  const MixedInput in = mixed_input(m, x, n, norm, eps, row_norm);
   half* fused = fused_scratch(static_cast<size_t>(n) * rows);
   if (!in.direct || !mixed_prior_epilogue_) {
     mixed_parts(m, in, fused, n, 0, m.n_parts, bias, false);
@@ -207,21 +243,21 @@ void CudaBackend::mixed_split(const OutSplit& split, const half* x, const Tensor
   }
   const int last = m.n_parts - 1;
   mixed_parts(m, in, fused, n, 0, last, bias, false);
-  QlinearFusion f;
+  QlinearFusion f = part_fusion(in, last);
   f.prior = last > 0 ? fused : nullptr;
   qlinear_matmul_split(m.parts[last], in.x[last], split, n, last > 0 ? nullptr : bias, stream_, f);
 }
 
 void CudaBackend::mixed_swiglu(half* out, const half* x, const Tensor& w, int n, int hidden,
-                               const half* norm, float eps) {
+                               const half* norm, float eps, const half* row_norm) {
   const QMixedDevice& m = qmixed_of(w);
   const int rows = static_cast<int>(w.rows);
-  const MixedInput in = mixed_input(m, x, n, norm, eps);
+  const MixedInput in = mixed_input(m, x, n, norm, eps, row_norm);
   half* fused = fused_scratch(static_cast<size_t>(n) * rows);
   const int last = m.n_parts - 1;
   if (in.direct && mixed_prior_epilogue_) {
     mixed_parts(m, in, fused, n, 0, last, nullptr, false);
-    QlinearFusion f;
+    QlinearFusion f = part_fusion(in, last);
     f.prior = last > 0 ? fused : nullptr;
     if (qlinear_gemv_swiglu(m.parts[last], in.x[last], out, n, hidden, stream_, f)) return;
     mixed_parts(m, in, fused, n, last, m.n_parts, nullptr, last > 0);
@@ -231,15 +267,32 @@ void CudaBackend::mixed_swiglu(half* out, const half* x, const Tensor& w, int n,
   swiglu_interleaved(out, fused, n, hidden, rows, kSwigluBlock, stream_);
 }
 
-void CudaBackend::mixed_matmul(const QMixedDevice& m, const half* x, half* y, int n,
-                               const half* bias, bool accumulate, const half* norm, float eps) {
-  mixed_parts(m, mixed_input(m, x, n, norm, eps), y, n, 0, m.n_parts, bias, accumulate);
+bool CudaBackend::mixed_matmul(const QMixedDevice& m, const half* x, half* y, int n,
+                               const half* bias, bool accumulate, const half* norm, float eps,
+                               half* y_perm, const int32_t* y_perm_index) {
+  const MixedInput in = mixed_input(m, x, n, norm, eps);
+  if (!in.direct) y_perm = nullptr;
+  mixed_parts(m, in, y, n, 0, m.n_parts, bias, accumulate, y_perm, y_perm_index);
+  return y_perm != nullptr;
 }
 
 CudaBackend::MixedInput CudaBackend::mixed_input(const QMixedDevice& m, const half* x, int n,
-                                                 const half* norm, float eps) {
+                                                 const half* norm, float eps,
+                                                 const half* row_norm) {
   MixedInput in;
   static_assert(sizeof(in.x) / sizeof(in.x[0]) == kMixedMaxParts);
+  if (row_norm != nullptr) {  // the row the residual's producer filled (take_mixed_row)
+    GYRE_CHECK(n == 1 && m.row != nullptr, "internal: a mixed row for ", n, " rows");
+    in.x_cols = m.row_cols;
+    in.norm = row_norm;
+    in.eps = eps;
+    in.norm_cols = m.cols;
+    for (int p = 0; p < m.n_parts; ++p) {
+      in.x[p] = m.row;
+      in.offset[p] = m.row_offset[p];
+    }
+    return in;
+  }
   MixedGather g;
   g.parts = m.n_parts;
   size_t halves = 0;
@@ -259,14 +312,30 @@ CudaBackend::MixedInput CudaBackend::mixed_input(const QMixedDevice& m, const ha
   return in;
 }
 
+QlinearFusion CudaBackend::part_fusion(const MixedInput& in, int p) {
+  QlinearFusion f;
+  if (in.x_cols == 0) return f;
+  f.x_cols = in.x_cols;
+  f.x_offset = in.offset[p];
+  f.norm_cols = in.norm_cols;
+  f.norm_w = in.norm;
+  f.norm_eps = in.eps;
+  return f;
+}
+
 void CudaBackend::mixed_parts(const QMixedDevice& m, const MixedInput& in, half* y, int n,
-                              int first, int last, const half* bias, bool accumulate) {
+                              int first, int last, const half* bias, bool accumulate, half* y_perm,
+                              const int32_t* y_perm_index) {
   for (int p = first; p < last; ++p) {
     const half* b = p == first ? bias : nullptr;
     const bool add = accumulate || p > first;
     if (in.direct) {
-      QlinearFusion f;
+      QlinearFusion f = part_fusion(in, p);
       f.accumulate = add;
+      if (p + 1 == last) {  // the sum complete: its copy in the next reader's order
+        f.y_perm = y_perm;
+        f.y_perm_index = y_perm_index;
+      }
       qlinear_matmul(m.parts[p], in.x[p], y, n, b, stream_, f);
     } else if (!add) {
       packed_part_matmul(m.parts[p], in.x[p], y, n, b);

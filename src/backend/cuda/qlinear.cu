@@ -506,6 +506,16 @@ Params fused_params(const QWeightDevice& w, const __half* x, __half* y, int n, c
   p.y_perm_index = f.y_perm_index;
   GYRE_CHECK(f.prior == nullptr || !f.accumulate, "qlinear: a prior sum does not accumulate");
   p.prior = f.prior;
+  if (f.x_cols > 0) {
+    GYRE_CHECK(qlinear_reads_row(w, n, f.x_cols) && f.x_offset % 64 == 0 && f.x_offset >= 0 &&
+                   f.x_offset + qlinear_padded_cols(w) <= f.x_cols && f.norm_cols >= 0,
+               "qlinear: a ", w.desc.bits, "-bit [", w.desc.rows, ", ", w.desc.cols,
+               "] weight cannot read columns ", f.x_offset, ".. of a row of ", f.x_cols, " at ", n,
+               " rows");
+    p.x_cols = f.x_cols;
+    p.x_offset = f.x_offset;
+    p.norm_cols = f.norm_cols;
+  }
   if (f.norm_w != nullptr) {
     GYRE_CHECK(qlinear_fuses_norm(w, n), "qlinear: no fused RMSNorm for a ", w.desc.bits, "-bit [",
                w.desc.rows, ", ", w.desc.cols, "] weight at ", n, " rows");
@@ -532,6 +542,22 @@ bool qlinear_fuses_norm(const QWeightDevice& w, int n) {
   // Any non-null pointer: the fused norm's staging space (act-order weights) counts in the fit.
   p.norm_w = reinterpret_cast<const __half*>(w.qweight);
   return qlinear_detail::gemv4_stream_supported(p);
+}
+
+bool qlinear_reads_row(const QWeightDevice& w, int n, int x_cols) {
+  if (x_cols <= 0 || x_cols % 64 != 0 || x_cols > kQlinearTiledBitsMaxCols || w.perm != nullptr ||
+      w.had_block > 0 || (w.desc.narrow() && w.narrow_tiled == 0) || !qlinear_fuses_norm(w, n))
+    return false;
+  if (w.narrow_tiled > 0) return true;  // x_cols <= the longest row a tiled layout stages
+  Params p = layout_params(w);
+  p.n = n;
+  p.x_cols = x_cols;
+  p.norm_w = reinterpret_cast<const __half*>(w.qweight);  // as qlinear_fuses_norm's fit
+  return qlinear_detail::gemv4_stream_supported(p);
+}
+
+int qlinear_padded_cols(const QWeightDevice& w) {
+  return layout_params(w).kblocks * 64;
 }
 
 namespace qlinear_detail {

@@ -77,8 +77,18 @@ struct QlinearFusion {
   // Not with accumulate: prior [n, rows] (FP16) is added to every output before the split or
   // SwiGLU epilogue (a mixed weight's earlier parts, cuda_qmixed.cc).
   const __half* prior = nullptr;
+  // x_cols > 0, only where qlinear_reads_row(w, n, x_cols): each row of x holds x_cols columns
+  // (zeros where no column is), all normalised together (the mean over norm_cols, norm_w
+  // [x_cols] in the same layout), of which this weight reads its kblocks * 64 from x_offset (a
+  // multiple of 64). A mixed weight's parts reading one decode row laid out for all of them.
+  int x_cols = 0, x_offset = 0, norm_cols = 0;
 };
 bool qlinear_fuses_norm(const QWeightDevice& w, int n);
+// Whether the entry points taking a QlinearFusion accept x_cols at n rows for w (the stream GEMV
+// runs: no act-order, no rotation, a row of x_cols columns fits its staging; x_offset must
+// leave room for w's padded columns: qlinear_padded_cols).
+bool qlinear_reads_row(const QWeightDevice& w, int n, int x_cols);
+int qlinear_padded_cols(const QWeightDevice& w);
 // w carries a rotation that the entry points taking a QlinearFusion apply to x in their staging
 // (the stream GEMV: where qlinear_fuses_norm holds, no act-order, B = 32..256, 16-byte aligned
 // signs, and qlinear_detail::fused_rotation_enabled(), off by default), so that x must NOT be

@@ -58,6 +58,11 @@ struct Params {
   // multiplied by norm_w [cols] (original column order) before use.
   const __half* norm_w = nullptr;
   float norm_eps = 0.f;
+  // The stream GEMV only (no act-order, no rotation), x_cols > 0: each x row holds x_cols columns
+  // (a multiple of 64), all staged and, with norm_w [x_cols], normalised over all of them (the
+  // mean over norm_cols); this weight reads kblocks * 64 of them from x_offset (a multiple of
+  // 64). A mixed weight's parts reading the one decode row laid out for all of them.
+  int x_cols = 0, x_offset = 0, norm_cols = 0;
   // The stream GEMV only: a rotated layer's R^T (backend/cpu/hadamard.h) applied to the staged x
   // (after the norm): each had_block-block of had_signs .* x through the Walsh-Hadamard
   // transform, times had_scale = 1 / sqrt(had_block). had_block 0: none.
@@ -118,7 +123,7 @@ inline constexpr int kBatchTrellis = 0;
 inline Params token_chunk(const Params& p, int t0, int n) {
   Params c = p;
   c.n = n;
-  c.x = p.x + int64_t{t0} * p.cols;
+  c.x = p.x + int64_t{t0} * (p.x_cols > 0 ? p.x_cols : p.cols);
   if (p.prior != nullptr) c.prior = p.prior + int64_t{t0} * p.rows;
   if (p.swiglu_hidden > 0) {
     c.y = p.y + int64_t{t0} * p.swiglu_hidden;

@@ -63,8 +63,13 @@ __host__ __device__ inline int act_order_smem(const Params& p);
 // Dynamic shared memory of the staged x for n tokens, then a rotated layer's signs (cols bytes, a
 // multiple of 32) and, with the norm fused, the norm weights (cols halves); or an act-order
 // weight's (never rotated) gather space (act_order_smem).
+// Columns of a staged x row: the weight's padded columns, or all of a shared row's (x_cols).
+__host__ __device__ inline int stream_x_cols(const Params& p) {
+  return p.x_cols > 0 ? p.x_cols : p.kblocks * 64;
+}
+
 __host__ __device__ inline int stream_smem(const Params& p) {
-  return p.n * (p.kblocks * 64 + kStreamXPad) * 2 +
+  return p.n * (stream_x_cols(p) + kStreamXPad) * 2 +
          (p.had_block > 0 ? p.cols * (p.norm_w != nullptr ? 3 : 1) : 0) + act_order_smem(p);
 }
 
@@ -413,7 +418,8 @@ __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int 
                                                const int8_t* signs, const __half* norm_s) {
   const int lane = threadIdx.x & 31;
   const bool act = AO == 2 || (AO == 0 && p.perm != nullptr);  // an act-order weight
-  const int chunks = p.kblocks * 64 / 8;
+  const int chunks = stream_x_cols(p) / 8;
+  const int row_cols = p.x_cols > 0 ? p.x_cols : p.cols;  // of x in global memory
   __shared__ float norm_sum[8];
   if (p.norm_w != nullptr && threadIdx.x < 8) norm_sum[threadIdx.x] = 0.f;
   if (p.norm_w != nullptr) __syncthreads();
@@ -436,16 +442,16 @@ __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int 
     }
   }
   for (int tok = 0; tok < p.n && !act; ++tok) {  // act-order: gathered above
-    const __half* row = p.x + int64_t{tok} * p.cols;
+    const __half* row = p.x + int64_t{tok} * row_cols;
     float ss = 0.f;
     for (int i = threadIdx.x; i < chunks; i += blockDim.x) {
       const int c = i * 8;
       uint4 v = make_uint4(0, 0, 0, 0);
-      if (c + 8 <= p.cols) {
+      if (c + 8 <= row_cols) {
         v = __ldg(reinterpret_cast<const uint4*>(row + c));
-      } else if (c < p.cols) {
+      } else if (c < row_cols) {
         __half h[8];
-        for (int k = 0; k < 8; ++k) h[k] = c + k < p.cols ? row[c + k] : __float2half(0.f);
+        for (int k = 0; k < 8; ++k) h[k] = c + k < row_cols ? row[c + k] : __float2half(0.f);
         memcpy(&v, h, 16);
       }
       if (p.norm_w != nullptr) {
@@ -486,16 +492,17 @@ __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int 
   __syncthreads();
   if (p.norm_w != nullptr) {
     for (int tok = 0; tok < p.n; ++tok) {
-      const float inv_rms = rsqrtf(norm_sum[tok] / static_cast<float>(p.cols) + p.norm_eps);
+      const float inv_rms = rsqrtf(
+          norm_sum[tok] / static_cast<float>(p.norm_cols > 0 ? p.norm_cols : p.cols) + p.norm_eps);
       for (int i = threadIdx.x; i < chunks; i += blockDim.x) {
         const int c = i * 8;
-        if (c >= p.cols) continue;
+        if (c >= row_cols) continue;
         __half h[8];
         memcpy(h, xs + tok * stride + c, 16);
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
           const int cc = c + k;
-          if (cc < p.cols) {
+          if (cc < row_cols) {
             const float w = __half2float(act ? nws[cc] : p.norm_w[cc]);
             h[k] = __float2half(__half2float(h[k]) * inv_rms * w);
           }
@@ -568,7 +575,7 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
   using Slot = StreamSlot<BITS, S, G32, ASYM>;
   using Ring = StreamRing<BITS, S, G32, ASYM>;
   constexpr int kScaleWords = S * kGroupsPerBlock;
-  const int stride = p.kblocks * 64 + kStreamXPad;
+  const int stride = stream_x_cols(p) + kStreamXPad;
   // P > 0: this warp's slots after the staged x (and rotation data), 16-byte aligned.
   unsigned char* slots =
       smem_raw + stream_smem_aligned(p) + static_cast<size_t>(warp) * P * Ring::kSlotBytes;
@@ -628,7 +635,7 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
 
   stage_stream_x<AO>(p, xs, stride, signs, norm_s);
 
-  const __half* xrow = xs + min(g, p.n - 1) * stride + 8 * t;  // B column g: token g
+  const __half* xrow = xs + min(g, p.n - 1) * stride + p.x_offset + 8 * t;  // B column g: token g
   constexpr uint32_t kOffset = ASYM ? 0u : 1u << (BITS - 1);
   const __half2 lo_base = __float2half2_rn(1024.f + kOffset);
   const __half2 hi_base = __float2half2_rn(-64.f - kOffset);  // 4 bits: the 16q registers

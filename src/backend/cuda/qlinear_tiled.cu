@@ -254,7 +254,7 @@ void launch_gemv4(const Params& p, cudaStream_t stream) {
   // on every Llama shape on H100 (bench/qlinear_notes.md, round 5); the register-fed kernel
   // below for n = 3..8 (the stream kernel's x staging grows with n).
   const bool stream_default = g_kernel == 0 && p.n <= 2;
-  if ((g_kernel == 4 || stream_default || p.norm_w != nullptr || p.had_block > 0) &&
+  if ((g_kernel == 4 || stream_default || p.norm_w != nullptr || p.had_block > 0 || p.x_cols > 0) &&
       gemv4_stream_supported(p))
     return launch_gemv4_stream(p, g_ksplit, stream);
   Params q = p;
