@@ -209,10 +209,11 @@ TEST(QMixedCuda, PartsOfSeveralWidthsWithPaddingMatchTheCpuBackend) {
 }
 
 #ifdef GYRE_HAVE_CUDA
-// The decode row handed over (Backend::matmul_add's `next`): the residual's producer, a mixed
+// The decode row handed over: the residual's producer (Backend::matmul_add's `next`), a mixed
 // weight or a packed one, also writes the new sum into the mixed reader's row, and the reader's
-// parts stage it with the norm over the whole row instead of a gather. Against the same ops
-// without the hand-over on the GPU (the sum itself bit for bit the same) and on the CPU.
+// parts stage their slices of it with the norm over the whole row instead of a gather; the
+// gate|up SwiGLU (norm_matmul_swiglu's `reader`) writes its product into a mixed down_proj's row.
+// Against the same ops without the hand-overs on the GPU and on the CPU.
 TEST(QMixedCuda, ReaderTakesTheDecodeRowItsProducerWrote) {
   auto gpu = mtest::cuda_backend_or_null();
   if (!gpu) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
@@ -224,6 +225,8 @@ TEST(QMixedCuda, ReaderTakesTheDecodeRowItsProducerWrote) {
       random_parts(q_rows, dim, {{6, 32, 96}, {5, 64, 128}, {4, 128, 384}, {2, 64, 448}}, 41);
   const QMixedHost wk = random_parts(q_rows, dim, {{4, 128, 1056}}, 42);
   const QMixedHost wo = random_parts(dim, att, {{4, 128, 300}, {3, 64, 212}}, 43);
+  // down_proj with an 8-bit part (a row, but not one its parts can normalise): padded widths.
+  const QMixedHost wd = random_parts(dim, q_rows, {{8, 32, 40}, {4, 128, 120}}, 45);
   std::mt19937 rng(44);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> x(att), r(dim), norm(dim);
@@ -235,7 +238,7 @@ TEST(QMixedCuda, ReaderTakesTheDecodeRowItsProducerWrote) {
   const QWeightHost wo_packed = qweight_pack_from_f32(wp.data(), dim, att, 4, 128, false);
   for (const bool packed_producer : {false, true}) {
     SCOPED_TRACE(packed_producer ? "packed producer" : "mixed producer");
-    std::vector<float> outs[2][2][3];  // [backend][hand-over][output]
+    std::vector<float> outs[2][2][3];  // [backend][hand-over][q, k, the residual at the end]
     Backend* backends[2] = {cpu.get(), gpu.get()};
     for (int bi = 0; bi < 2; ++bi) {
       Backend& b = *backends[bi];
@@ -249,6 +252,7 @@ TEST(QMixedCuda, ReaderTakesTheDecodeRowItsProducerWrote) {
           packed_producer
               ? b.upload_weight(qweight_view("model.layers.0.self_attn.o_proj.weight", wo_packed))
               : b.upload_weight(qmixed_view("model.layers.0.self_attn.o_proj.weight", wo));
+      const Tensor down = b.upload_weight(qmixed_view("model.layers.0.mlp.down_proj.weight", wd));
       const Tensor xt = input_on(b, x, 1, att), nt = input_on(b, norm, 1, dim);
       for (int handed = 0; handed < 2; ++handed) {
         const uint64_t before = bi == 1 ? cuda_permuted_handoffs(b) : 0;
@@ -257,16 +261,19 @@ TEST(QMixedCuda, ReaderTakesTheDecodeRowItsProducerWrote) {
         b.matmul_add(res, xt, o, tmp, handed ? &qk : nullptr);
         b.norm_matmul_split({&q, &k}, {res, nt, 1e-5f, xs}, qk, nullptr);
         b.matmul_add(res, xt, o, tmp, handed ? &gu : nullptr);
-        b.norm_matmul_swiglu(act, {res, nt, 1e-5f, xs}, gu);
-        if (bi == 1) EXPECT_EQ(cuda_permuted_handoffs(b), before + (handed ? 2 : 0));
-        const Tensor* got[3] = {&q, &k, &act};
+        b.norm_matmul_swiglu(act, {res, nt, 1e-5f, xs}, gu, handed ? &down : nullptr);
+        b.matmul_add(res, act, down, tmp);
+        if (bi == 1) {
+          EXPECT_EQ(cuda_permuted_handoffs(b), before + (handed ? 3 : 0));
+        }
+        const Tensor* got[3] = {&q, &k, &res};
         for (int i = 0; i < 3; ++i) {
-          outs[bi][handed][i].resize(static_cast<size_t>(q_rows));
+          outs[bi][handed][i].resize(static_cast<size_t>(got[i]->cols));
           b.to_host(*got[i], outs[bi][handed][i].data());
         }
       }
     }
-    const char* what[3] = {"q", "k", "SwiGLU"};
+    const char* what[3] = {"q", "k", "the residual after down_proj"};
     for (int i = 0; i < 3; ++i) {
       expect_close(outs[1][1][i], outs[0][0][i], what[i]);
       expect_close(outs[1][0][i], outs[0][0][i], what[i]);
@@ -307,7 +314,14 @@ TEST(QMixedCuda, ForcedMixStoriesMatchesTheCpuBackend) {
   const int n = static_cast<int>(tokens.size()), vocab = m->config.vocab_size;
   Transformer c(m->config, m->weights, *gpu, 64);
   std::vector<float> step(static_cast<size_t>(vocab));
+#ifdef GYRE_HAVE_CUDA
+  const uint64_t before = cuda_permuted_handoffs(*gpu);
+#endif
   for (int t = 0; t < n; ++t) c.forward(&tokens[t], 1, t, step.data(), false);
+#ifdef GYRE_HAVE_CUDA
+  // Decode steps hand mixed readers their rows (residual, attention output, SwiGLU product).
+  EXPECT_GT(cuda_permuted_handoffs(*gpu), before);
+#endif
   expect_close(step, std::vector<float>(d.ref.end() - vocab, d.ref.end()), "decoded last logits");
 }
 

@@ -172,7 +172,10 @@ class Backend {
   virtual bool fuses_norms(int /*n*/, const Tensor& /*w*/) const { return false; }
   virtual void norm_matmul_split(const std::vector<Tensor*>& outs, const NormedInput& in,
                                  const Tensor& w, const Tensor* bias);
-  virtual void norm_matmul_swiglu(Tensor& out, const NormedInput& in, const Tensor& w_gate_up);
+  // reader: the weight whose matmul_add alone reads out next (or null); a backend may leave out
+  // in the order that weight's kernel reads it, so out is for that matmul_add only.
+  virtual void norm_matmul_swiglu(Tensor& out, const NormedInput& in, const Tensor& w_gate_up,
+                                  const Tensor* reader = nullptr);
   // residual += x . w (scratch [n, w.rows] may receive x . w first). next: the weight whose
   // norm_matmul_split / norm_matmul_swiglu reads residual next, with no other write to residual in
   // between (or null); a backend may hand that weight's kernel residual in the order it reads it.

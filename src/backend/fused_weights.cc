@@ -168,7 +168,8 @@ void Backend::norm_matmul_split(const std::vector<Tensor*>& outs, const NormedIn
   matmul_split(outs, in.scratch, w, bias);
 }
 
-void Backend::norm_matmul_swiglu(Tensor& out, const NormedInput& in, const Tensor& w_gate_up) {
+void Backend::norm_matmul_swiglu(Tensor& out, const NormedInput& in, const Tensor& w_gate_up,
+                                 const Tensor* /*reader*/) {
   rmsnorm(in.scratch, in.x, in.norm, in.eps);
   matmul_swiglu(out, in.scratch, w_gate_up);
 }

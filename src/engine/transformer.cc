@@ -133,7 +133,7 @@ void Transformer::run_layers(const int32_t* tokens, int n, Attend&& attend) {
     if (fuse) {
       // Each residual add names the weight that reads the residual next (Backend::matmul_add).
       backend_.matmul_add(x, att, l.wo, ffn, &l.w_gate_up);
-      backend_.norm_matmul_swiglu(gate, {x, l.ffn_norm, c.norm_eps, xn}, l.w_gate_up);
+      backend_.norm_matmul_swiglu(gate, {x, l.ffn_norm, c.norm_eps, xn}, l.w_gate_up, &l.w_down);
       backend_.matmul_add(x, gate, l.w_down, ffn,
                           li + 1 < layers_.size() ? &layers_[li + 1].wqkv : nullptr);
       continue;

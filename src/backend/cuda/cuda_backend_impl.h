@@ -128,7 +128,8 @@ class CudaBackend final : public Backend {
   bool wants_mlp_in_down_order() const override { return true; }  // uploads copy
   void norm_matmul_split(const std::vector<Tensor*>& outs, const NormedInput& in, const Tensor& w,
                          const Tensor* bias) override;
-  void norm_matmul_swiglu(Tensor& out, const NormedInput& in, const Tensor& w_gate_up) override;
+  void norm_matmul_swiglu(Tensor& out, const NormedInput& in, const Tensor& w_gate_up,
+                          const Tensor* reader = nullptr) override;
   void matmul_add(Tensor& residual, const Tensor& x, const Tensor& w, Tensor& scratch,
                   const Tensor* next = nullptr) override;
   void add(Tensor& x, const Tensor& y) override;
@@ -258,9 +259,11 @@ class CudaBackend final : public Backend {
   // y = m . x (+ bias), or y += it with accumulate; x RMS-normalised by norm [m.cols] in the
   // gather when norm is not null. y_perm (with accumulate; QlinearFusion's): the sum also in the
   // order y_perm_index gives, where every part runs direct; returns whether it was written.
+  // x_in_row: x is in m.row already (the kernel before wrote it there; n = 1).
   bool mixed_matmul(const QMixedDevice& m, const half* x, half* y, int n, const half* bias,
                     bool accumulate = false, const half* norm = nullptr, float eps = 0.0f,
-                    half* y_perm = nullptr, const int32_t* y_perm_index = nullptr);
+                    half* y_perm = nullptr, const int32_t* y_perm_index = nullptr,
+                    bool x_in_row = false);
   // m's parts' inputs for n rows: gathered (one launch: x RMS-normalised by norm when not null),
   // or with row_norm (the norm weights in m.row's layout) the decode row the residual's producer
   // filled (no launch); whether every part runs through qlinear's kernels at n rows (their
@@ -275,7 +278,7 @@ class CudaBackend final : public Backend {
     half* partial = nullptr;
   };
   MixedInput mixed_input(const QMixedDevice& m, const half* x, int n, const half* norm, float eps,
-                         const half* row_norm = nullptr);
+                         const half* row_norm = nullptr, bool x_in_row = false);
   QlinearFusion part_fusion(const MixedInput& in, int p);  // the shared row's, if any
   // Parts [first, last) of m into y: the first writes y (+ bias) unless accumulate, the others
   // add; the last also writes y_perm (QlinearFusion's) when set.
@@ -287,8 +290,13 @@ class CudaBackend final : public Backend {
   // cuda_qmixed.cc).
   void mixed_split(const OutSplit& split, const half* x, const Tensor& w, int n, const half* bias,
                    const half* norm, float eps, const half* row_norm = nullptr);
-  void mixed_swiglu(half* out, const half* x, const Tensor& w, int n, int hidden, const half* norm,
-                    float eps, const half* row_norm = nullptr);
+  // With reader (n = 1), the SwiGLU product goes into reader's decode row where the last part's
+  // kernel writes it (returns true; out is not written then).
+  bool mixed_swiglu(half* out, const half* x, const Tensor& w, int n, int hidden, const half* norm,
+                    float eps, const half* row_norm = nullptr,
+                    const QMixedDevice* reader = nullptr);
+  // The mixed weight whose decode row out [n, w.cols] can go to (Backend's `reader`), or null.
+  const QMixedDevice* row_reader(const Tensor* reader, const Tensor& out, int n) const;
   // The norm weights in w's decode-row layout when the last matmul_add wrote in.x there (its
   // record), else null.
   const half* take_mixed_row(const NormedInput& in, const Tensor& w);

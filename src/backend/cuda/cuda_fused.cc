@@ -253,7 +253,10 @@ void CudaBackend::matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_ga
              w_gate_up.cols, "] -> out [", out.rows, ", ", out.cols, "]");
   half* o = static_cast<half*>(out.data);
   const half* xd = rotated_input(w_gate_up, static_cast<const half*>(x.data), n);
-  if (is_mixed_tensor(w_gate_up)) return mixed_swiglu(o, xd, w_gate_up, n, hidden, nullptr, 0.0f);
+  if (is_mixed_tensor(w_gate_up)) {
+    mixed_swiglu(o, xd, w_gate_up, n, hidden, nullptr, 0.0f);
+    return;
+  }
   const bool trellis = is_quantized_tensor(w_gate_up) && qweight_of(w_gate_up).desc.trellis;
   if (is_quantized_tensor(w_gate_up)) {
     // Decode and serving batches: one pass over the weight with the SwiGLU epilogue (not for
@@ -328,8 +331,21 @@ void CudaBackend::norm_matmul_split(const std::vector<Tensor*>& outs, const Norm
                        stream_, f);
 }
 
-void CudaBackend::norm_matmul_swiglu(Tensor& out, const NormedInput& in, const Tensor& w_gate_up) {
+// reader: a mixed down_proj takes the SwiGLU product in its decode row, written by the epilogue
+// of the gate|up kernel (no gather before its parts).
+const QMixedDevice* CudaBackend::row_reader(const Tensor* reader, const Tensor& out, int n) const {
+  if (reader == nullptr || n != 1 || !mixed_row_enabled_ || !is_mixed_tensor(*reader) ||
+      reader->cols != out.cols)
+    return nullptr;
+  const QMixedDevice& m = qmixed_of(*reader);
+  return m.row != nullptr ? &m : nullptr;
+}
+
+void CudaBackend::norm_matmul_swiglu(Tensor& out, const NormedInput& in, const Tensor& w_gate_up,
+                                     const Tensor* reader) {
   const int n = static_cast<int>(in.x.rows);
+  att_permuted_ = {};
+  const QMixedDevice* row = row_reader(reader, out, n);
   // The paths below that fold the norm in themselves (the parts path checks its own).
   const auto check_shapes = [&] {
     check_f16(out, "norm_matmul_swiglu");
@@ -342,9 +358,11 @@ void CudaBackend::norm_matmul_swiglu(Tensor& out, const NormedInput& in, const T
   if (mixed_fuses_norm(w_gate_up)) {
     check_shapes();
     const half* row_norm = take_mixed_row(in, w_gate_up);
-    return mixed_swiglu(static_cast<half*>(out.data), static_cast<const half*>(in.x.data),
-                        w_gate_up, n, static_cast<int>(out.cols),
-                        static_cast<const half*>(in.norm.data), in.eps, row_norm);
+    if (mixed_swiglu(static_cast<half*>(out.data), static_cast<const half*>(in.x.data), w_gate_up,
+                     n, static_cast<int>(out.cols), static_cast<const half*>(in.norm.data), in.eps,
+                     row_norm, row))
+      att_permuted_ = {out.data, n, row->pos};
+    return;
   }
   if (is_parts_tensor(w_gate_up) && fuses_norms(n, w_gate_up)) {
     permuted_ = {};
@@ -363,10 +381,13 @@ void CudaBackend::norm_matmul_swiglu(Tensor& out, const NormedInput& in, const T
     QWeightDevice plain;
     const half* xin = static_cast<const half*>(in.x.data);
     const bool permuted = take_permuted(in, w_gate_up, plain, xin, f.norm_w);
+    if (row != nullptr) f.y_index = row->pos;
     if (qlinear_gemv_swiglu(permuted ? plain : qweight_of(w_gate_up), xin,
-                            static_cast<half*>(out.data), n, static_cast<int>(out.cols), stream_,
-                            f))
+                            row != nullptr ? row->row : static_cast<half*>(out.data), n,
+                            static_cast<int>(out.cols), stream_, f)) {
+      if (row != nullptr) att_permuted_ = {out.data, n, row->pos};
       return;
+    }
   }
   permuted_ = {};
   Backend::norm_matmul_swiglu(out, in, w_gate_up);
@@ -416,7 +437,7 @@ const half* CudaBackend::take_mixed_row(const NormedInput& in, const Tensor& wt)
   const PermutedCopy rec = permuted_;
   permuted_ = {};
   const QMixedDevice& m = qmixed_of(wt);
-  if (m.row == nullptr || rec.x != in.x.data || rec.n != 1 || in.x.rows != 1 || rec.perm != m.pos ||
+  if (!m.row_norm || rec.x != in.x.data || rec.n != 1 || in.x.rows != 1 || rec.perm != m.pos ||
       in.norm.owner == nullptr || wt.owner == nullptr)
     return nullptr;
   PermutedNorm& pn = permuted_norms_[std::make_pair(static_cast<const void*>(in.norm.data), m.pos)];
@@ -444,7 +465,7 @@ CudaBackend::ResidualCopy CudaBackend::residual_copy(const Tensor* next, const T
   if (!permuted_residual_enabled_ || next == nullptr || next->cols != residual.cols) return {};
   if (is_mixed_tensor(*next)) {
     const QMixedDevice& m = qmixed_of(*next);
-    if (n != 1 || m.row == nullptr || !mixed_row_enabled_ || !mixed_fuses_norm(*next)) return {};
+    if (n != 1 || !m.row_norm || !mixed_row_enabled_ || !mixed_fuses_norm(*next)) return {};
     return {m.row, m.pos, m.pos};
   }
   const size_t halves = static_cast<size_t>(residual.rows) * residual.cols;
@@ -462,9 +483,10 @@ void CudaBackend::matmul_add(Tensor& residual, const Tensor& x, const Tensor& w,
   // x as the attention before left it: in w's column order (rope_attention's reader).
   const PermutedCopy in = att_permuted_;
   att_permuted_ = {};
-  const bool x_permuted = in.x != nullptr && in.x == x.data && in.n == n &&
-                          is_quantized_tensor(w) && in.perm == qweight_of(w).perm;
   const bool mixed = is_mixed_tensor(w), direct = adds_directly(w, n);
+  const bool x_permuted = in.x != nullptr && in.x == x.data && in.n == n &&
+                          (mixed ? qmixed_of(w).pos != nullptr && in.perm == qmixed_of(w).pos
+                                 : is_quantized_tensor(w) && in.perm == qweight_of(w).perm);
   if (mixed || direct) {
     check_f16(residual, "matmul_add");
     check_f16(x, "matmul_add");
@@ -474,9 +496,10 @@ void CudaBackend::matmul_add(Tensor& residual, const Tensor& x, const Tensor& w,
   }
   const ResidualCopy copy = residual_copy(next, residual, n);
   if (mixed) {  // every part adds its product into the residual
+    if (x_permuted) ++permuted_handoffs_;
     if (mixed_matmul(qmixed_of(w), rotated_input(w, static_cast<const half*>(x.data), n),
                      static_cast<half*>(residual.data), n, nullptr, true, nullptr, 0.0f, copy.y,
-                     copy.index))
+                     copy.index, x_permuted))
       permuted_ = {residual.data, n, copy.key};
     return;
   }

@@ -284,9 +284,18 @@ void CudaBackend::attend(Tensor& out, const Tensor& q, const Tensor& k, const Te
   if (permuted_residual_enabled_ && a.fuse_rope && o != nullptr && o->perm != nullptr &&
       o->inv_perm != nullptr && reader->cols == out.cols && adds_directly(*reader, n))
     a.out_index = o->inv_perm;
+  // A mixed o_proj: the output in its decode row (no gather before its parts).
+  const QMixedDevice* row = a.fuse_rope ? row_reader(reader, out, n) : nullptr;
+  if (row != nullptr) {
+    a.out = row->row;
+    a.out_index = row->pos;
+  }
   if (!a.fuse_rope) store();
   cuda::attention(a, stream_);
-  if (a.out_index != nullptr) att_permuted_ = {out.data, n, o->perm};
+  if (row != nullptr)
+    att_permuted_ = {out.data, n, row->pos};
+  else if (a.out_index != nullptr)
+    att_permuted_ = {out.data, n, o->perm};
 }
 
 void CudaBackend::silu_mul(Tensor& out, const Tensor& gate, const Tensor& up) {

@@ -56,8 +56,8 @@ struct MixedOwner {
   }
 };
 
-// The column lists on the device, and the decode row every part reads where each can
-// (QMixedDevice::row): slots one after the other, each its part's padded columns long.
+// The column lists on the device, and the decode row every part reads (QMixedDevice::row): slots
+// one after the other, each its part's padded columns long (so 16-byte aligned).
 size_t finish_mixed(MixedOwner& o, const std::vector<int32_t>& cols_all) {
   QMixedDevice& d = o.d;
   const size_t list_bytes = cols_all.size() * sizeof(int32_t);
@@ -70,8 +70,9 @@ size_t finish_mixed(MixedOwner& o, const std::vector<int32_t>& cols_all) {
     d.row_offset[p] = row_cols;
     row_cols += qlinear_padded_cols(d.parts[p]);
   }
+  d.row_norm = true;
   for (int p = 0; p < d.n_parts; ++p)
-    if (!qlinear_reads_row(d.parts[p], 1, row_cols)) return list_bytes;
+    d.row_norm = d.row_norm && qlinear_reads_row(d.parts[p], 1, row_cols);
   std::vector<int32_t> row_list(static_cast<size_t>(row_cols), -1),
       pos(static_cast<size_t>(d.cols), -1);
   size_t at = 0;
@@ -248,8 +249,9 @@ void CudaBackend::mixed_split(const OutSplit& split, const half* x, const Tensor
   qlinear_matmul_split(m.parts[last], in.x[last], split, n, last > 0 ? nullptr : bias, stream_, f);
 }
 
-void CudaBackend::mixed_swiglu(half* out, const half* x, const Tensor& w, int n, int hidden,
-                               const half* norm, float eps, const half* row_norm) {
+bool CudaBackend::mixed_swiglu(half* out, const half* x, const Tensor& w, int n, int hidden,
+                               const half* norm, float eps, const half* row_norm,
+                               const QMixedDevice* reader) {
   const QMixedDevice& m = qmixed_of(w);
   const int rows = static_cast<int>(w.rows);
   const MixedInput in = mixed_input(m, x, n, norm, eps, row_norm);
@@ -259,30 +261,39 @@ void CudaBackend::mixed_swiglu(half* out, const half* x, const Tensor& w, int n,
     mixed_parts(m, in, fused, n, 0, last, nullptr, false);
     QlinearFusion f = part_fusion(in, last);
     f.prior = last > 0 ? fused : nullptr;
-    if (qlinear_gemv_swiglu(m.parts[last], in.x[last], out, n, hidden, stream_, f)) return;
+    if (reader != nullptr) f.y_index = reader->pos;
+    if (qlinear_gemv_swiglu(m.parts[last], in.x[last], reader != nullptr ? reader->row : out, n,
+                            hidden, stream_, f))
+      return reader != nullptr;
     mixed_parts(m, in, fused, n, last, m.n_parts, nullptr, last > 0);
   } else {
     mixed_parts(m, in, fused, n, 0, m.n_parts, nullptr, false);
   }
   swiglu_interleaved(out, fused, n, hidden, rows, kSwigluBlock, stream_);
+  return false;
 }
 
 bool CudaBackend::mixed_matmul(const QMixedDevice& m, const half* x, half* y, int n,
                                const half* bias, bool accumulate, const half* norm, float eps,
-                               half* y_perm, const int32_t* y_perm_index) {
-  const MixedInput in = mixed_input(m, x, n, norm, eps);
+                               half* y_perm, const int32_t* y_perm_index, bool x_in_row) {
+  const MixedInput in = mixed_input(m, x, n, norm, eps, nullptr, x_in_row);
   if (!in.direct) y_perm = nullptr;
   mixed_parts(m, in, y, n, 0, m.n_parts, bias, accumulate, y_perm, y_perm_index);
   return y_perm != nullptr;
 }
 
 CudaBackend::MixedInput CudaBackend::mixed_input(const QMixedDevice& m, const half* x, int n,
-                                                 const half* norm, float eps,
-                                                 const half* row_norm) {
+                                                 const half* norm, float eps, const half* row_norm,
+                                                 bool x_in_row) {
   MixedInput in;
   static_assert(sizeof(in.x) / sizeof(in.x[0]) == kMixedMaxParts);
-  if (row_norm != nullptr) {  // the row the residual's producer filled (take_mixed_row)
+  if (x_in_row) {  // the row the kernel before filled (matmul_add)
     GYRE_CHECK(n == 1 && m.row != nullptr, "internal: a mixed row for ", n, " rows");
+    for (int p = 0; p < m.n_parts; ++p) in.x[p] = m.row + m.row_offset[p];
+    return in;
+  }
+  if (row_norm != nullptr) {  // the row the residual's producer filled (take_mixed_row)
+    GYRE_CHECK(n == 1 && m.row_norm, "internal: a mixed row for ", n, " rows");
     in.x_cols = m.row_cols;
     in.norm = row_norm;
     in.eps = eps;

@@ -506,6 +506,14 @@ Params fused_params(const QWeightDevice& w, const __half* x, __half* y, int n, c
   p.y_perm_index = f.y_perm_index;
   GYRE_CHECK(f.prior == nullptr || !f.accumulate, "qlinear: a prior sum does not accumulate");
   p.prior = f.prior;
+  GYRE_CHECK(f.y_index == nullptr || n == 1, "qlinear: an indexed SwiGLU output at ", n, " rows");
+  p.y_index = f.y_index;
+  if (f.norm_w != nullptr) {
+    GYRE_CHECK(qlinear_fuses_norm(w, n), "qlinear: no fused RMSNorm for a ", w.desc.bits, "-bit [",
+               w.desc.rows, ", ", w.desc.cols, "] weight at ", n, " rows");
+    p.norm_w = f.norm_w;
+    p.norm_eps = f.norm_eps;
+  }
   if (f.x_cols > 0) {
     GYRE_CHECK(qlinear_reads_row(w, n, f.x_cols) && f.x_offset % 64 == 0 && f.x_offset >= 0 &&
                    f.x_offset + qlinear_padded_cols(w) <= f.x_cols && f.norm_cols >= 0,
@@ -515,12 +523,8 @@ Params fused_params(const QWeightDevice& w, const __half* x, __half* y, int n, c
     p.x_cols = f.x_cols;
     p.x_offset = f.x_offset;
     p.norm_cols = f.norm_cols;
-  }
-  if (f.norm_w != nullptr) {
-    GYRE_CHECK(qlinear_fuses_norm(w, n), "qlinear: no fused RMSNorm for a ", w.desc.bits, "-bit [",
-               w.desc.rows, ", ", w.desc.cols, "] weight at ", n, " rows");
-    p.norm_w = f.norm_w;
-    p.norm_eps = f.norm_eps;
+    p.x = x + f.x_offset;  // the kernel stages from here as from a row of its own
+    if (p.norm_w != nullptr) p.norm_w += f.x_offset;
   }
   if (qlinear_fuses_rotation(w, n)) {
     p.had_signs = w.had_signs;
@@ -545,8 +549,9 @@ bool qlinear_fuses_norm(const QWeightDevice& w, int n) {
 }
 
 bool qlinear_reads_row(const QWeightDevice& w, int n, int x_cols) {
-  if (x_cols <= 0 || x_cols % 64 != 0 || x_cols > kQlinearTiledBitsMaxCols || w.perm != nullptr ||
-      w.had_block > 0 || (w.desc.narrow() && w.narrow_tiled == 0) || !qlinear_fuses_norm(w, n))
+  if (n != 1 || x_cols <= 0 || x_cols % 64 != 0 || x_cols > kQlinearTiledBitsMaxCols ||
+      w.perm != nullptr || w.had_block > 0 || (w.desc.narrow() && w.narrow_tiled == 0) ||
+      !qlinear_fuses_norm(w, n))
     return false;
   if (w.narrow_tiled > 0) return true;  // x_cols <= the longest row a tiled layout stages
   Params p = layout_params(w);

@@ -78,15 +78,18 @@ struct QlinearFusion {
   // SwiGLU epilogue (a mixed weight's earlier parts, cuda_qmixed.cc).
   const __half* prior = nullptr;
   // x_cols > 0, only where qlinear_reads_row(w, n, x_cols): each row of x holds x_cols columns
-  // (zeros where no column is), all normalised together (the mean over norm_cols, norm_w
-  // [x_cols] in the same layout), of which this weight reads its kblocks * 64 from x_offset (a
-  // multiple of 64). A mixed weight's parts reading one decode row laid out for all of them.
+  // (zeros where no column is), normalised over all of them (the mean over norm_cols, norm_w
+  // [x_cols] in the same layout), of which this weight reads its qlinear_padded_cols from
+  // x_offset (a multiple of 64). A mixed weight's parts reading one decode row laid out for all.
   int x_cols = 0, x_offset = 0, norm_cols = 0;
+  // qlinear_gemv_swiglu at n = 1 only: hidden row h goes to out[y_index[h]] (the decode row of
+  // the mixed weight that reads it next, cuda_qmixed.cc) instead of out[h].
+  const int32_t* y_index = nullptr;
 };
 bool qlinear_fuses_norm(const QWeightDevice& w, int n);
 // Whether the entry points taking a QlinearFusion accept x_cols at n rows for w (the stream GEMV
-// runs: no act-order, no rotation, a row of x_cols columns fits its staging; x_offset must
-// leave room for w's padded columns: qlinear_padded_cols).
+// runs: no act-order, no rotation; x_offset must leave room for w's padded columns:
+// qlinear_padded_cols).
 bool qlinear_reads_row(const QWeightDevice& w, int n, int x_cols);
 int qlinear_padded_cols(const QWeightDevice& w);
 // w carries a rotation that the entry points taking a QlinearFusion apply to x in their staging

@@ -271,7 +271,8 @@ __global__ void __launch_bounds__(kWarps * 32) batch_kernel(Params p, int token_
         for (int i = 0; i < 2; ++i) {
           const int tok = tok0 + 8 * nt + 2 * t + i;
           if (hrow < p.swiglu_hidden && tok < p.n)
-            p.y[int64_t{tok} * p.swiglu_hidden + hrow] = swiglu_out(p, tok, hrow, c[i], c[2 + i]);
+            p.y[int64_t{tok} * p.swiglu_hidden + swiglu_at(p, hrow)] =
+                swiglu_out(p, tok, hrow, c[i], c[2 + i]);
         }
         continue;
       }

@@ -49,6 +49,9 @@ struct Params {
   // which each output completes (rounded to FP16 first, as accumulate rounds) before the split or
   // SwiGLU epilogue, so that no separate split or SwiGLU kernel runs after the parts.
   const __half* prior = nullptr;
+  // SwiGLU at n = 1 only: hidden row h goes to y[y_index[h]] (the decode row of the mixed weight
+  // that reads it next, QMixedDevice::row) instead of y[h].
+  const int32_t* y_index = nullptr;
   // With accumulate (every kernel, through store_out): each new y[tok, row] also goes to
   // y_perm[tok * rows + y_perm_index[row]], the residual in the column order of the act-order
   // weight that reads it next (its inv_perm), so that weight's GEMV stages x without permuting.
@@ -58,10 +61,10 @@ struct Params {
   // multiplied by norm_w [cols] (original column order) before use.
   const __half* norm_w = nullptr;
   float norm_eps = 0.f;
-  // The stream GEMV only (no act-order, no rotation), x_cols > 0: each x row holds x_cols columns
-  // (a multiple of 64), all staged and, with norm_w [x_cols], normalised over all of them (the
-  // mean over norm_cols); this weight reads kblocks * 64 of them from x_offset (a multiple of
-  // 64). A mixed weight's parts reading the one decode row laid out for all of them.
+  // The stream GEMV only (no act-order, no rotation), n = 1, x_cols > 0: x and norm_w point
+  // x_offset columns into a shared row of x_cols (a multiple of 64) and its norm weights, which
+  // normalise over the whole row (the mean over norm_cols). A mixed weight's parts reading the
+  // one decode row laid out for all of them (qlinear.cu's fused_params sets the pointers).
   int x_cols = 0, x_offset = 0, norm_cols = 0;
   // The stream GEMV only: a rotated layer's R^T (backend/cpu/hadamard.h) applied to the staged x
   // (after the norm): each had_block-block of had_signs .* x through the Walsh-Hadamard
@@ -101,6 +104,11 @@ __device__ __forceinline__ __half swiglu_out(const Params& p, int tok, int hrow,
   return __float2half_rn(cuda::silu_times(gate, up));
 }
 
+// Where hidden row hrow of a SwiGLU output goes in its token's row (Params::y_index).
+__device__ __forceinline__ int swiglu_at(const Params& p, int hrow) {
+  return p.y_index != nullptr ? __ldg(p.y_index + hrow) : hrow;
+}
+
 __device__ __forceinline__ void store_out(const Params& p, int tok, int row, float v) {
   v = with_prior(p, tok, row, v);
   if (p.split.parts == 0) {
@@ -123,7 +131,7 @@ inline constexpr int kBatchTrellis = 0;
 inline Params token_chunk(const Params& p, int t0, int n) {
   Params c = p;
   c.n = n;
-  c.x = p.x + int64_t{t0} * (p.x_cols > 0 ? p.x_cols : p.cols);
+  c.x = p.x + int64_t{t0} * p.cols;  // x_cols > 0: n = 1
   if (p.prior != nullptr) c.prior = p.prior + int64_t{t0} * p.rows;
   if (p.swiglu_hidden > 0) {
     c.y = p.y + int64_t{t0} * p.swiglu_hidden;
@@ -330,7 +338,7 @@ __device__ __forceinline__ void store_batch_element(const Params& p, int tile, i
   if (p.swiglu_hidden > 0) {
     const int hrow = 8 * tile + gg;
     if (i < 2 && hrow < p.swiglu_hidden)
-      p.y[int64_t{tok} * p.swiglu_hidden + hrow] = swiglu_out(p, tok, hrow, v, up());
+      p.y[int64_t{tok} * p.swiglu_hidden + swiglu_at(p, hrow)] = swiglu_out(p, tok, hrow, v, up());
     return;
   }
   const int row = 16 * tile + gg + 8 * (i / 2);

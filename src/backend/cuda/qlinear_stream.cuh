@@ -63,13 +63,8 @@ __host__ __device__ inline int act_order_smem(const Params& p);
 // Dynamic shared memory of the staged x for n tokens, then a rotated layer's signs (cols bytes, a
 // multiple of 32) and, with the norm fused, the norm weights (cols halves); or an act-order
 // weight's (never rotated) gather space (act_order_smem).
-// Columns of a staged x row: the weight's padded columns, or all of a shared row's (x_cols).
-__host__ __device__ inline int stream_x_cols(const Params& p) {
-  return p.x_cols > 0 ? p.x_cols : p.kblocks * 64;
-}
-
 __host__ __device__ inline int stream_smem(const Params& p) {
-  return p.n * (stream_x_cols(p) + kStreamXPad) * 2 +
+  return p.n * (p.kblocks * 64 + kStreamXPad) * 2 +
          (p.had_block > 0 ? p.cols * (p.norm_w != nullptr ? 3 : 1) : 0) + act_order_smem(p);
 }
 
@@ -409,6 +404,17 @@ __device__ __forceinline__ void scatter_stream_rows(const Params& p, __half* xs,
   }
 }
 
+__device__ __forceinline__ float sum_squares8(uint4 v) {
+  const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
+  float s = 0.f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 f = __half22float2(as_half2(w4[k]));
+    s += f.x * f.x + f.y * f.y;
+  }
+  return s;
+}
+
 // x rows 0..n-1 into xs (columns padded to whole blocks with zeros, gathered through perm), then
 // (norm_w set) each row scaled by its RMS norm exactly as the rmsnorm kernel rounds it, then
 // (had_block set; signs staged by stage_signs_async) rotated by R^T.
@@ -418,8 +424,7 @@ __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int 
                                                const int8_t* signs, const __half* norm_s) {
   const int lane = threadIdx.x & 31;
   const bool act = AO == 2 || (AO == 0 && p.perm != nullptr);  // an act-order weight
-  const int chunks = stream_x_cols(p) / 8;
-  const int row_cols = p.x_cols > 0 ? p.x_cols : p.cols;  // of x in global memory
+  const int chunks = p.kblocks * 64 / 8;
   __shared__ float norm_sum[8];
   if (p.norm_w != nullptr && threadIdx.x < 8) norm_sum[threadIdx.x] = 0.f;
   if (p.norm_w != nullptr) __syncthreads();
@@ -442,27 +447,25 @@ __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int 
     }
   }
   for (int tok = 0; tok < p.n && !act; ++tok) {  // act-order: gathered above
-    const __half* row = p.x + int64_t{tok} * row_cols;
+    const __half* row = p.x + int64_t{tok} * p.cols;
     float ss = 0.f;
     for (int i = threadIdx.x; i < chunks; i += blockDim.x) {
       const int c = i * 8;
       uint4 v = make_uint4(0, 0, 0, 0);
-      if (c + 8 <= row_cols) {
+      if (c + 8 <= p.cols) {
         v = __ldg(reinterpret_cast<const uint4*>(row + c));
-      } else if (c < row_cols) {
+      } else if (c < p.cols) {
         __half h[8];
-        for (int k = 0; k < 8; ++k) h[k] = c + k < row_cols ? row[c + k] : __float2half(0.f);
+        for (int k = 0; k < 8; ++k) h[k] = c + k < p.cols ? row[c + k] : __float2half(0.f);
         memcpy(&v, h, 16);
       }
-      if (p.norm_w != nullptr) {
-        const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float2 f = __half22float2(as_half2(w4[k]));
-          ss += f.x * f.x + f.y * f.y;
-        }
-      }
+      if (p.norm_w != nullptr && p.x_cols == 0) ss += sum_squares8(v);
       *reinterpret_cast<uint4*>(xs + tok * stride + c) = v;
+    }
+    if (p.norm_w != nullptr && p.x_cols > 0) {  // over the whole shared row, x at x_offset of it
+      const __half* whole = row - p.x_offset;
+      for (int c = threadIdx.x * 8; c < p.x_cols; c += blockDim.x * 8)
+        ss += sum_squares8(__ldg(reinterpret_cast<const uint4*>(whole + c)));
     }
     if (p.norm_w != nullptr) {
       for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
@@ -496,13 +499,13 @@ __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int 
           norm_sum[tok] / static_cast<float>(p.norm_cols > 0 ? p.norm_cols : p.cols) + p.norm_eps);
       for (int i = threadIdx.x; i < chunks; i += blockDim.x) {
         const int c = i * 8;
-        if (c >= row_cols) continue;
+        if (c >= p.cols) continue;
         __half h[8];
         memcpy(h, xs + tok * stride + c, 16);
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
           const int cc = c + k;
-          if (cc < row_cols) {
+          if (cc < p.cols) {
             const float w = __half2float(act ? nws[cc] : p.norm_w[cc]);
             h[k] = __float2half(__half2float(h[k]) * inv_rms * w);
           }
@@ -575,7 +578,7 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
   using Slot = StreamSlot<BITS, S, G32, ASYM>;
   using Ring = StreamRing<BITS, S, G32, ASYM>;
   constexpr int kScaleWords = S * kGroupsPerBlock;
-  const int stride = stream_x_cols(p) + kStreamXPad;
+  const int stride = p.kblocks * 64 + kStreamXPad;
   // P > 0: this warp's slots after the staged x (and rotation data), 16-byte aligned.
   unsigned char* slots =
       smem_raw + stream_smem_aligned(p) + static_cast<size_t>(warp) * P * Ring::kSlotBytes;
@@ -635,7 +638,7 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
 
   stage_stream_x<AO>(p, xs, stride, signs, norm_s);
 
-  const __half* xrow = xs + min(g, p.n - 1) * stride + p.x_offset + 8 * t;  // B column g: token g
+  const __half* xrow = xs + min(g, p.n - 1) * stride + 8 * t;  // B column g: token g
   constexpr uint32_t kOffset = ASYM ? 0u : 1u << (BITS - 1);
   const __half2 lo_base = __float2half2_rn(1024.f + kOffset);
   const __half2 hi_base = __float2half2_rn(-64.f - kOffset);  // 4 bits: the 16q registers

@@ -23,12 +23,14 @@ struct QMixedDevice {
   const int32_t* cols_all = nullptr;
   const int8_t* had_signs = nullptr;  // a rotated layer: x is rotated before the gathers
   int had_block = 0;
-  // One decode row laid out for every part to read (QlinearFusion::x_cols), which the residual's
-  // producer fills in its epilogue so that no gather runs (cuda_fused.cc); null where a part
-  // cannot read such a row. Part p's slot starts at row_offset[p] (its padded columns long);
-  // pos [cols]: where input column c lies; row_list [row_cols]: the column at each place (-1:
-  // none, always 0 in row).
+  // One decode row laid out for every part to read, which the kernel before fills in its epilogue
+  // so that no gather runs (cuda_fused.cc, cuda_ops.cc); null for a rotated weight. Part p's slot
+  // starts at row_offset[p] (its padded columns long); pos [cols]: where input column c lies;
+  // row_list [row_cols]: the column at each place (-1: none, always 0 in row). row_norm: every
+  // part can also stage the whole row normalised (QlinearFusion::x_cols), as a reader of the
+  // residual must.
   half* row = nullptr;
+  bool row_norm = false;
   int row_cols = 0;
   int row_offset[kMixedMaxParts] = {};
   const int32_t* pos = nullptr;
