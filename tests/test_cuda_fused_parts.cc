@@ -71,8 +71,7 @@ struct Parts {
 
 // Case 0: q 4-bit, k and v 6-bit (one group k|v), gate 3-bit, up 5-bit asymmetric: every part
 // fuses its norm at n <= 2. Case 1: q mixed 3/4, k 5-bit, v mixed 3/4 with other columns, gate
-// mixed, up 4-bit: the mixed groups fold the norm into their gathers, the packed ones into their
-// GEMVs (n <= 2; beyond, the rmsnorm first).
+// mixed, up 4-bit: the unfused path (rmsnorm, gathered mixed products).
 Parts make_parts(int which) {
   Parts p;
   p.packs.reserve(8);
@@ -233,8 +232,8 @@ TEST(CudaFusedParts, DecodeStepGraphReplaysWithNewInputs) {
     LayerOnBackend g(*gpu, p, xh, norm_w, 1);
     const Tensor delta = input_on(*gpu, normal(kCols, 0.5f, 8), 1);
     const bool with_norm = gpu->fuses_norms(1, g.wqkv) && gpu->fuses_norms(1, g.wgu);
-    EXPECT_TRUE(with_norm);  // mixed groups too, in their gathers
-    g.unfused(with_norm);    // sizes every scratch buffer before the capture
+    EXPECT_TRUE(which == 0 || !with_norm);  // mixed parts keep their rmsnorm
+    g.unfused(with_norm);                   // sizes every scratch buffer before the capture
     g.fused(with_norm);
     const int tag = 0;
     gpu->capture_begin(&tag, 0);

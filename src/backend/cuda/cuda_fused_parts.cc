@@ -145,17 +145,11 @@ void CudaBackend::group_matmul(const Tensor& w, const half* x, const OutSplit& s
       qlinear_matmul_split(qweight_of(w), x, split, n, bias, stream_, f);
     return;
   }
-  GYRE_CHECK(!f.accumulate, "internal: a fused weight's group does not accumulate");
-  if (is_mixed_tensor(w)) {  // the norm, if any, in the gather of its parts' inputs
-    if (split.parts == 1)
-      mixed_matmul(qmixed_of(w), x, split.out[0], n, bias, false, f.norm_w, f.norm_eps);
-    else
-      mixed_split(split, x, w, n, bias, f.norm_w, f.norm_eps);
-    return;
-  }
-  GYRE_CHECK(f.norm_w == nullptr, "internal: no fused norm for this part");
+  GYRE_CHECK(f.norm_w == nullptr && !f.accumulate, "internal: no fused norm for this part");
   half* y = split.parts == 1 ? split.out[0] : fused_scratch(static_cast<size_t>(n) * rows);
-  if (is_quantized_tensor(w)) {
+  if (is_mixed_tensor(w)) {
+    mixed_matmul(qmixed_of(w), x, y, n, bias);
+  } else if (is_quantized_tensor(w)) {
     packed_part_matmul(qweight_of(w), x, y, n, bias);
   } else {
     const half* xd = x;
@@ -170,14 +164,9 @@ void CudaBackend::group_matmul(const Tensor& w, const half* x, const OutSplit& s
   if (split.parts > 1) split_rows(split, y, n, rows, stream_);
 }
 
-// Every group folds the norm in: a packed one in its GEMV's staging, a mixed one (not rotated)
-// in its gather, at any n.
 bool CudaBackend::parts_fuse_norms(int n, const Tensor& w) const {
-  for (const auto& g : parts_of(w).groups) {
-    if (is_mixed_tensor(g.w) ? !mixed_fuses_norm(g.w)
-                             : !is_quantized_tensor(g.w) || !qlinear_fuses_norm(qweight_of(g.w), n))
-      return false;
-  }
+  for (const auto& g : parts_of(w).groups)
+    if (!is_quantized_tensor(g.w) || !qlinear_fuses_norm(qweight_of(g.w), n)) return false;
   return true;
 }
 
