@@ -11,6 +11,27 @@
 
 namespace gyre::cuda {
 
+namespace {
+
+// A reader's norm weights in its own layout (CudaBackend::permuted_norms_ entry pn): true when pn
+// holds them for this norm and weight; else, outside a graph capture (they are made in the eager
+// run before any capture), pn gets `halves` new values and fill() writes them.
+template <class Entry, class Fill>
+bool reader_norm(Entry& pn, const Tensor& norm, const Tensor& wt, bool capturing, size_t halves,
+                 const char* what, Fill&& fill) {
+  if (pn.values != nullptr && pn.norm_owner.lock() == norm.owner &&
+      pn.weight_owner.lock() == wt.owner)
+    return true;
+  if (capturing) return false;
+  pn.values = device_alloc(halves * sizeof(half), what);
+  fill(static_cast<half*>(pn.values.get()));
+  pn.norm_owner = norm.owner;
+  pn.weight_owner = wt.owner;
+  return true;
+}
+
+}  // namespace
+
 // reader: a mixed down_proj takes the SwiGLU product in its decode row, written by the epilogue
 // of the gate|up kernel (no gather before its parts).
 const QMixedDevice* CudaBackend::row_reader(const Tensor* reader, const Tensor& out, int n) const {
@@ -40,16 +61,12 @@ bool CudaBackend::take_permuted(const NormedInput& in, const Tensor& wt, QWeight
     return false;
   PermutedNorm& pn =
       permuted_norms_[std::make_pair(static_cast<const void*>(in.norm.data), w.perm)];
-  if (pn.values == nullptr || pn.norm_owner.lock() != in.norm.owner ||
-      pn.weight_owner.lock() != wt.owner) {
-    if (capturing_) return false;  // made in the eager run before any capture; not here
-    pn.values =
-        device_alloc(static_cast<size_t>(in.x.cols) * sizeof(half), "permuted norm weights");
-    qlinear_gather_input(w, static_cast<const half*>(in.norm.data),
-                         static_cast<half*>(pn.values.get()), 1, stream_);
-    pn.norm_owner = in.norm.owner;
-    pn.weight_owner = wt.owner;
-  }
+  if (!reader_norm(pn, in.norm, wt, capturing_, static_cast<size_t>(in.x.cols),
+                   "permuted norm weights", [&](half* out) {
+                     qlinear_gather_input(w, static_cast<const half*>(in.norm.data), out, 1,
+                                          stream_);
+                   }))
+    return false;
   plain = w;
   plain.perm = nullptr;
   plain.inv_perm = nullptr;
@@ -69,19 +86,15 @@ const half* CudaBackend::take_mixed_row(const NormedInput& in, const Tensor& wt)
       in.norm.owner == nullptr || wt.owner == nullptr)
     return nullptr;
   PermutedNorm& pn = permuted_norms_[std::make_pair(static_cast<const void*>(in.norm.data), m.pos)];
-  if (pn.values == nullptr || pn.norm_owner.lock() != in.norm.owner ||
-      pn.weight_owner.lock() != wt.owner) {
-    if (capturing_) return nullptr;  // made in the eager run before any capture; not here
-    pn.values =
-        device_alloc(static_cast<size_t>(m.row_cols) * sizeof(half), "mixed row norm weights");
-    MixedGather g;
-    g.parts = 1;
-    g.k[0] = m.row_cols;
-    gather_parts(static_cast<half*>(pn.values.get()), static_cast<const half*>(in.norm.data),
-                 m.row_list, 1, m.cols, g, stream_);
-    pn.norm_owner = in.norm.owner;
-    pn.weight_owner = wt.owner;
-  }
+  if (!reader_norm(pn, in.norm, wt, capturing_, static_cast<size_t>(m.row_cols),
+                   "mixed row norm weights", [&](half* out) {
+                     MixedGather g;
+                     g.parts = 1;
+                     g.k[0] = m.row_cols;
+                     gather_parts(out, static_cast<const half*>(in.norm.data), m.row_list, 1,
+                                  m.cols, g, stream_);
+                   }))
+    return nullptr;
   ++permuted_handoffs_;
   return static_cast<const half*>(pn.values.get());
 }

@@ -549,16 +549,10 @@ bool qlinear_fuses_norm(const QWeightDevice& w, int n) {
 }
 
 bool qlinear_reads_row(const QWeightDevice& w, int n, int x_cols) {
-  if (n != 1 || x_cols <= 0 || x_cols % 64 != 0 || x_cols > kQlinearTiledBitsMaxCols ||
-      w.perm != nullptr || w.had_block > 0 || (w.desc.narrow() && w.narrow_tiled == 0) ||
-      !qlinear_fuses_norm(w, n))
-    return false;
-  if (w.narrow_tiled > 0) return true;  // x_cols <= the longest row a tiled layout stages
-  Params p = layout_params(w);
-  p.n = n;
-  p.x_cols = x_cols;
-  p.norm_w = reinterpret_cast<const __half*>(w.qweight);  // as qlinear_fuses_norm's fit
-  return qlinear_detail::gemv4_stream_supported(p);
+  // The kernel stages only w's slice, so qlinear_fuses_norm's fit covers it; act-order weights
+  // permute x in their staging and rotated ones rotate it, neither of which a slice allows.
+  return n == 1 && x_cols > 0 && x_cols % 64 == 0 && w.perm == nullptr && w.had_block == 0 &&
+         qlinear_fuses_norm(w, n);
 }
 
 int qlinear_padded_cols(const QWeightDevice& w) {
