@@ -352,8 +352,8 @@ void CudaBackend::mixed_parts(const QMixedDevice& m, const MixedInput& in, half*
       packed_part_matmul(m.parts[p], in.x[p], y, n, b);
     } else {
       packed_part_matmul(m.parts[p], in.x[p], in.partial, n, b);
-      cuda::add(y, in.partial, static_cast<int64_t>(n) * m.rows,
-                stream_);  // member add takes Tensors
+      // cuda::add: the member add takes Tensors.
+      cuda::add(y, in.partial, static_cast<int64_t>(n) * m.rows, stream_);
     }
   }
 }

@@ -84,7 +84,6 @@ void qlaunch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, 
   kernel<<<grid, block, smem, s>>>(std::forward<Args>(args)...);
 }
 
-// Output row `row` of token `tok`: into y [n, rows], or into the split outputs.
 // v completed by the prior sum of output row `row` of token tok (Params::prior), if any.
 __device__ __forceinline__ float with_prior(const Params& p, int tok, int row, float v) {
   if (p.prior == nullptr) return v;
@@ -109,6 +108,7 @@ __device__ __forceinline__ int swiglu_at(const Params& p, int hrow) {
   return p.y_index != nullptr ? __ldg(p.y_index + hrow) : hrow;
 }
 
+// Output row `row` of token `tok`: into y [n, rows], or into the split outputs.
 __device__ __forceinline__ void store_out(const Params& p, int tok, int row, float v) {
   v = with_prior(p, tok, row, v);
   if (p.split.parts == 0) {
