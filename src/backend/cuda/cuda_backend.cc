@@ -121,6 +121,8 @@ CudaBackend::CudaBackend(int device, const BackendOptions& options)
     mixed_prior_epilogue_ = std::string(r) != "0";
   if (const char* r = std::getenv("GYRE_CUDA_MIXED_ROW"))
     mixed_row_enabled_ = std::string(r) != "0";
+  if (const char* r = std::getenv("GYRE_CUDA_MIXED_LATE")) mixed_late_wait_ = std::string(r) != "0";
+  if (const char* r = std::getenv("GYRE_CUDA_MIXED_ORDER")) mixed_order_ = std::string(r) != "0";
   cudaDeviceProp prop{};
   GYRE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   sm_count_ = prop.multiProcessorCount;

@@ -282,6 +282,8 @@ class CudaBackend final : public Backend {
   QlinearFusion part_fusion(const MixedInput& in, int p);  // the shared row's, if any
   // Parts [first, last) of m into y: the first writes y (+ bias) unless accumulate, the others
   // add; the last also writes y_perm (QlinearFusion's) when set.
+  // The part launched i-th (QMixedDevice::order, or i with GYRE_CUDA_MIXED_ORDER=0).
+  int part_at(const QMixedDevice& m, int i) const;
   void mixed_parts(const QMixedDevice& m, const MixedInput& in, half* y, int n, int first, int last,
                    const half* bias, bool accumulate, half* y_perm = nullptr,
                    const int32_t* y_perm_index = nullptr);
@@ -354,6 +356,8 @@ class CudaBackend final : public Backend {
   bool mixed_norm_in_gather_ = true;       // GYRE_CUDA_MIXED_NORM=0: never (A/B)
   bool mixed_prior_epilogue_ = true;       // GYRE_CUDA_MIXED_PRIOR=0: never (A/B)
   bool mixed_row_enabled_ = true;          // GYRE_CUDA_MIXED_ROW=0: never (A/B)
+  bool mixed_late_wait_ = true;            // GYRE_CUDA_MIXED_LATE=0: never (A/B)
+  bool mixed_order_ = true;                // GYRE_CUDA_MIXED_ORDER=0: parts in stored order (A/B)
   uint64_t permuted_handoffs_ = 0;
   Scratch xperm_;
   // Norm weights in an act-order weight's column order, by (norm, perm); made on first use and

@@ -64,6 +64,12 @@ size_t finish_mixed(MixedOwner& o, const std::vector<int32_t>& cols_all) {
   o.cols = device_alloc(list_bytes, "mixed weight columns");
   GYRE_CUDA_CHECK(cudaMemcpy(o.cols.get(), cols_all.data(), list_bytes, cudaMemcpyHostToDevice));
   d.cols_all = static_cast<const int32_t*>(o.cols.get());
+  // Parts whose decode kernel cannot wait late (qlinear_waits_late) go first, then the most bytes.
+  auto key = [&](int p) {
+    const QWeightDevice& w = d.parts[p];
+    return std::make_pair(qlinear_waits_late(w, 1), -int64_t{w.desc.cols} * w.desc.bits);
+  };
+  std::stable_sort(d.order, d.order + d.n_parts, [&](int a, int b) { return key(a) < key(b); });
   if (d.had_signs != nullptr) return list_bytes;
   int row_cols = 0;
   for (int p = 0; p < d.n_parts; ++p) {
@@ -223,6 +229,10 @@ void CudaBackend::packed_part_matmul(const QWeightDevice& w, const half* x, half
   if (bias) add_bias(y, bias, n, o, stream_);
 }
 
+int CudaBackend::part_at(const QMixedDevice& m, int i) const {
+  return mixed_order_ ? m.order[i] : i;
+}
+
 bool CudaBackend::mixed_fuses_norm(const Tensor& w) const {
   return mixed_norm_in_gather_ && is_mixed_tensor(w) && qmixed_of(w).had_signs == nullptr;
 }
@@ -242,11 +252,12 @@ void CudaBackend::mixed_split(const OutSplit& split, const half* x, const Tensor
     split_rows(split, fused, n, rows, stream_);
     return;
   }
-  const int last = m.n_parts - 1;
+  const int last = m.n_parts - 1, p = part_at(m, last);
   mixed_parts(m, in, fused, n, 0, last, bias, false);
-  QlinearFusion f = part_fusion(in, last);
+  QlinearFusion f = part_fusion(in, p);
   f.prior = last > 0 ? fused : nullptr;
-  qlinear_matmul_split(m.parts[last], in.x[last], split, n, last > 0 ? nullptr : bias, stream_, f);
+  f.x_ready = last > 0 && mixed_late_wait_;
+  qlinear_matmul_split(m.parts[p], in.x[p], split, n, last > 0 ? nullptr : bias, stream_, f);
 }
 
 bool CudaBackend::mixed_swiglu(half* out, const half* x, const Tensor& w, int n, int hidden,
@@ -256,14 +267,15 @@ bool CudaBackend::mixed_swiglu(half* out, const half* x, const Tensor& w, int n,
   const int rows = static_cast<int>(w.rows);
   const MixedInput in = mixed_input(m, x, n, norm, eps, row_norm);
   half* fused = fused_scratch(static_cast<size_t>(n) * rows);
-  const int last = m.n_parts - 1;
+  const int last = m.n_parts - 1, p = part_at(m, last);
   if (in.direct && mixed_prior_epilogue_) {
     mixed_parts(m, in, fused, n, 0, last, nullptr, false);
-    QlinearFusion f = part_fusion(in, last);
+    QlinearFusion f = part_fusion(in, p);
     f.prior = last > 0 ? fused : nullptr;
+    f.x_ready = last > 0 && mixed_late_wait_;
     if (reader != nullptr) f.y_index = reader->pos;
-    if (qlinear_gemv_swiglu(m.parts[last], in.x[last], reader != nullptr ? reader->row : out, n,
-                            hidden, stream_, f))
+    if (qlinear_gemv_swiglu(m.parts[p], in.x[p], reader != nullptr ? reader->row : out, n, hidden,
+                            stream_, f))
       return reader != nullptr;
     mixed_parts(m, in, fused, n, last, m.n_parts, nullptr, last > 0);
   } else {
@@ -337,13 +349,15 @@ QlinearFusion CudaBackend::part_fusion(const MixedInput& in, int p) {
 void CudaBackend::mixed_parts(const QMixedDevice& m, const MixedInput& in, half* y, int n,
                               int first, int last, const half* bias, bool accumulate, half* y_perm,
                               const int32_t* y_perm_index) {
-  for (int p = first; p < last; ++p) {
-    const half* b = p == first ? bias : nullptr;
-    const bool add = accumulate || p > first;
+  for (int i = first; i < last; ++i) {
+    const int p = part_at(m, i);
+    const half* b = i == first ? bias : nullptr;
+    const bool add = accumulate || i > first;
     if (in.direct) {
       QlinearFusion f = part_fusion(in, p);
       f.accumulate = add;
-      if (p + 1 == last) {  // the sum complete: its copy in the next reader's order
+      f.x_ready = i > first && mixed_late_wait_;  // the kernel before: the part launched before
+      if (i + 1 == last) {  // the sum complete: its copy in the next reader's order
         f.y_perm = y_perm;
         f.y_perm_index = y_perm_index;
       }

@@ -508,6 +508,7 @@ Params fused_params(const QWeightDevice& w, const __half* x, __half* y, int n, c
   p.prior = f.prior;
   GYRE_CHECK(f.y_index == nullptr || n == 1, "qlinear: an indexed SwiGLU output at ", n, " rows");
   p.y_index = f.y_index;
+  p.late_wait = f.x_ready && w.perm == nullptr;  // act-order rows may be gathered by a launch
   if (f.norm_w != nullptr) {
     GYRE_CHECK(qlinear_fuses_norm(w, n), "qlinear: no fused RMSNorm for a ", w.desc.bits, "-bit [",
                w.desc.rows, ", ", w.desc.cols, "] weight at ", n, " rows");
@@ -553,6 +554,11 @@ bool qlinear_reads_row(const QWeightDevice& w, int n, int x_cols) {
   // permute x in their staging and rotated ones rotate it, neither of which a slice allows.
   return n == 1 && x_cols > 0 && x_cols % 64 == 0 && w.perm == nullptr && w.had_block == 0 &&
          qlinear_fuses_norm(w, n);
+}
+
+bool qlinear_waits_late(const QWeightDevice& w, int n) {
+  // Where the stream GEMV runs with a fused norm it runs anyway (the 4-bit default at n <= 2).
+  return w.perm == nullptr && w.had_block == 0 && qlinear_fuses_norm(w, n);
 }
 
 int qlinear_padded_cols(const QWeightDevice& w) {

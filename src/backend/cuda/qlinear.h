@@ -85,6 +85,12 @@ struct QlinearFusion {
   // qlinear_gemv_swiglu at n = 1 only: hidden row h goes to out[y_index[h]] (the decode row of
   // the mixed weight that reads it next, cuda_qmixed.cc) instead of out[h].
   const int32_t* y_index = nullptr;
+  // x, the norm's row and everything else read before the epilogue were complete before the kernel
+  // launched last on the stream started (that kernel: an earlier part of the same mixed weight,
+  // whose output only the epilogue reads: prior, or y under accumulate). The stream GEMV then
+  // stages and computes before waiting on that kernel (Params::late_wait); not for act-order
+  // weights.
+  bool x_ready = false;
 };
 bool qlinear_fuses_norm(const QWeightDevice& w, int n);
 // Whether the entry points taking a QlinearFusion accept x_cols at n rows for w (the stream GEMV
@@ -92,6 +98,9 @@ bool qlinear_fuses_norm(const QWeightDevice& w, int n);
 // qlinear_padded_cols).
 bool qlinear_reads_row(const QWeightDevice& w, int n, int x_cols);
 int qlinear_padded_cols(const QWeightDevice& w);
+// Whether w's kernel at n rows stages and computes before waiting on the kernel before when
+// QlinearFusion::x_ready says it may (the stream GEMV runs).
+bool qlinear_waits_late(const QWeightDevice& w, int n);
 // w carries a rotation that the entry points taking a QlinearFusion apply to x in their staging
 // (the stream GEMV: where qlinear_fuses_norm holds, no act-order, B = 32..256, 16-byte aligned
 // signs, and qlinear_detail::fused_rotation_enabled(), off by default), so that x must NOT be

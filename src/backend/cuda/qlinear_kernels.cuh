@@ -49,6 +49,10 @@ struct Params {
   // which each output completes (rounded to FP16 first, as accumulate rounds) before the split or
   // SwiGLU epilogue, so that no separate split or SwiGLU kernel runs after the parts.
   const __half* prior = nullptr;
+  // The stream GEMV only: x (and the norm's row) came from a kernel before the previous one, which
+  // is a part of the same mixed weight whose sum only the epilogue reads (prior, or y under
+  // accumulate). The kernel then stages and computes before its PDL wait, overlapping that part.
+  bool late_wait = false;
   // SwiGLU at n = 1 only: hidden row h goes to y[y_index[h]] (the decode row of the mixed weight
   // that reads it next, QMixedDevice::row) instead of y[h].
   const int32_t* y_index = nullptr;

@@ -633,8 +633,13 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
   if (p.had_block > 0) stage_rotation_async(p, signs, norm_s);
 
   // PDL (launch.h): the weight loads above overlap the previous kernel's tail; x (its output) and
-  // everything written below wait for its completion.
-  cuda::pdl_begin();
+  // everything written below wait for its completion. A late part (Params::late_wait) reads
+  // nothing of that kernel's before its epilogue, so it lets the next kernel in and stages and
+  // computes now.
+  if (p.late_wait)
+    cuda::pdl_launch_dependents();
+  else
+    cuda::pdl_begin();
 
   stage_stream_x<AO>(p, xs, stride, signs, norm_s);
 
@@ -709,6 +714,7 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
   }
 
   __shared__ float4 partial[16][32];
+  if (p.late_wait) cuda::pdl_wait();  // the previous part's sum (prior, or y to accumulate)
   reduce_store_gemv_tile(p, partial, warp, ks, tile, acc);
 }
 

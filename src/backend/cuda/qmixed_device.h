@@ -13,7 +13,7 @@
 
 namespace gyre {
 
-constexpr int kMixedMaxParts = 6;  // = kQMixedMaxParts (backend/cpu/qmixed.h)
+constexpr int kMixedMaxParts = 6;  // = kQMixedMaxParts (backend/cpu/qmixed.h); QMixedDevice::order
 
 struct QMixedDevice {
   int rows = 0, cols = 0;
@@ -35,6 +35,10 @@ struct QMixedDevice {
   int row_offset[kMixedMaxParts] = {};
   const int32_t* pos = nullptr;
   const int32_t* row_list = nullptr;
+  // The order the parts run in at decode: the most bytes first, so that the smaller parts run in
+  // its kernel's tail (the kernels after the first stage and compute before waiting on the one
+  // before, QlinearFusion::x_ready). Identity until finish_mixed (cuda_qmixed.cc) sets it.
+  int order[kMixedMaxParts] = {0, 1, 2, 3, 4, 5};
 };
 
 // Where gather_parts writes: part p's x [n, k[p]] at out + offset[p] (halves).
