@@ -131,13 +131,15 @@ TEST(QMixedCuda, MatmulSplitAndSwigluMatchTheCpuBackend) {
 // A weight of several parts as EXL2 layers load (model/exl2.h): widths of their own group sizes
 // over shuffled input columns, the last part padded (its padding columns hold random weights
 // here, which must not count), matmul and matmul_add against the CPU backend at every path.
+// order_seed (not 0): the column order's own seed, so that weights of other values can share one
+// layout.
 QMixedHost random_parts(int rows, int cols, const std::vector<std::array<int, 3>>& specs,
-                        uint32_t seed) {
-  std::mt19937 rng(seed);
+                        uint32_t seed, uint32_t order_seed = 0) {
+  std::mt19937 rng(seed), order_rng(order_seed);
   std::normal_distribution<float> nd(0.0f, 0.05f);
   std::vector<int32_t> order(static_cast<size_t>(cols));
   for (int c = 0; c < cols; ++c) order[c] = c;
-  std::shuffle(order.begin(), order.end(), rng);
+  std::shuffle(order.begin(), order.end(), order_seed != 0 ? order_rng : rng);
   QMixedHost m;
   m.rows = rows;
   m.cols = cols;
@@ -209,6 +211,60 @@ TEST(QMixedCuda, PartsOfSeveralWidthsWithPaddingMatchTheCpuBackend) {
 }
 
 #ifdef GYRE_HAVE_CUDA
+// Fused weights whose parts are mixed weights of different layouts (EXL2 layers load so:
+// cuda_fused_parts.cc) at one row: one gather fills every group's decode row, normalised when the
+// norm is folded in, and the groups' parts read their slices, every kernel after the first staging
+// and computing before it waits on the one before (QlinearFusion::x_ready). q|k|v (k and v share
+// a layout: one group of two outputs) and gate|up, with and without the norm, against the CPU.
+TEST(QMixedCuda, FusedGroupsOfMixedWeightsShareOneGather) {
+  auto gpu = mtest::cuda_backend_or_null();
+  if (!gpu) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
+  auto cpu = make_cpu_backend(2);
+  const int cols = 1056, q_rows = 160, kv_rows = 96;
+  const std::vector<std::array<int, 3>> kv_spec = {{5, 64, 128}, {4, 128, 928}};
+  const QMixedHost wq = random_parts(q_rows, cols, {{8, 32, 64}, {4, 128, 256}, {3, 128, 736}}, 51);
+  const QMixedHost wk = random_parts(kv_rows, cols, kv_spec, 52, 50);
+  const QMixedHost wv = random_parts(kv_rows, cols, kv_spec, 53, 50);
+  const QMixedHost wu = random_parts(q_rows, cols, {{6, 32, 96}, {3, 64, 960}}, 54);
+  const TensorView vq = qmixed_view("model.layers.0.self_attn.q_proj.weight", wq),
+                   vk = qmixed_view("model.layers.0.self_attn.k_proj.weight", wk),
+                   vv = qmixed_view("model.layers.0.self_attn.v_proj.weight", wv),
+                   vg = qmixed_view("model.layers.0.mlp.gate_proj.weight", wq),
+                   vu = qmixed_view("model.layers.0.mlp.up_proj.weight", wu);
+  std::mt19937 rng(55);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(cols), norm(cols);
+  for (float& e : x) e = nd(rng);
+  for (float& e : norm) e = 0.5f + 0.1f * nd(rng);
+  std::vector<float> outs[2][8];
+  Backend* backends[2] = {cpu.get(), gpu.get()};
+  for (int bi = 0; bi < 2; ++bi) {
+    Backend& b = *backends[bi];
+    const uint64_t before = bi == 1 ? cuda_parts_row_gathers(b) : 0;
+    const Tensor xt = input_on(b, x, 1, cols), nt = input_on(b, norm, 1, cols);
+    Tensor xs = b.alloc(1, cols), q = b.alloc(1, q_rows), k = b.alloc(1, kv_rows),
+           v = b.alloc(1, kv_rows), q2 = b.alloc(1, q_rows), k2 = b.alloc(1, kv_rows),
+           v2 = b.alloc(1, kv_rows), act = b.alloc(1, q_rows), act2 = b.alloc(1, q_rows);
+    const Tensor qkv = b.upload_fused({vq, vk, vv}, FusedKind::Concat);
+    const Tensor gu = b.upload_fused({vg, vu}, FusedKind::GateUp);
+    b.norm_matmul_split({&q, &k, &v}, {xt, nt, 1e-5f, xs}, qkv, nullptr);
+    b.matmul_split({&q2, &k2, &v2}, xt, qkv, nullptr);
+    b.norm_matmul_swiglu(act, {xt, nt, 1e-5f, xs}, gu);
+    b.matmul_swiglu(act2, xt, gu);
+    const Tensor* got[8] = {&q, &k, &v, &q2, &k2, &v2, &act, &act2};
+    for (int i = 0; i < 8; ++i) {
+      outs[bi][i].resize(static_cast<size_t>(got[i]->cols));
+      b.to_host(*got[i], outs[bi][i].data());
+    }
+    if (bi == 1) {
+      EXPECT_EQ(cuda_parts_row_gathers(b), before + 4);
+    }
+  }
+  const char* what[8] = {"q (norm)", "k (norm)", "v (norm)",      "q",
+                         "k",        "v",        "swiglu (norm)", "swiglu"};
+  for (int i = 0; i < 8; ++i) expect_close(outs[1][i], outs[0][i], what[i]);
+}
+
 // The decode row handed over: the residual's producer (Backend::matmul_add's `next`), a mixed
 // weight or a packed one, also writes the new sum into the mixed reader's row, and the reader's
 // parts stage their slices of it with the norm over the whole row instead of a gather; the

@@ -51,6 +51,9 @@ uint64_t cuda_graph_replays(Backend& backend) {
 uint64_t cuda_permuted_handoffs(Backend& backend) {
   return as_cuda(backend).permuted_handoffs();
 }
+uint64_t cuda_parts_row_gathers(Backend& backend) {
+  return as_cuda(backend).parts_row_gathers();
+}
 
 namespace cuda {
 
@@ -123,6 +126,8 @@ CudaBackend::CudaBackend(int device, const BackendOptions& options)
     mixed_row_enabled_ = std::string(r) != "0";
   if (const char* r = std::getenv("GYRE_CUDA_MIXED_LATE")) mixed_late_wait_ = std::string(r) != "0";
   if (const char* r = std::getenv("GYRE_CUDA_MIXED_ORDER")) mixed_order_ = std::string(r) != "0";
+  if (const char* r = std::getenv("GYRE_CUDA_PARTS_ROWS"))
+    parts_rows_enabled_ = std::string(r) != "0";
   cudaDeviceProp prop{};
   GYRE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   sm_count_ = prop.multiProcessorCount;

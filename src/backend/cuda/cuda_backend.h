@@ -39,5 +39,8 @@ uint64_t cuda_graph_replays(Backend& backend);  // recorded steps replayed so fa
 // Fused-norm matmuls so far that read the residual in their weight's column order as the
 // matmul_add before them left it (act-order weights; cuda_fused.cc).
 uint64_t cuda_permuted_handoffs(Backend& backend);
+// Decode-row gathers that filled every group's row of a fused weight of mixed groups at once
+// (cuda_fused_parts.cc).
+uint64_t cuda_parts_row_gathers(Backend& backend);
 
 }  // namespace gyre

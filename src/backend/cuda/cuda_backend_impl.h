@@ -167,6 +167,7 @@ class CudaBackend final : public Backend {
   }
   uint64_t graph_replays() const { return graph_replays_; }
   uint64_t permuted_handoffs() const { return permuted_handoffs_; }
+  uint64_t parts_row_gathers() const { return parts_row_gathers_; }
 
   CudaMemoryReport memory_report();
   void set_synthetic(uint64_t seed) {
@@ -245,6 +246,7 @@ class CudaBackend final : public Backend {
   void group_matmul(const Tensor& w, const half* x, const OutSplit& split, int n, const half* bias,
                     const QlinearFusion& f);
   bool parts_fuse_norms(int n, const Tensor& w) const;
+  bool parts_rows_input(const Tensor& w, const half* x, int n, const QlinearFusion& f);
   void parts_matmul_split(const std::vector<Tensor*>& outs, const Tensor& x, const Tensor& w,
                           const Tensor* bias, const QlinearFusion& f);
   void parts_matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w, const QlinearFusion& f);
@@ -280,18 +282,21 @@ class CudaBackend final : public Backend {
   MixedInput mixed_input(const QMixedDevice& m, const half* x, int n, const half* norm, float eps,
                          const half* row_norm = nullptr, bool x_in_row = false);
   QlinearFusion part_fusion(const MixedInput& in, int p);  // the shared row's, if any
-  // Parts [first, last) of m into y: the first writes y (+ bias) unless accumulate, the others
-  // add; the last also writes y_perm (QlinearFusion's) when set.
   // The part launched i-th (QMixedDevice::order, or i with GYRE_CUDA_MIXED_ORDER=0).
   int part_at(const QMixedDevice& m, int i) const;
+  // Parts [first, last) of m into y: the first writes y (+ bias) unless accumulate, the others
+  // add; the last also writes y_perm (QlinearFusion's) when set. late_first: the kernel launched
+  // before the first part wrote nothing it reads before its epilogue (QlinearFusion::x_ready).
   void mixed_parts(const QMixedDevice& m, const MixedInput& in, half* y, int n, int first, int last,
                    const half* bias, bool accumulate, half* y_perm = nullptr,
-                   const int32_t* y_perm_index = nullptr);
+                   const int32_t* y_perm_index = nullptr, bool late_first = false);
   // A mixed weight's product into split outputs, or through SwiGLU into out, with the norm as
   // mixed_matmul's or row_norm's (mixed_input; the last part's kernel completing the sum:
   // cuda_qmixed.cc).
   void mixed_split(const OutSplit& split, const half* x, const Tensor& w, int n, const half* bias,
                    const half* norm, float eps, const half* row_norm = nullptr);
+  void mixed_split_in(const OutSplit& split, const QMixedDevice& m, const MixedInput& in, int n,
+                      const half* bias, bool late_first);
   // With reader (n = 1), the SwiGLU product goes into reader's decode row where the last part's
   // kernel writes it (returns true; out is not written then).
   bool mixed_swiglu(half* out, const half* x, const Tensor& w, int n, int hidden, const half* norm,
@@ -357,8 +362,9 @@ class CudaBackend final : public Backend {
   bool mixed_prior_epilogue_ = true;       // GYRE_CUDA_MIXED_PRIOR=0: never (A/B)
   bool mixed_row_enabled_ = true;          // GYRE_CUDA_MIXED_ROW=0: never (A/B)
   bool mixed_late_wait_ = true;            // GYRE_CUDA_MIXED_LATE=0: never (A/B)
+  bool parts_rows_enabled_ = true;         // GYRE_CUDA_PARTS_ROWS=0: never (A/B)
   bool mixed_order_ = true;                // GYRE_CUDA_MIXED_ORDER=0: parts in stored order (A/B)
-  uint64_t permuted_handoffs_ = 0;
+  uint64_t permuted_handoffs_ = 0, parts_row_gathers_ = 0;
   Scratch xperm_;
   // Norm weights in an act-order weight's column order, by (norm, perm); made on first use and
   // remade when either tensor behind the key is gone (its memory may serve a new model's).

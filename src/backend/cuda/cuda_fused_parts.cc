@@ -32,6 +32,11 @@ struct FusedPartsDevice {
   std::vector<Group> groups;
   int parts = 0;
   bool gate_up = false;
+  // Every group mixed with a decode row (QMixedDevice::row): the rows lie one after the other in
+  // `rows`, and one gather (normalising, when the norm is folded in) fills them all at n = 1, so
+  // each group's parts read their slices without a gather of their own (parts_rows_input).
+  std::shared_ptr<void> rows, row_lists;
+  MixedGather rows_gather;
 };
 
 const FusedPartsDevice& parts_of(const Tensor& t) {
@@ -55,6 +60,35 @@ int part_bits_of(const std::string& name, int bits, int alt_bits) {
   for (const char* p : {"k_proj.", "v_proj.", "up_proj."})
     if (name.find(p) != std::string::npos) return alt_bits;
   return bits;
+}
+
+// Lays the groups' decode rows one after the other (FusedPartsDevice::rows) when every group is
+// a mixed weight that has one; the groups' QMixedDevice::row then point into it (nothing else
+// writes those rows: the engine sees the fused weight, never the groups).
+void share_group_rows(FusedPartsDevice& fp) {
+  if (fp.groups.size() > static_cast<size_t>(kMixedMaxParts)) return;
+  MixedGather g;
+  std::vector<int32_t> lists;
+  for (const auto& group : fp.groups) {
+    if (!is_mixed_tensor(group.w) || qmixed_of(group.w).row == nullptr) return;
+    const QMixedDevice& m = qmixed_of(group.w);
+    g.k[g.parts] = m.row_cols;
+    g.offset[g.parts] = static_cast<int64_t>(lists.size());  // row_cols: a multiple of 64
+    ++g.parts;
+    lists.resize(lists.size() + static_cast<size_t>(m.row_cols));
+    GYRE_CUDA_CHECK(cudaMemcpy(lists.data() + g.offset[g.parts - 1], m.row_list,
+                               static_cast<size_t>(m.row_cols) * sizeof(int32_t),
+                               cudaMemcpyDeviceToHost));
+  }
+  fp.rows = device_alloc(lists.size() * sizeof(half), "fused parts' decode rows");
+  GYRE_CUDA_CHECK(cudaMemset(fp.rows.get(), 0, lists.size() * sizeof(half)));
+  fp.row_lists = device_alloc(lists.size() * sizeof(int32_t), "fused parts' row columns");
+  GYRE_CUDA_CHECK(cudaMemcpy(fp.row_lists.get(), lists.data(), lists.size() * sizeof(int32_t),
+                             cudaMemcpyHostToDevice));
+  for (int i = 0; i < g.parts; ++i)
+    const_cast<QMixedDevice&>(qmixed_of(fp.groups[static_cast<size_t>(i)].w)).row =
+        static_cast<half*>(fp.rows.get()) + g.offset[i];
+  fp.rows_gather = g;
 }
 
 }  // namespace
@@ -124,6 +158,7 @@ Tensor CudaBackend::upload_parts(const std::vector<TensorView>& parts, FusedKind
     fp->groups.push_back(std::move(g));
     i = j;
   }
+  share_group_rows(*fp);
   Tensor t;
   t.dtype = DType::I16;
   t.cols = parts[0].cols();
@@ -164,7 +199,20 @@ void CudaBackend::group_matmul(const Tensor& w, const half* x, const OutSplit& s
   if (split.parts > 1) split_rows(split, y, n, rows, stream_);
 }
 
+// The groups' decode rows filled by one gather (x normalised by f's norm, if any), or false
+// where parts_rows_input does not apply (n > 1, a group without a row, GYRE_CUDA_PARTS_ROWS=0).
+bool CudaBackend::parts_rows_input(const Tensor& w, const half* x, int n, const QlinearFusion& f) {
+  const FusedPartsDevice& fp = parts_of(w);
+  if (n != 1 || fp.rows == nullptr || !parts_rows_enabled_) return false;
+  gather_parts(static_cast<half*>(fp.rows.get()), x,
+               static_cast<const int32_t*>(fp.row_lists.get()), 1, static_cast<int>(w.cols),
+               fp.rows_gather, stream_, f.norm_w, f.norm_eps);
+  ++parts_row_gathers_;
+  return true;
+}
+
 bool CudaBackend::parts_fuse_norms(int n, const Tensor& w) const {
+  if (n == 1 && parts_of(w).rows != nullptr && parts_rows_enabled_) return true;  // in the gather
   for (const auto& g : parts_of(w).groups)
     if (!is_quantized_tensor(g.w) || !qlinear_fuses_norm(qweight_of(g.w), n)) return false;
   return true;
@@ -184,6 +232,7 @@ void CudaBackend::parts_matmul_split(const std::vector<Tensor*>& outs, const Ten
     b = static_cast<const half*>(bias->data);
   }
   const int n = static_cast<int>(x.rows);
+  const bool rows = parts_rows_input(w, static_cast<const half*>(x.data), n, f);
   for (const auto& g : fp.groups) {
     OutSplit s;
     int end = 0;
@@ -198,7 +247,14 @@ void CudaBackend::parts_matmul_split(const std::vector<Tensor*>& outs, const Ten
     s.parts = g.count;
     GYRE_CHECK(end == g.w.rows, "CUDA matmul_split: outputs cover ", end, " of ", g.w.rows,
                " rows of a part");
-    group_matmul(g.w, static_cast<const half*>(x.data), s, n, b ? b + g.row0 : nullptr, f);
+    const half* gb = b ? b + g.row0 : nullptr;
+    if (rows) {  // every kernel after the gather's first reads only rows: all wait late
+      const QMixedDevice& m = qmixed_of(g.w);
+      mixed_split_in(s, m, mixed_input(m, nullptr, 1, nullptr, 0.0f, nullptr, true), 1, gb,
+                     &g != &fp.groups.front());
+    } else {
+      group_matmul(g.w, static_cast<const half*>(x.data), s, n, gb, f);
+    }
   }
 }
 
@@ -214,8 +270,16 @@ void CudaBackend::parts_matmul_swiglu(Tensor& out, const Tensor& x, const Tensor
   const half* xd = static_cast<const half*>(x.data);
   half* gate = static_cast<half*>(out.data);
   half* up = fused_scratch(static_cast<size_t>(n) * hidden);
-  group_matmul(fp.groups[0].w, xd, OutSplit::plain(gate, hidden), n, nullptr, f);
-  group_matmul(fp.groups[1].w, xd, OutSplit::plain(up, hidden), n, nullptr, f);
+  if (parts_rows_input(w, xd, n, f)) {
+    for (int i = 0; i < 2; ++i) {
+      const QMixedDevice& m = qmixed_of(fp.groups[static_cast<size_t>(i)].w);
+      mixed_parts(m, mixed_input(m, nullptr, 1, nullptr, 0.0f, nullptr, true), i == 0 ? gate : up,
+                  1, 0, m.n_parts, nullptr, false, nullptr, nullptr, i > 0);
+    }
+  } else {
+    group_matmul(fp.groups[0].w, xd, OutSplit::plain(gate, hidden), n, nullptr, f);
+    group_matmul(fp.groups[1].w, xd, OutSplit::plain(up, hidden), n, nullptr, f);
+  }
   // cuda::silu_mul (the member takes Tensors) is elementwise: in place is fine.
   cuda::silu_mul(gate, gate, up, static_cast<int64_t>(n) * hidden, stream_);
 }

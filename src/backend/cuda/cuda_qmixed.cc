@@ -244,19 +244,22 @@ bool CudaBackend::mixed_fuses_norm(const Tensor& w) const {
 void CudaBackend::mixed_split(const OutSplit& split, const half* x, const Tensor& w, int n,
                               const half* bias, const half* norm, float eps, const half* row_norm) {
   const QMixedDevice& m = qmixed_of(w);
-  const int rows = static_cast<int>(w.rows);
-  const MixedInput in = mixed_input(m, x, n, norm, eps, row_norm);
-  half* fused = fused_scratch(static_cast<size_t>(n) * rows);
+  mixed_split_in(split, m, mixed_input(m, x, n, norm, eps, row_norm), n, bias, false);
+}
+
+void CudaBackend::mixed_split_in(const OutSplit& split, const QMixedDevice& m, const MixedInput& in,
+                                 int n, const half* bias, bool late_first) {
+  half* fused = fused_scratch(static_cast<size_t>(n) * m.rows);
   if (!in.direct || !mixed_prior_epilogue_) {
-    mixed_parts(m, in, fused, n, 0, m.n_parts, bias, false);
-    split_rows(split, fused, n, rows, stream_);
+    mixed_parts(m, in, fused, n, 0, m.n_parts, bias, false, nullptr, nullptr, late_first);
+    split_rows(split, fused, n, m.rows, stream_);
     return;
   }
   const int last = m.n_parts - 1, p = part_at(m, last);
-  mixed_parts(m, in, fused, n, 0, last, bias, false);
+  mixed_parts(m, in, fused, n, 0, last, bias, false, nullptr, nullptr, late_first);
   QlinearFusion f = part_fusion(in, p);
   f.prior = last > 0 ? fused : nullptr;
-  f.x_ready = last > 0 && mixed_late_wait_;
+  f.x_ready = (last > 0 || late_first) && mixed_late_wait_;
   qlinear_matmul_split(m.parts[p], in.x[p], split, n, last > 0 ? nullptr : bias, stream_, f);
 }
 
@@ -348,7 +351,7 @@ QlinearFusion CudaBackend::part_fusion(const MixedInput& in, int p) {
 
 void CudaBackend::mixed_parts(const QMixedDevice& m, const MixedInput& in, half* y, int n,
                               int first, int last, const half* bias, bool accumulate, half* y_perm,
-                              const int32_t* y_perm_index) {
+                              const int32_t* y_perm_index, bool late_first) {
   for (int i = first; i < last; ++i) {
     const int p = part_at(m, i);
     const half* b = i == first ? bias : nullptr;
@@ -356,7 +359,7 @@ void CudaBackend::mixed_parts(const QMixedDevice& m, const MixedInput& in, half*
     if (in.direct) {
       QlinearFusion f = part_fusion(in, p);
       f.accumulate = add;
-      f.x_ready = i > first && mixed_late_wait_;  // the kernel before: the part launched before
+      f.x_ready = (i > first || late_first) && mixed_late_wait_;  // the kernel before: a part
       if (i + 1 == last) {  // the sum complete: its copy in the next reader's order
         f.y_perm = y_perm;
         f.y_perm_index = y_perm_index;
