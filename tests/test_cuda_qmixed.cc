@@ -226,17 +226,20 @@ TEST(QMixedCuda, FusedGroupsOfMixedWeightsShareOneGather) {
   const QMixedHost wk = random_parts(kv_rows, cols, kv_spec, 52, 50);
   const QMixedHost wv = random_parts(kv_rows, cols, kv_spec, 53, 50);
   const QMixedHost wu = random_parts(q_rows, cols, {{6, 32, 96}, {3, 64, 960}}, 54);
+  const QMixedHost wd = random_parts(cols, q_rows, {{4, 128, 120}, {3, 64, 40}}, 56);
   const TensorView vq = qmixed_view("model.layers.0.self_attn.q_proj.weight", wq),
                    vk = qmixed_view("model.layers.0.self_attn.k_proj.weight", wk),
                    vv = qmixed_view("model.layers.0.self_attn.v_proj.weight", wv),
                    vg = qmixed_view("model.layers.0.mlp.gate_proj.weight", wq),
-                   vu = qmixed_view("model.layers.0.mlp.up_proj.weight", wu);
+                   vu = qmixed_view("model.layers.0.mlp.up_proj.weight", wu),
+                   vd = qmixed_view("model.layers.0.mlp.down_proj.weight", wd);
   std::mt19937 rng(55);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(cols), norm(cols);
+  std::vector<float> x(cols), norm(cols), r(cols);
   for (float& e : x) e = nd(rng);
   for (float& e : norm) e = 0.5f + 0.1f * nd(rng);
-  std::vector<float> outs[2][8];
+  for (float& e : r) e = nd(rng);
+  std::vector<float> outs[2][9];
   Backend* backends[2] = {cpu.get(), gpu.get()};
   for (int bi = 0; bi < 2; ++bi) {
     Backend& b = *backends[bi];
@@ -251,18 +254,27 @@ TEST(QMixedCuda, FusedGroupsOfMixedWeightsShareOneGather) {
     b.matmul_split({&q2, &k2, &v2}, xt, qkv, nullptr);
     b.norm_matmul_swiglu(act, {xt, nt, 1e-5f, xs}, gu);
     b.matmul_swiglu(act2, xt, gu);
-    const Tensor* got[8] = {&q, &k, &v, &q2, &k2, &v2, &act, &act2};
-    for (int i = 0; i < 8; ++i) {
+    // The product handed to a mixed down_proj in its decode row (the up part's epilogue).
+    const uint64_t handed = bi == 1 ? cuda_permuted_handoffs(b) : 0;
+    const Tensor down = b.upload_weight(vd);
+    Tensor act3 = b.alloc(1, q_rows), res = input_on(b, r, 1, cols), s = b.alloc(1, cols);
+    b.norm_matmul_swiglu(act3, {xt, nt, 1e-5f, xs}, gu, &down);
+    b.matmul_add(res, act3, down, s);
+    if (bi == 1) {
+      EXPECT_EQ(cuda_permuted_handoffs(b), handed + 1);
+    }
+    const Tensor* got[9] = {&q, &k, &v, &q2, &k2, &v2, &act, &act2, &res};
+    for (int i = 0; i < 9; ++i) {
       outs[bi][i].resize(static_cast<size_t>(got[i]->cols));
       b.to_host(*got[i], outs[bi][i].data());
     }
     if (bi == 1) {
-      EXPECT_EQ(cuda_parts_row_gathers(b), before + 4);
+      EXPECT_EQ(cuda_parts_row_gathers(b), before + 5);
     }
   }
-  const char* what[8] = {"q (norm)", "k (norm)", "v (norm)",      "q",
-                         "k",        "v",        "swiglu (norm)", "swiglu"};
-  for (int i = 0; i < 8; ++i) expect_close(outs[1][i], outs[0][i], what[i]);
+  const char* what[9] = {"q (norm)",      "k (norm)", "v (norm)",           "q", "k", "v",
+                         "swiglu (norm)", "swiglu",   "swiglu -> down_proj"};
+  for (int i = 0; i < 9; ++i) expect_close(outs[1][i], outs[0][i], what[i]);
 }
 
 // The decode row handed over: the residual's producer (Backend::matmul_add's `next`), a mixed

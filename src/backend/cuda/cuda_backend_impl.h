@@ -249,7 +249,9 @@ class CudaBackend final : public Backend {
   bool parts_rows_input(const Tensor& w, const half* x, int n, const QlinearFusion& f);
   void parts_matmul_split(const std::vector<Tensor*>& outs, const Tensor& x, const Tensor& w,
                           const Tensor* bias, const QlinearFusion& f);
-  void parts_matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w, const QlinearFusion& f);
+  // reader (n = 1): the product goes into its decode row instead of out (returns true then).
+  bool parts_matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w, const QlinearFusion& f,
+                           const QMixedDevice* reader = nullptr);
   // Mixed-width weights (cuda_qmixed.cc): upload, y [n, rows] = W x (+ bias) as the sum of the
   // parts' products, one part's product, and the scratch of gathered inputs and partial sums.
   Tensor upload_mixed(const QMixedHost& host);
@@ -282,8 +284,9 @@ class CudaBackend final : public Backend {
   MixedInput mixed_input(const QMixedDevice& m, const half* x, int n, const half* norm, float eps,
                          const half* row_norm = nullptr, bool x_in_row = false);
   QlinearFusion part_fusion(const MixedInput& in, int p);  // the shared row's, if any
-  // The part launched i-th (QMixedDevice::order, or i with GYRE_CUDA_MIXED_ORDER=0).
-  int part_at(const QMixedDevice& m, int i) const;
+  // The part launched i-th at n rows (QMixedDevice::order at one row, else, or with
+  // GYRE_CUDA_MIXED_ORDER=0, i).
+  int part_at(const QMixedDevice& m, int i, int n) const;
   // Parts [first, last) of m into y: the first writes y (+ bias) unless accumulate, the others
   // add; the last also writes y_perm (QlinearFusion's) when set. late_first: the kernel launched
   // before the first part wrote nothing it reads before its epilogue (QlinearFusion::x_ready).

@@ -243,7 +243,10 @@ void CudaBackend::matmul_split(const std::vector<Tensor*>& outs, const Tensor& x
 }
 
 void CudaBackend::matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w_gate_up) {
-  if (is_parts_tensor(w_gate_up)) return parts_matmul_swiglu(out, x, w_gate_up, QlinearFusion{});
+  if (is_parts_tensor(w_gate_up)) {
+    parts_matmul_swiglu(out, x, w_gate_up, QlinearFusion{});
+    return;
+  }
   check_f16(out, "matmul_swiglu");
   check_f16(x, "matmul_swiglu");
   const int n = static_cast<int>(x.rows), hidden = static_cast<int>(out.cols),
@@ -361,7 +364,8 @@ void CudaBackend::norm_matmul_swiglu(Tensor& out, const NormedInput& in, const T
     QlinearFusion f;
     f.norm_w = static_cast<const half*>(in.norm.data);
     f.norm_eps = in.eps;
-    return parts_matmul_swiglu(out, in.x, w_gate_up, f);
+    if (parts_matmul_swiglu(out, in.x, w_gate_up, f, row)) att_permuted_ = {out.data, n, row->pos};
+    return;
   }
   if (fuses_norms(n, w_gate_up)) {
     check_shapes();

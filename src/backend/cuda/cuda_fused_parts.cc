@@ -258,8 +258,8 @@ void CudaBackend::parts_matmul_split(const std::vector<Tensor*>& outs, const Ten
   }
 }
 
-void CudaBackend::parts_matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w,
-                                      const QlinearFusion& f) {
+bool CudaBackend::parts_matmul_swiglu(Tensor& out, const Tensor& x, const Tensor& w,
+                                      const QlinearFusion& f, const QMixedDevice* reader) {
   const FusedPartsDevice& fp = parts_of(w);
   const int n = static_cast<int>(x.rows), hidden = static_cast<int>(out.cols);
   GYRE_CHECK(fp.gate_up && fp.groups.size() == 2 && x.dtype == DType::F16 &&
@@ -268,9 +268,31 @@ void CudaBackend::parts_matmul_swiglu(Tensor& out, const Tensor& x, const Tensor
              "CUDA matmul_swiglu: x [", n, ", ", x.cols, "] . gate/up parts of [",
              fp.groups[0].w.rows, ", ", w.cols, "] -> out [", out.rows, ", ", out.cols, "]");
   const half* xd = static_cast<const half*>(x.data);
+  if (parts_rows_input(w, xd, n, f) && mixed_prior_epilogue_) {
+    // The gate into scratch (or into out, which the reader's row replaces), up's earlier parts'
+    // sum after it; up's last part multiplies by silu(gate) in its epilogue (QlinearFusion::gate).
+    half* scratch = fused_scratch(2 * static_cast<size_t>(hidden));
+    half* gate = reader != nullptr ? static_cast<half*>(out.data) : scratch;
+    const QMixedDevice& mg = qmixed_of(fp.groups[0].w);
+    const QMixedDevice& mu = qmixed_of(fp.groups[1].w);
+    mixed_parts(mg, mixed_input(mg, nullptr, 1, nullptr, 0.0f, nullptr, true), gate, 1, 0,
+                mg.n_parts, nullptr, false);
+    const MixedInput in = mixed_input(mu, nullptr, 1, nullptr, 0.0f, nullptr, true);
+    const int last = mu.n_parts - 1, p = part_at(mu, last, 1);
+    mixed_parts(mu, in, scratch + hidden, 1, 0, last, nullptr, false, nullptr, nullptr, true);
+    QlinearFusion g = part_fusion(in, p);
+    g.prior = last > 0 ? scratch + hidden : nullptr;
+    g.gate = gate;
+    g.x_ready = mixed_late_wait_;
+    if (reader != nullptr) g.y_index = reader->pos;
+    qlinear_matmul(mu.parts[p], in.x[p],
+                   reader != nullptr ? reader->row : static_cast<half*>(out.data), 1, nullptr,
+                   stream_, g);
+    return reader != nullptr;
+  }
   half* gate = static_cast<half*>(out.data);
   half* up = fused_scratch(static_cast<size_t>(n) * hidden);
-  if (parts_rows_input(w, xd, n, f)) {
+  if (fp.rows != nullptr && n == 1 && parts_rows_enabled_) {  // the rows, filled above
     for (int i = 0; i < 2; ++i) {
       const QMixedDevice& m = qmixed_of(fp.groups[static_cast<size_t>(i)].w);
       mixed_parts(m, mixed_input(m, nullptr, 1, nullptr, 0.0f, nullptr, true), i == 0 ? gate : up,
@@ -282,6 +304,7 @@ void CudaBackend::parts_matmul_swiglu(Tensor& out, const Tensor& x, const Tensor
   }
   // cuda::silu_mul (the member takes Tensors) is elementwise: in place is fine.
   cuda::silu_mul(gate, gate, up, static_cast<int64_t>(n) * hidden, stream_);
+  return false;
 }
 
 }  // namespace gyre::cuda

@@ -229,8 +229,10 @@ void CudaBackend::packed_part_matmul(const QWeightDevice& w, const half* x, half
   if (bias) add_bias(y, bias, n, o, stream_);
 }
 
-int CudaBackend::part_at(const QMixedDevice& m, int i) const {
-  return mixed_order_ ? m.order[i] : i;
+int CudaBackend::part_at(const QMixedDevice& m, int i, int n) const {
+  // Batches keep the stored order: serving the 4/3 mix at 8 requests measured 1,783 tok/s in
+  // this order against 1,850 stored (H100, session 20), where no kernel waits late.
+  return mixed_order_ && n == 1 ? m.order[i] : i;
 }
 
 bool CudaBackend::mixed_fuses_norm(const Tensor& w) const {
@@ -255,7 +257,7 @@ void CudaBackend::mixed_split_in(const OutSplit& split, const QMixedDevice& m, c
     split_rows(split, fused, n, m.rows, stream_);
     return;
   }
-  const int last = m.n_parts - 1, p = part_at(m, last);
+  const int last = m.n_parts - 1, p = part_at(m, last, n);
   mixed_parts(m, in, fused, n, 0, last, bias, false, nullptr, nullptr, late_first);
   QlinearFusion f = part_fusion(in, p);
   f.prior = last > 0 ? fused : nullptr;
@@ -270,7 +272,7 @@ bool CudaBackend::mixed_swiglu(half* out, const half* x, const Tensor& w, int n,
   const int rows = static_cast<int>(w.rows);
   const MixedInput in = mixed_input(m, x, n, norm, eps, row_norm);
   half* fused = fused_scratch(static_cast<size_t>(n) * rows);
-  const int last = m.n_parts - 1, p = part_at(m, last);
+  const int last = m.n_parts - 1, p = part_at(m, last, n);
   if (in.direct && mixed_prior_epilogue_) {
     mixed_parts(m, in, fused, n, 0, last, nullptr, false);
     QlinearFusion f = part_fusion(in, p);
@@ -353,7 +355,7 @@ void CudaBackend::mixed_parts(const QMixedDevice& m, const MixedInput& in, half*
                               int first, int last, const half* bias, bool accumulate, half* y_perm,
                               const int32_t* y_perm_index, bool late_first) {
   for (int i = first; i < last; ++i) {
-    const int p = part_at(m, i);
+    const int p = part_at(m, i, n);
     const half* b = i == first ? bias : nullptr;
     const bool add = accumulate || i > first;
     if (in.direct) {

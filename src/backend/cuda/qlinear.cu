@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(Params p) {
       float v = 0.0f;
       for (int wi = 0; wi < p.ksplit; ++wi) v += partial[g * p.ksplit + wi][j];
       if (p.bias != nullptr) v += __half2float(p.bias[row]);
-      store_out(p, t, row, v);
+      store_out<true>(p, t, row, v);
     }
   }
 }
@@ -474,6 +474,7 @@ int narrow_batch_chunk(const QWeightDevice& w, Params p) {
 // (per 8 tokens beyond 8).
 void launch_narrow(const QWeightDevice& w, const Params& p, cudaStream_t stream) {
   if (const int chunk = narrow_batch_chunk(w, p); chunk > 0) {
+    GYRE_CHECK(p.gate_in == nullptr, "qlinear: a gated output at the serving-batch kernel");
     for (int t0 = 0; t0 < p.n; t0 += chunk)
       qlinear_detail::launch_batch_stream(token_chunk(p, t0, std::min(chunk, p.n - t0)), stream,
                                           batch_pieces(w));
@@ -509,6 +510,9 @@ Params fused_params(const QWeightDevice& w, const __half* x, __half* y, int n, c
   GYRE_CHECK(f.y_index == nullptr || n == 1, "qlinear: an indexed SwiGLU output at ", n, " rows");
   p.y_index = f.y_index;
   p.late_wait = f.x_ready && w.perm == nullptr;  // act-order rows may be gathered by a launch
+  GYRE_CHECK(f.gate == nullptr || !f.accumulate, "qlinear: a gated output does not accumulate");
+  GYRE_CHECK(f.gate == nullptr || n == 1, "qlinear: a gated output at ", n, " rows");
+  p.gate_in = f.gate;  // n = 1 runs a decode GEMV (store_out<true>) at every width
   if (f.norm_w != nullptr) {
     GYRE_CHECK(qlinear_fuses_norm(w, n), "qlinear: no fused RMSNorm for a ", w.desc.bits, "-bit [",
                w.desc.rows, ", ", w.desc.cols, "] weight at ", n, " rows");
@@ -621,7 +625,7 @@ void qlinear_matmul_split(const QWeightDevice& w, const __half* x, const cuda::O
   GYRE_CHECK(outs.parts >= 1 && outs.parts <= cuda::OutSplit::kMaxParts &&
                  outs.end[outs.parts - 1] == w.desc.rows,
              "qlinear: split outputs do not cover the weight's ", w.desc.rows, " rows");
-  GYRE_CHECK(!f.accumulate, "qlinear: split outputs do not accumulate");
+  GYRE_CHECK(!f.accumulate && f.gate == nullptr, "qlinear: split outputs do not accumulate");
   Params p = fused_params(w, x, outs.out[0], n, bias, f, stream);
   p.split = outs;
   if (w.desc.trellis || w.desc.narrow()) {

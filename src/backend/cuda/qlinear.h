@@ -91,6 +91,10 @@ struct QlinearFusion {
   // stages and computes before waiting on that kernel (Params::late_wait); not for act-order
   // weights.
   bool x_ready = false;
+  // Not with accumulate or split outputs: y row r = silu(gate[r]) * (the product of row r, rounded
+  // to FP16), at y_index[r] when that is set (n = 1): the up part of a SwiGLU whose gate is
+  // another weight's output [n, rows] (cuda_fused_parts.cc).
+  const __half* gate = nullptr;
 };
 bool qlinear_fuses_norm(const QWeightDevice& w, int n);
 // Whether the entry points taking a QlinearFusion accept x_cols at n rows for w (the stream GEMV

@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_bits_kernel(Params p) {
       float v = 0.0f;
       for (int wi = 0; wi < p.ksplit; ++wi) v += partial[g * p.ksplit + wi][j];
       if (p.bias != nullptr) v += __half2float(p.bias[row]);
-      store_out(p, t, row, v);
+      store_out<true>(p, t, row, v);
     }
   }
 }

@@ -53,6 +53,10 @@ struct Params {
   // is a part of the same mixed weight whose sum only the epilogue reads (prior, or y under
   // accumulate). The kernel then stages and computes before its PDL wait, overlapping that part.
   bool late_wait = false;
+  // Plain outputs only: a SwiGLU whose gate another weight computed (a fused weight of groups:
+  // gate and up differ in layout). Output row r is silu(gate_in[tok, r]) * (its product rounded
+  // to FP16, as a stored up row), stored at y[tok, r] (n = 1 with y_index: y[y_index[r]]).
+  const __half* gate_in = nullptr;
   // SwiGLU at n = 1 only: hidden row h goes to y[y_index[h]] (the decode row of the mixed weight
   // that reads it next, QMixedDevice::row) instead of y[h].
   const int32_t* y_index = nullptr;
@@ -112,9 +116,18 @@ __device__ __forceinline__ int swiglu_at(const Params& p, int hrow) {
   return p.y_index != nullptr ? __ldg(p.y_index + hrow) : hrow;
 }
 
-// Output row `row` of token `tok`: into y [n, rows], or into the split outputs.
+// Output row `row` of token `tok`: into y [n, rows], or into the split outputs. GATE: the kernel
+// honours Params::gate_in (the decode GEMVs; left out of the serving-batch and GEMM kernels, whose
+// registers it raised, and which the host never gives a gate).
+template <bool GATE = false>
 __device__ __forceinline__ void store_out(const Params& p, int tok, int row, float v) {
   v = with_prior(p, tok, row, v);
+  if (GATE && p.gate_in != nullptr) {
+    const float up = __half2float(__float2half_rn(v));
+    const float gate = __half2float(p.gate_in[int64_t{tok} * p.rows + row]);
+    p.y[int64_t{tok} * p.rows + swiglu_at(p, row)] = __float2half_rn(cuda::silu_times(gate, up));
+    return;
+  }
   if (p.split.parts == 0) {
     __half* dst = p.y + int64_t{tok} * p.rows + row;
     // The index load first, so that it and the residual's load are in flight together.
@@ -336,7 +349,7 @@ __device__ __forceinline__ void mma_scaled_step(float* acc, const uint4 (&q)[MT]
 // Stores one reduced accumulator of a serving-batch kernel: fragment element i (0..3) of row
 // gg of `tile` for token tok. SwiGLU weights (gate/up interleaved by 8 rows): the gate element
 // (i = 0, 1) stores silu(v) * up(), the up element (i = 2, 3) stores nothing.
-template <class Up>
+template <bool GATE = false, class Up>
 __device__ __forceinline__ void store_batch_element(const Params& p, int tile, int gg, int i,
                                                     int tok, float v, Up&& up) {
   if (p.swiglu_hidden > 0) {
@@ -348,7 +361,7 @@ __device__ __forceinline__ void store_batch_element(const Params& p, int tile, i
   const int row = 16 * tile + gg + 8 * (i / 2);
   if (row >= p.rows) return;
   if (p.bias != nullptr) v += __half2float(p.bias[row]);
-  store_out(p, tok, row, v);
+  store_out<GATE>(p, tok, row, v);
 }
 
 // The n <= 8 GEMVs' epilogue (qlinear_tiled.cu, qlinear_gemv4.cu): lane (g, t) holds rows g,
@@ -360,7 +373,7 @@ __device__ __forceinline__ void store_gemv_tile(const Params& p, int tile, int g
   for (int i = 0; i < 4; ++i) {
     const int tok = 2 * t + (i % 2);
     if (tok < p.n)
-      store_batch_element(p, tile, g, i, tok, acc[i], [&] { return acc[(2 + i) & 3]; });
+      store_batch_element<true>(p, tile, g, i, tok, acc[i], [&] { return acc[(2 + i) & 3]; });
   }
 }
 

@@ -35,9 +35,10 @@ struct QMixedDevice {
   int row_offset[kMixedMaxParts] = {};
   const int32_t* pos = nullptr;
   const int32_t* row_list = nullptr;
-  // The order the parts run in at decode: the most bytes first, so that the smaller parts run in
-  // its kernel's tail (the kernels after the first stage and compute before waiting on the one
-  // before, QlinearFusion::x_ready). Identity until finish_mixed (cuda_qmixed.cc) sets it.
+  // The order the parts run in at one row (decode): parts whose kernel cannot wait late first,
+  // then the most bytes first, so that the smaller parts run in the tail of the one before (the
+  // kernels after the first stage and compute before waiting on it: QlinearFusion::x_ready).
+  // Identity until finish_mixed (cuda_qmixed.cc) sets it.
   int order[kMixedMaxParts] = {0, 1, 2, 3, 4, 5};
 };
 
