@@ -1,10 +1,6 @@
-// Quantized GEMV (decode), dequantization, upload and dispatch. The GEMM is in qlinear_gemm.cu.
-//
-// GEMV work split: a block of kGemvWarps warps; each group of p.ksplit warps owns R weight rows
-// and walks their 16-byte chunks with a stride of the group, so each warp reads 512 contiguous
-// bytes per row per step and the columns are split across the group's warps (a split-K inside
-// the block, reduced in shared memory). ksplit is 1 when there are rows enough to fill the GPU,
-// more for short matrices. Each lane keeps U * R chunk loads in flight before using any.
+// Quantized matmuls (qlinear.h): which kernel runs for a weight at n rows, the fusions' kernel
+// parameters, dequantization and act-order gathers. The kernels are in the other qlinear_*.cu
+// files (qlinear_internal.h), the uploads in qlinear_upload.cu.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -12,209 +8,17 @@
 #include <vector>
 
 #include "backend/cuda/hadamard_warp.cuh"
-#include "backend/cuda/qlinear.h"
-#include "backend/cuda/qlinear_kernels.cuh"
+#include "backend/cuda/qlinear_internal.h"
 #include "core/error.h"
 
 namespace gyre {
 
+using qlinear_detail::layout_params;
 using qlinear_detail::Params;
 
 namespace qlinear_detail {
-void launch_gemm(const Params& p, cudaStream_t stream);  // qlinear_gemm.cu
-// qlinear_tiled.cu: the 4-bit tiled layout.
-void tile_int4_upload(const uint8_t* host_q, const uint8_t* host_scales, const uint8_t* host_mins,
-                      const Params& p, uint8_t* dst_q, uint8_t* dst_scales, uint8_t* dst_mins);
-void launch_gemv4(const Params& p, cudaStream_t stream);
-void launch_dequant4(const Params& p, __half* out, cudaStream_t stream);
-void launch_batch(const Params& p, cudaStream_t stream);     // qlinear_batch.cu
-bool batch_prefers_gemm(const Params& p);                    // qlinear_batch.cu
-void prepare_batch4();                                       // qlinear_batch4.cu
-void prepare_batch_bulk();                                   // qlinear_batch_bulk.cu
-void prepare_batch_stream();                                 // qlinear_batch_stream.cu
-bool batch_stream_supported(const Params& p, int pieces_s);  // qlinear_batch_stream.cu
-void launch_batch_stream(const Params& p, cudaStream_t stream, int pieces_s);  // same
-// qlinear_bits.cu: 2/3/5/6 bits (any n, eight tokens per pass) and their dequantization.
-void launch_gemv_bits(const Params& p, cudaStream_t stream);
-void launch_dequant_bits(const Params& p, __half* out, cudaStream_t stream);
-// qlinear_bits_stream.cu: the same widths in the tiled layout (any n, up to eight per pass).
-// bits_tiled_layout: blocks per piece of the tiled layout for a new upload, 0 = the host layout.
-int bits_tiled_layout(const QWeightDesc& d);
-// bits_inplace_layout: a new tiled 2/3/5/6-bit upload takes the in-place arrangement.
-bool bits_inplace_layout(const QWeightDesc& d);
-void tile_bits_upload(const QWeightHost& w, const Params& p, int pieces_s, uint8_t* dst_q,
-                      uint8_t* dst_scales, uint8_t* dst_mins);
-void launch_gemv_bits_stream(const Params& p, int pieces_s, cudaStream_t stream);
-void launch_dequant_bits_tiled(const Params& p, int pieces_s, __half* out, cudaStream_t stream);
-// qlinear_trellis.cu: trellis-coded weights (desc.trellis), any n (up to 8 tokens per pass).
-void trellis_device_sizes(const QWeightDesc& d, size_t& qbytes, size_t& scale_bytes);
-void trellis_layout_params(const QWeightDesc& d, Params& p);
-void trellis_upload(const QWeightHost& w, uint8_t* dst_q, uint8_t* dst_scales);
-void launch_gemv_trellis(const Params& p, cudaStream_t stream);
-void launch_dequant_trellis(const Params& p, __half* out, cudaStream_t stream);
 void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("CUDA error in ", what, ": ", cudaGetErrorString(e));
-}
-}  // namespace qlinear_detail
-
-namespace {
-
-using qlinear_detail::check_cuda;
-
-constexpr int kGemvWarps = 4;
-// 8-bit: the CUDA-core GEMV up to this many rows; the tensor-core batch kernel beyond (measured
-// on H100: n = 8 costs 2x n = 1 on CUDA cores, about 1.1x on the batch kernel).
-constexpr int kGemv8MaxRows = 4;
-int g_rows_per_block = 0;
-
-template <int BITS, int NT, int R>
-__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(Params p) {
-  cuda::pdl_begin();  // launched with PDL (launch.h)
-  using namespace qlinear_detail;
-  constexpr int kCols = BITS == 4 ? 32 : 16;  // columns per 16-byte chunk
-  constexpr int kPairs = kCols / 2;
-  constexpr int kUnroll = NT <= 2 ? 4 : 2;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int kStride = p.ksplit * 32;
-  const int row0 = (blockIdx.x * (kGemvWarps / p.ksplit) + warp / p.ksplit) * R;
-  const int chunks = p.cols / kCols;
-  const int64_t row_bytes = static_cast<int64_t>(chunks) * 16;
-  const int groups = p.cols / p.group;
-
-  float acc[NT][R];
-#pragma unroll
-  for (int t = 0; t < NT; ++t)
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[t][r] = 0.0f;
-
-  for (int base = (warp % p.ksplit) * 32 + lane; base < chunks; base += kUnroll * kStride) {
-    uint4 q[kUnroll][R];
-    // Issue every load of this step before the first use.
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int ch = min(base + u * kStride, chunks - 1);
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const int row = min(row0 + r, p.rows - 1);
-        q[u][r] = load_stream(p.qweight + row * row_bytes + static_cast<int64_t>(ch) * 16);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int ch = base + u * kStride;
-      if (ch >= chunks) break;
-      __half2 w[R][kPairs];
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const int row = min(row0 + r, p.rows - 1);
-        __half2 s, m;
-        load_scale(p, static_cast<int64_t>(row) * groups + ch * kCols / p.group, s, m);
-        dequant_chunk<BITS>(q[u][r], s, m, p.asym, w[r]);
-      }
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        __half2 xv[kPairs];
-        load_x<kCols>(p, t, ch * kCols, xv);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          // At most kCols products in FP16 before the float accumulator takes them.
-          __half2 a = __hmul2(w[r][0], xv[0]);
-#pragma unroll
-          for (int j = 1; j < kPairs; ++j) a = __hfma2(w[r][j], xv[j], a);
-          const float2 f = __half22float2(a);
-          acc[t][r] += f.x + f.y;
-        }
-      }
-    }
-  }
-
-  __shared__ float partial[kGemvWarps][NT * R];
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      float v = acc[t][r];
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-      if (lane == 0) partial[warp][t * R + r] = v;
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x < kGemvWarps / p.ksplit * NT * R) {
-    const int g = threadIdx.x / (NT * R), j = threadIdx.x % (NT * R);
-    const int t = j / R, row = (blockIdx.x * (kGemvWarps / p.ksplit) + g) * R + j % R;
-    if (row < p.rows) {
-      float v = 0.0f;
-      for (int wi = 0; wi < p.ksplit; ++wi) v += partial[g * p.ksplit + wi][j];
-      if (p.bias != nullptr) v += __half2float(p.bias[row]);
-      store_out<true>(p, t, row, v);
-    }
-  }
-}
-
-template <int BITS, int NT, int R>
-void launch_gemv(const Params& p, cudaStream_t stream) {
-  // Enough row groups to give every SM many warps: no split-K; fewer: split the columns.
-  Params q = p;
-  const int row_groups = (p.rows + R - 1) / R;
-  q.ksplit = row_groups >= 2048 ? 1 : row_groups >= 1024 ? 2 : 4;
-  const int per_block = R * (kGemvWarps / q.ksplit);
-  const int blocks = (p.rows + per_block - 1) / per_block;
-  qlaunch(gemv_kernel<BITS, NT, R>, blocks, kGemvWarps * 32, 0, stream, q);
-}
-
-template <int BITS>
-void dispatch_gemv(const Params& p, int rows_per_block, cudaStream_t stream) {
-  if (p.n == 1 && rows_per_block == 1) return launch_gemv<BITS, 1, 1>(p, stream);
-  if (p.n == 1 && rows_per_block == 4) return launch_gemv<BITS, 1, 4>(p, stream);
-  switch (p.n) {
-    case 1:
-      return launch_gemv<BITS, 1, 2>(p, stream);
-    case 2:
-      return launch_gemv<BITS, 2, 2>(p, stream);
-    case 3:
-      return launch_gemv<BITS, 3, 2>(p, stream);
-    case 4:
-      return launch_gemv<BITS, 4, 2>(p, stream);
-    case 5:
-      return launch_gemv<BITS, 5, 2>(p, stream);
-    case 6:
-      return launch_gemv<BITS, 6, 2>(p, stream);
-    case 7:
-      return launch_gemv<BITS, 7, 2>(p, stream);
-    default:
-      return launch_gemv<BITS, 8, 2>(p, stream);
-  }
-}
-
-// One thread per chunk: dequantize and store in the original column order.
-template <int BITS>
-__global__ void dequant_kernel(Params p, __half* out) {
-  using namespace qlinear_detail;
-  constexpr int kCols = BITS == 4 ? 32 : 16;
-  const int chunks = p.cols / kCols;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= static_cast<int64_t>(p.rows) * chunks) return;
-  const int64_t row = i / chunks;
-  const int ch = static_cast<int>(i % chunks);
-  __half2 s, m, w[kCols / 2];
-  load_scale(p, row * (p.cols / p.group) + ch * kCols / p.group, s, m);
-  dequant_chunk<BITS>(load_stream(p.qweight + i * 16), s, m, p.asym, w);
-  __half* dst = out + row * p.cols;
-  const int c0 = ch * kCols;
-  if (p.perm == nullptr) {
-    uint4* d4 = reinterpret_cast<uint4*>(dst + c0);
-    for (int j = 0; j < kCols / 8; ++j) {
-      uint4 v;
-      memcpy(&v, &w[4 * j], 16);
-      d4[j] = v;
-    }
-  } else {
-    for (int j = 0; j < kCols / 2; ++j) {
-      dst[p.perm[c0 + 2 * j]] = __low2half(w[j]);
-      dst[p.perm[c0 + 2 * j + 1]] = __high2half(w[j]);
-    }
-  }
 }
 
 Params layout_params(const QWeightDevice& w) {
@@ -244,6 +48,16 @@ Params layout_params(const QWeightDevice& w) {
   p.groups_p = p.kblocks * 64 / d.group_size;  // cols / group, plus one pad group at g32
   return p;
 }
+}  // namespace qlinear_detail
+
+namespace {
+
+using qlinear_detail::check_cuda;
+
+// 8-bit: the CUDA-core GEMV up to this many rows; the tensor-core batch kernel beyond (measured
+// on H100: n = 8 costs 2x n = 1 on CUDA cores, about 1.1x on the batch kernel).
+constexpr int kGemv8MaxRows = 4;
+int g_rows_per_block = 0;
 
 __global__ void gather_input_kernel(const __half* x, const int32_t* perm, __half* out, int cols,
                                     int64_t total) {
@@ -282,7 +96,7 @@ void gather_into_xperm(Params& p, cudaStream_t stream) {
 
 void dispatch_gemv8(Params p, int rows_per_block, cudaStream_t stream) {
   gather_into_xperm(p, stream);
-  dispatch_gemv<8>(p, rows_per_block, stream);
+  qlinear_detail::launch_gemv8(p, rows_per_block, stream);
 }
 
 Params make_params(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias) {
@@ -298,133 +112,7 @@ Params make_params(const QWeightDevice& w, const __half* x, __half* y, int n, co
   return p;
 }
 
-size_t align256(size_t v) {
-  return (v + 255) / 256 * 256;
-}
-
-// Byte sizes of the device qweight and scale arrays: the host layout for 8-bit and untiled narrow
-// widths (qlinear_bits.cu), the tiled layouts for 4-bit (qlinear_tiled.cu) and tiled narrow
-// widths (qlinear_stream.cuh: 128 * bits bytes per 16x64 block).
-void device_sizes(const QWeightDesc& d, size_t& qbytes, size_t& scale_bytes) {
-  if (d.trellis) {
-    qlinear_detail::trellis_device_sizes(d, qbytes, scale_bytes);
-  } else if (d.bits == 4 || qlinear_detail::bits_tiled_layout(d)) {
-    QWeightDevice w;
-    w.desc = d;
-    w.narrow_tiled = qlinear_detail::bits_tiled_layout(d);
-    const Params p = layout_params(w);
-    qbytes = static_cast<size_t>(p.tiles) * p.kblocks * 128 * d.bits;
-    scale_bytes = static_cast<size_t>(p.tiles) * p.groups_p * 16 * d.scale_bytes();
-  } else {
-    qbytes = static_cast<size_t>(d.qweight_bytes());
-    scale_bytes = static_cast<size_t>(d.scale_count()) * d.scale_bytes();
-  }
-}
-
 }  // namespace
-
-size_t qweight_device_bytes(const QWeightDesc& d) {
-  size_t qbytes = 0, scale_bytes = 0;
-  device_sizes(d, qbytes, scale_bytes);
-  return align256(qbytes) + align256(scale_bytes) + (d.asymmetric ? align256(scale_bytes) : 0) +
-         (d.has_perm ? 2 * align256(static_cast<size_t>(d.cols) * 4) : 0);
-}
-
-QWeightDevice qweight_device_view(const QWeightDesc& d, void* mem) {
-  qweight_validate(d);
-  size_t qbytes = 0, scale_bytes = 0;
-  device_sizes(d, qbytes, scale_bytes);
-  QWeightDevice out;
-  out.desc = d;
-  out.narrow_tiled = qlinear_detail::bits_tiled_layout(d);
-  out.narrow_inplace = out.narrow_tiled > 0 && qlinear_detail::bits_inplace_layout(d);
-  auto* p = static_cast<uint8_t*>(mem);
-  out.qweight = p;
-  p += align256(qbytes);
-  out.scales = p;
-  p += align256(scale_bytes);
-  if (d.asymmetric) {
-    out.mins = p;
-    p += align256(scale_bytes);
-  }
-  if (d.has_perm) {
-    out.perm = reinterpret_cast<const int32_t*>(p);
-    out.inv_perm = reinterpret_cast<const int32_t*>(p + align256(static_cast<size_t>(d.cols) * 4));
-  }
-  return out;
-}
-
-QWeightDevice qweight_upload(const QWeightHost& w) {
-  const QWeightDesc& d = w.desc;
-  qweight_validate(d);
-  GYRE_CHECK(static_cast<int64_t>(w.qweight.size()) == d.qweight_bytes() &&
-                 static_cast<int64_t>(w.scales.size()) == d.scale_count() * d.scale_bytes() &&
-                 w.mins.size() == (d.asymmetric ? w.scales.size() : 0) &&
-                 w.perm.size() == (d.has_perm ? static_cast<size_t>(d.cols) : 0),
-             "qweight_upload: buffers do not match the layout");
-  void* mem = nullptr;
-  check_cuda(cudaMalloc(&mem, qweight_device_bytes(d)), "cudaMalloc (quantized weight)");
-  QWeightDevice out = qweight_device_view(d, mem);
-  out.allocation = mem;
-  auto put = [&](const void* dst, const void* src, size_t bytes) {
-    check_cuda(cudaMemcpy(const_cast<void*>(dst), src, bytes, cudaMemcpyHostToDevice),
-               "cudaMemcpy (weight)");
-  };
-  try {
-    if (d.trellis) {
-      qlinear_detail::trellis_upload(w, const_cast<uint8_t*>(out.qweight),
-                                     static_cast<uint8_t*>(const_cast<void*>(out.scales)));
-    } else if (d.bits == 4) {
-      qlinear_detail::prepare_batch4();
-      qlinear_detail::prepare_batch_bulk();
-      qlinear_detail::prepare_batch_stream();
-      const Params p = layout_params(out);
-      qlinear_detail::tile_int4_upload(
-          w.qweight.data(), w.scales.data(), d.asymmetric ? w.mins.data() : nullptr, p,
-          const_cast<uint8_t*>(out.qweight), static_cast<uint8_t*>(const_cast<void*>(out.scales)),
-          static_cast<uint8_t*>(const_cast<void*>(out.mins)));
-    } else if (out.narrow_tiled) {
-      qlinear_detail::prepare_batch_stream();
-      qlinear_detail::tile_bits_upload(w, layout_params(out), out.narrow_tiled,
-                                       const_cast<uint8_t*>(out.qweight),
-                                       static_cast<uint8_t*>(const_cast<void*>(out.scales)),
-                                       static_cast<uint8_t*>(const_cast<void*>(out.mins)));
-    } else {
-      put(out.qweight, w.qweight.data(), w.qweight.size());
-      put(out.scales, w.scales.data(), w.scales.size());
-      if (d.asymmetric) put(out.mins, w.mins.data(), w.mins.size());
-    }
-    if (d.has_perm) qweight_put_perm(out, w.perm.data(), nullptr);
-  } catch (...) {
-    qweight_free(out);
-    throw;
-  }
-  return out;
-}
-
-void qweight_put_perm(const QWeightDevice& w, const int32_t* perm, cudaStream_t stream) {
-  GYRE_CHECK(w.perm != nullptr && w.inv_perm != nullptr,
-             "qweight_put_perm: the weight has no permutation");
-  const size_t cols = static_cast<size_t>(w.desc.cols);
-  std::vector<int32_t> inv(cols, -1);
-  for (size_t c = 0; c < cols; ++c) {
-    GYRE_CHECK(perm[c] >= 0 && static_cast<size_t>(perm[c]) < cols && inv[perm[c]] < 0,
-               "qweight_put_perm: not a permutation of ", cols, " columns");
-    inv[perm[c]] = static_cast<int32_t>(c);
-  }
-  check_cuda(
-      cudaMemcpyAsync(const_cast<int32_t*>(w.perm), perm, cols * 4, cudaMemcpyHostToDevice, stream),
-      "cudaMemcpyAsync (permutation)");
-  check_cuda(cudaMemcpyAsync(const_cast<int32_t*>(w.inv_perm), inv.data(), cols * 4,
-                             cudaMemcpyHostToDevice, stream),
-             "cudaMemcpyAsync (permutation)");
-  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize (permutation)");
-}
-
-void qweight_free(QWeightDevice& w) {
-  if (w.allocation != nullptr) cudaFree(w.allocation);
-  w = QWeightDevice{};
-}
 
 namespace qlinear_detail {
 bool gemv4_stream_supported(const Params& p);  // qlinear_gemv_stream.cu
@@ -732,10 +420,7 @@ void qlinear_dequantize(const QWeightDevice& w, __half* out, cudaStream_t stream
   } else if (w.desc.bits == 4) {
     qlinear_detail::launch_dequant4(p, out, stream);
   } else {
-    const int64_t chunks = static_cast<int64_t>(w.desc.rows) * (w.desc.cols / w.desc.chunk_cols());
-    const int threads = 256;
-    const auto blocks = static_cast<unsigned>((chunks + threads - 1) / threads);
-    dequant_kernel<8><<<blocks, threads, 0, stream>>>(p, out);
+    qlinear_detail::launch_dequant8(p, out, stream);
   }
   check_cuda(cudaGetLastError(), "qlinear_dequantize launch");
 }
