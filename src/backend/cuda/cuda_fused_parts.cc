@@ -268,16 +268,19 @@ bool CudaBackend::parts_matmul_swiglu(Tensor& out, const Tensor& x, const Tensor
              "CUDA matmul_swiglu: x [", n, ", ", x.cols, "] . gate/up parts of [",
              fp.groups[0].w.rows, ", ", w.cols, "] -> out [", out.rows, ", ", out.cols, "]");
   const half* xd = static_cast<const half*>(x.data);
-  if (parts_rows_input(w, xd, n, f) && mixed_prior_epilogue_) {
+  const bool rows = parts_rows_input(w, xd, n, f);
+  auto row_input = [&](const QMixedDevice& m) {  // the group's slice of the rows just gathered
+    return mixed_input(m, nullptr, 1, nullptr, 0.0f, nullptr, true);
+  };
+  if (rows && mixed_prior_epilogue_) {
     // The gate into scratch (or into out, which the reader's row replaces), up's earlier parts'
     // sum after it; up's last part multiplies by silu(gate) in its epilogue (QlinearFusion::gate).
     half* scratch = fused_scratch(2 * static_cast<size_t>(hidden));
     half* gate = reader != nullptr ? static_cast<half*>(out.data) : scratch;
     const QMixedDevice& mg = qmixed_of(fp.groups[0].w);
     const QMixedDevice& mu = qmixed_of(fp.groups[1].w);
-    mixed_parts(mg, mixed_input(mg, nullptr, 1, nullptr, 0.0f, nullptr, true), gate, 1, 0,
-                mg.n_parts, nullptr, false);
-    const MixedInput in = mixed_input(mu, nullptr, 1, nullptr, 0.0f, nullptr, true);
+    mixed_parts(mg, row_input(mg), gate, 1, 0, mg.n_parts, nullptr, false);
+    const MixedInput in = row_input(mu);
     const int last = mu.n_parts - 1, p = part_at(mu, last, 1);
     mixed_parts(mu, in, scratch + hidden, 1, 0, last, nullptr, false, nullptr, nullptr, true);
     QlinearFusion g = part_fusion(in, p);
@@ -292,11 +295,11 @@ bool CudaBackend::parts_matmul_swiglu(Tensor& out, const Tensor& x, const Tensor
   }
   half* gate = static_cast<half*>(out.data);
   half* up = fused_scratch(static_cast<size_t>(n) * hidden);
-  if (fp.rows != nullptr && n == 1 && parts_rows_enabled_) {  // the rows, filled above
+  if (rows) {
     for (int i = 0; i < 2; ++i) {
       const QMixedDevice& m = qmixed_of(fp.groups[static_cast<size_t>(i)].w);
-      mixed_parts(m, mixed_input(m, nullptr, 1, nullptr, 0.0f, nullptr, true), i == 0 ? gate : up,
-                  1, 0, m.n_parts, nullptr, false, nullptr, nullptr, i > 0);
+      mixed_parts(m, row_input(m), i == 0 ? gate : up, 1, 0, m.n_parts, nullptr, false, nullptr,
+                  nullptr, i > 0);
     }
   } else {
     group_matmul(fp.groups[0].w, xd, OutSplit::plain(gate, hidden), n, nullptr, f);
