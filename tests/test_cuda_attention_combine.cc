@@ -133,6 +133,8 @@ TEST(CudaAttentionCombine, LongContextManyShares) {
   run_attention("f16", Shape{2, 1, 64}, {4099, 1}, {}, rng);
   run_attention("f16", Shape{2, 1, 64}, {4099, 1}, {{"GYRE_CUDA_ATTN_MERGE", "online"}}, rng);
   run_attention("q8", Shape{8, 2, 128}, {4099, 1}, {}, rng);
+  run_attention("f16", Shape{8, 1, 128}, {4099, 1}, {}, rng);  // the tensor-core loop, 8 heads
+  run_attention("f16", Shape{8, 2, 96}, {2999, 1}, {}, rng);
 }
 
 // rope_attention: CPU default (rope_qk + attention) vs the GPU's fused kernel, and vs the GPU's

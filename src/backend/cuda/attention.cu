@@ -110,9 +110,11 @@ __device__ __forceinline__ void prefetch_share(const AttentionArgs& a, int kvh, 
 #endif
 }
 
-// PERM (with ROPE only): the output in AttentionArgs::out_index's column order.
-template <int T, int L, int G, bool ROPE, bool PERM = false>
-__global__ void __launch_bounds__(decode_attn::kThreads) decode_kernel(AttentionArgs a, int n_sub) {
+// PERM (with ROPE only): the output in AttentionArgs::out_index's column order. MMA: the
+// tensor-core loop (decode_attn::mma_loop; instantiated with L = 16 only).
+template <int T, int L, int G, bool ROPE, bool PERM = false, bool MMA = false>
+__global__ void __launch_bounds__(decode_attn::threads_of(MMA))
+    decode_kernel(AttentionArgs a, int n_sub) {
   const int D = a.head_dim;
   const int kvh = blockIdx.y / n_sub, sub = blockIdx.y % n_sub;
   const int qi = blockIdx.z;
@@ -135,23 +137,23 @@ __global__ void __launch_bounds__(decode_attn::kThreads) decode_kernel(Attention
     // (pdl_wait inside; the block lets the next kernel in: attention_share.cuh)
     const decode_attn::QRope rq = decode_attn::rope_prologue<T>(
         a.rope, 0, kvh, pos, static_cast<int64_t>(kvh) * a.max_seq + pos, sh.hi == pos + 1, sm);
-    decode_attn::decode_attend<T, L, G>(contiguous_kv(a, kvh), a.q + first * D,
-                                        out_row<PERM>(a, qi, head0), part, D, gn, lo, pos + 1,
-                                        blockIdx.x, a.splits, a.scale, cmb, &rq);
+    decode_attn::decode_attend<T, L, G, MMA>(contiguous_kv(a, kvh), a.q + first * D,
+                                             out_row<PERM>(a, qi, head0), part, D, gn, lo, pos + 1,
+                                             blockIdx.x, a.splits, a.scale, cmb, &rq);
   } else {
-    decode_attn::decode_attend<T, L, G>(contiguous_kv(a, kvh), a.q + first * D,
-                                        out_row(a, qi, head0), part, D, gn, lo, pos + 1, blockIdx.x,
-                                        a.splits, a.scale, block_combine(a));
+    decode_attn::decode_attend<T, L, G, MMA>(contiguous_kv(a, kvh), a.q + first * D,
+                                             out_row(a, qi, head0), part, D, gn, lo, pos + 1,
+                                             blockIdx.x, a.splits, a.scale, block_combine(a));
   }
 }
 
 // Blocks of the decode kernel resident per SM (registers bound it), per instantiation.
-template <int T, int L, int G, bool ROPE>
+template <int T, int L, int G, bool ROPE, bool MMA>
 int decode_blocks_per_sm() {
   static const int blocks = [] {
     int n = 0;
-    GYRE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<T, L, G, ROPE>,
-                                                                  decode_attn::kThreads, 0));
+    GYRE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &n, decode_kernel<T, L, G, ROPE, false, MMA>, decode_attn::threads_of(MMA), 0));
     return std::max(1, n);
   }();
   return blocks;
@@ -172,14 +174,19 @@ int attention_splits(int rows, int n_heads, int n_kv_heads, int head_dim, int kv
   // Decode block: exactly one wave of resident blocks (every share has the same length, so a
   // second, partial wave would cost nearly a whole block time more).
   int per_sm = 1;
-  with_kv_kind(kv_type, [&](auto kind) {
-    decode_attn::with_shape(head_dim, std::min(group, kMaxGroup), [&](auto lanes, auto g) {
-      per_sm = fused_rope
-                   ? decode_blocks_per_sm<decltype(kind)::value, lanes.value, g.value, true>()
-                   : decode_blocks_per_sm<decltype(kind)::value, lanes.value, g.value, false>();
-    });
-  });
-  const int resident = per_sm * sm_count;
+  decode_attn::with_kernel(kv_type, head_dim, std::min(group, kMaxGroup), attention_mma_enabled(),
+                           [&](auto kind, auto lanes, auto g, auto mma) {
+                             constexpr int T = decltype(kind)::value, L = lanes.value, G = g.value;
+                             constexpr bool M = decltype(mma)::value;
+                             per_sm = fused_rope ? decode_blocks_per_sm<T, L, G, true, M>()
+                                                 : decode_blocks_per_sm<T, L, G, false, M>();
+                           });
+  // GYRE_CUDA_ATTN_FILL=P: P% of the resident blocks instead (measurements).
+  static const int fill = [] {
+    const char* e = std::getenv("GYRE_CUDA_ATTN_FILL");
+    return e == nullptr ? 100 : std::clamp(std::atoi(e), 10, 800);
+  }();
+  const int resident = std::max(1, per_sm * sm_count * fill / 100);
   return blocks >= resident ? 1 : std::min({kMaxSplits, max_useful, resident / blocks});
 }
 
@@ -239,6 +246,7 @@ void attention(const AttentionArgs& args, cudaStream_t s) {
     return e == nullptr || std::string(e) != "0";
   }();
   a.prefetch_kv = prefetch && pdl_supported();
+  a.mma_decode = a.mma_decode && attention_mma_enabled();
   GYRE_CHECK(a.out_index == nullptr || a.fuse_rope,
              "CUDA attention: only the decode kernel with RoPE writes another column order");
   GYRE_CHECK(a.head_dim > 0 && a.head_dim <= kMaxHeadDim, "CUDA attention supports head_dim up to ",
@@ -252,23 +260,27 @@ void attention(const AttentionArgs& args, cudaStream_t s) {
                   static_cast<unsigned>(a.n_q));
   if (a.fuse_rope) {
     GYRE_CHECK(attention_fuses_rope(a), "attention: fuse_rope set where it does not apply");
-    with_kv_kind(a.kv_type, [&](auto kind) {
-      decode_attn::with_shape(a.head_dim, std::min(group, kMaxGroup), [&](auto lanes, auto g) {
-        if (a.out_index != nullptr)
-          launch(decode_kernel<decltype(kind)::value, lanes.value, g.value, true, true>, grid,
-                 decode_attn::kThreads, 0, s, a, n_sub);
-        else
-          launch(decode_kernel<decltype(kind)::value, lanes.value, g.value, true>, grid,
-                 decode_attn::kThreads, 0, s, a, n_sub);
-      });
-    });
+    decode_attn::with_kernel(a.kv_type, a.head_dim, std::min(group, kMaxGroup), a.mma_decode,
+                             [&](auto kind, auto lanes, auto g, auto mma) {
+                               constexpr int T = decltype(kind)::value, L = lanes.value,
+                                             G = g.value;
+                               constexpr bool M = decltype(mma)::value;
+                               if (a.out_index != nullptr)
+                                 launch(decode_kernel<T, L, G, true, true, M>, grid,
+                                        decode_attn::threads_of(M), 0, s, a, n_sub);
+                               else
+                                 launch(decode_kernel<T, L, G, true, false, M>, grid,
+                                        decode_attn::threads_of(M), 0, s, a, n_sub);
+                             });
   } else if (decode_attn::usable(a.head_dim, a.q) && !a.generic_block) {
-    with_kv_kind(a.kv_type, [&](auto kind) {
-      decode_attn::with_shape(a.head_dim, std::min(group, kMaxGroup), [&](auto lanes, auto g) {
-        launch(decode_kernel<decltype(kind)::value, lanes.value, g.value, false>, grid,
-               decode_attn::kThreads, 0, s, a, n_sub);
-      });
-    });
+    decode_attn::with_kernel(a.kv_type, a.head_dim, std::min(group, kMaxGroup), a.mma_decode,
+                             [&](auto kind, auto lanes, auto g, auto mma) {
+                               constexpr int T = decltype(kind)::value, L = lanes.value,
+                                             G = g.value;
+                               constexpr bool M = decltype(mma)::value;
+                               launch(decode_kernel<T, L, G, false, false, M>, grid,
+                                      decode_attn::threads_of(M), 0, s, a, n_sub);
+                             });
   } else {
     const size_t smem = smem_bytes(a.head_dim, a.kv_type);
     with_kv_kind(a.kv_type, [&](auto kind) {
@@ -278,6 +290,14 @@ void attention(const AttentionArgs& args, cudaStream_t s) {
   GYRE_CUDA_LAUNCHED();
   if (a.splits > 1 && a.counters == nullptr)
     split_combine(a.out, a.partial, a.n_q, a.n_heads, a.head_dim, a.splits, nullptr, s);
+}
+
+bool attention_mma_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("GYRE_CUDA_ATTN_MMA");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return on;
 }
 
 bool attention_fuses_rope(const AttentionArgs& a) {

@@ -108,6 +108,8 @@ CudaBackend::CudaBackend(int device, const BackendOptions& options)
     rope_in_attention_ = std::string(r) != "0";
   if (const char* m = std::getenv("GYRE_CUDA_ATTN_MERGE"); m && std::string(m) == "online")
     attention_weighted_from_ = 1 << 20;
+  if (const char* m = std::getenv("GYRE_CUDA_ATTN_MERGE"); m && std::string(m) == "weighted")
+    attention_weighted_from_ = 1;
   if (const char* m = std::getenv("GYRE_CUDA_ATTN_CHUNK"); m && *m)
     attention_min_chunk_ = std::clamp(std::atoi(m), 32, 1024);
   if (const char* c = std::getenv("GYRE_CUDA_SPLIT_COMBINE"))

@@ -112,6 +112,7 @@ struct AttentionArgs {
   int min_chunk = 32;          // the smallest share of keys (attention_share.cuh: kMinChunk)
   int weighted_from = 16;      // more shares than this: the weighted merge (attention_share.cuh)
   bool prefetch_kv = false;    // the decode block asks L2 for its keys before its PDL wait (sm_90)
+  bool mma_decode = true;      // the decode block's tensor-core loop where it applies (decode_attn)
   // Decode (n_q 1, the decode block, in-kernel combine or one split): the rope.k/v row is rotated
   // and stored, and q rotated as it is loaded, by the attention kernel itself (rope_kv_store's
   // work without a launch of its own); q stays unrotated in memory. Only where
@@ -133,6 +134,9 @@ int attention_splits(int rows, int n_heads, int n_kv_heads, int head_dim, int kv
 void kv_store(const KvStoreArgs& a, const half* k, const half* v, const int32_t* pos0,
               cudaStream_t s);
 void attention(const AttentionArgs& a, cudaStream_t s);
+// The decode blocks' tensor-core loop (FP16 cache, >= 4 query heads per KV head, head dims % 32 ==
+// 0; decode_attn in attention_decode.cuh): on unless GYRE_CUDA_ATTN_MMA=0 (A/B measurements).
+bool attention_mma_enabled();
 // Whether attention() can do rope_kv_store's work for a.rope inside the decode kernel (a as
 // filled for the launch, splits and counters included).
 bool attention_fuses_rope(const AttentionArgs& a);

@@ -113,8 +113,10 @@ constexpr int paged_min_blocks() {
 // The same grid with the decode block (head dims % 8 == 0 up to 128).
 // ROPE: the step's rope + store too (PagedAttentionArgs::fuse_rope; the row arrays were staged by
 // the host before the step, so they are read before the PDL wait).
-template <int T, int L, int G, bool ROPE>
-__global__ void __launch_bounds__(decode_attn::kThreads, (paged_min_blocks<T, L, G>()))
+// MMA: the tensor-core loop (decode_attn::mma_loop).
+template <int T, int L, int G, bool ROPE, bool MMA = false>
+__global__ void __launch_bounds__(decode_attn::threads_of(MMA),
+                                  (MMA ? 1 : paged_min_blocks<T, L, G>()))
     paged_decode_kernel(PagedAttentionArgs a, int n_sub) {
   if constexpr (ROPE) {
     __shared__ decode_attn::RopeSmem sm;
@@ -129,16 +131,16 @@ __global__ void __launch_bounds__(decode_attn::kThreads, (paged_min_blocks<T, L,
     // (pdl_wait inside; the block lets the next kernel in: attention_share.cuh)
     const decode_attn::QRope rq =
         decode_attn::rope_prologue<T>(a.rope, b.row, b.kvh, b.end - 1, crow, sh.hi == b.end, sm);
-    decode_attn::decode_attend<T, L, G>(paged_kv(a, a.row_seq[b.row], b.kvh), a.q + b.first * b.D,
-                                        a.out + b.first * b.D, b.part, b.D, b.gn, b.lo, b.end,
-                                        blockIdx.x, a.splits, a.scale, cmb, &rq);
+    decode_attn::decode_attend<T, L, G, MMA>(
+        paged_kv(a, a.row_seq[b.row], b.kvh), a.q + b.first * b.D, a.out + b.first * b.D, b.part,
+        b.D, b.gn, b.lo, b.end, blockIdx.x, a.splits, a.scale, cmb, &rq);
   } else {
     pdl_wait();  // the block lets the next kernel in (attention_share.cuh)
     const PagedSplitBlock b = paged_split_block(a, n_sub);
-    decode_attn::decode_attend<T, L, G>(paged_kv(a, a.row_seq[b.row], b.kvh), a.q + b.first * b.D,
-                                        a.out + b.first * b.D, b.part, b.D, b.gn, b.lo, b.end,
-                                        blockIdx.x, a.splits, a.scale,
-                                        {b.counter, a.single_span, a.trigger_span});
+    decode_attn::decode_attend<T, L, G, MMA>(paged_kv(a, a.row_seq[b.row], b.kvh),
+                                             a.q + b.first * b.D, a.out + b.first * b.D, b.part,
+                                             b.D, b.gn, b.lo, b.end, blockIdx.x, a.splits, a.scale,
+                                             {b.counter, a.single_span, a.trigger_span});
   }
 }
 
@@ -198,8 +200,10 @@ bool paged_attention_fuses_rope(const PagedAttentionArgs& a) {
          decode_attn::rope_fusable(r, a.head_dim, a.n_heads, a.n_kv_heads, a.kv_type);
 }
 
-void paged_attention(const PagedAttentionArgs& a, cudaStream_t s) {
+void paged_attention(const PagedAttentionArgs& args, cudaStream_t s) {
   using namespace split_attn;
+  PagedAttentionArgs a = args;
+  a.mma_decode = a.mma_decode && attention_mma_enabled();
   GYRE_CHECK(a.head_dim > 0 && a.head_dim <= kMaxHeadDim,
              "CUDA paged attention supports head_dim up to ", kMaxHeadDim, ", got ", a.head_dim);
   GYRE_CHECK(a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0, "bad head counts ", a.n_heads, "/",
@@ -233,15 +237,21 @@ void paged_attention(const PagedAttentionArgs& a, cudaStream_t s) {
                     static_cast<unsigned>(a.n_split_rows));
     if (a.fuse_rope) {
       GYRE_CHECK(paged_attention_fuses_rope(a), "paged attention: fuse_rope where it cannot");
-      decode_attn::with_shape(a.head_dim, std::min(group, kMaxGroup), [&](auto lanes, auto g) {
-        launch(paged_decode_kernel<T, lanes.value, g.value, true>, grid, decode_attn::kThreads, 0,
-               s, a, n_sub);
-      });
+      decode_attn::with_kernel(
+          T, a.head_dim, std::min(group, kMaxGroup), a.mma_decode,
+          [&](auto kind, auto lanes, auto g, auto mma) {
+            constexpr bool M = decltype(mma)::value;
+            launch(paged_decode_kernel<decltype(kind)::value, lanes.value, g.value, true, M>, grid,
+                   decode_attn::threads_of(M), 0, s, a, n_sub);
+          });
     } else if (decode_attn::usable(a.head_dim, a.q) && !a.generic_block) {
-      decode_attn::with_shape(a.head_dim, std::min(group, kMaxGroup), [&](auto lanes, auto g) {
-        launch(paged_decode_kernel<T, lanes.value, g.value, false>, grid, decode_attn::kThreads, 0,
-               s, a, n_sub);
-      });
+      decode_attn::with_kernel(
+          T, a.head_dim, std::min(group, kMaxGroup), a.mma_decode,
+          [&](auto kind, auto lanes, auto g, auto mma) {
+            constexpr bool M = decltype(mma)::value;
+            launch(paged_decode_kernel<decltype(kind)::value, lanes.value, g.value, false, M>, grid,
+                   decode_attn::threads_of(M), 0, s, a, n_sub);
+          });
     } else {
       launch(paged_split_kernel<T>, grid, kThreads, smem_bytes(a.head_dim, T), s, a, n_sub);
     }

@@ -32,6 +32,7 @@ struct PagedAttentionArgs {
   unsigned* counters = nullptr;
   int single_span = 0;
   int trigger_span = 1 << 30;  // PDL: longer contexts let the next kernel in after their keys
+  bool mma_decode = true;      // the decode block's tensor-core loop where it applies (decode_attn)
   // Prefill tiles for the tensor-core kernel: [n_tiles][3] = first row, rows (<= 64), sequence;
   // a tile's rows have consecutive positions starting at positions[first row].
   const int32_t* tiles = nullptr;
