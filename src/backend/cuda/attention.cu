@@ -114,7 +114,7 @@ __device__ __forceinline__ void prefetch_share(const AttentionArgs& a, int kvh, 
 // tensor-core loop (decode_attn::mma_loop; instantiated with L = 16 only).
 template <int T, int L, int G, bool ROPE, bool PERM = false, bool MMA = false>
 __global__ void __launch_bounds__(decode_attn::threads_of(MMA))
-    decode_kernel(AttentionArgs a, int n_sub) {
+    decode_kernel(AttentionArgs a, int n_sub, bool preload) {
   const int D = a.head_dim;
   const int kvh = blockIdx.y / n_sub, sub = blockIdx.y % n_sub;
   const int qi = blockIdx.z;
@@ -134,12 +134,18 @@ __global__ void __launch_bounds__(decode_attn::threads_of(MMA))
     const split_share::Share sh = split_share::share_of(
         lo, pos + 1, blockIdx.x, a.splits, cmb.counter != nullptr, cmb.single_span, cmb.min_chunk);
     if (sh.idle) return;
+    const decode_attn::QRope rq = decode_attn::rope_tables(a.rope, pos, sm);
     // (pdl_wait inside; the block lets the next kernel in: attention_share.cuh)
-    const decode_attn::QRope rq = decode_attn::rope_prologue<T>(
-        a.rope, 0, kvh, pos, static_cast<int64_t>(kvh) * a.max_seq + pos, sh.hi == pos + 1, sm);
+    const decode_attn::RopePrologue<T> pro{a.rope,
+                                           0,
+                                           kvh,
+                                           static_cast<int64_t>(kvh) * a.max_seq + pos,
+                                           sh.hi == pos + 1,
+                                           sm,
+                                           preload ? pos : INT_MIN};
     decode_attn::decode_attend<T, L, G, MMA>(contiguous_kv(a, kvh), a.q + first * D,
                                              out_row<PERM>(a, qi, head0), part, D, gn, lo, pos + 1,
-                                             blockIdx.x, a.splits, a.scale, cmb, &rq);
+                                             blockIdx.x, a.splits, a.scale, cmb, &rq, pro);
   } else {
     decode_attn::decode_attend<T, L, G, MMA>(contiguous_kv(a, kvh), a.q + first * D,
                                              out_row(a, qi, head0), part, D, gn, lo, pos + 1,
@@ -258,29 +264,19 @@ void attention(const AttentionArgs& args, cudaStream_t s) {
   const int n_sub = (group + kMaxGroup - 1) / kMaxGroup;
   const dim3 grid(static_cast<unsigned>(a.splits), static_cast<unsigned>(a.n_kv_heads * n_sub),
                   static_cast<unsigned>(a.n_q));
-  if (a.fuse_rope) {
+  if (a.fuse_rope)
     GYRE_CHECK(attention_fuses_rope(a), "attention: fuse_rope set where it does not apply");
-    decode_attn::with_kernel(a.kv_type, a.head_dim, std::min(group, kMaxGroup), a.mma_decode,
-                             [&](auto kind, auto lanes, auto g, auto mma) {
-                               constexpr int T = decltype(kind)::value, L = lanes.value,
-                                             G = g.value;
-                               constexpr bool M = decltype(mma)::value;
-                               if (a.out_index != nullptr)
-                                 launch(decode_kernel<T, L, G, true, true, M>, grid,
-                                        decode_attn::threads_of(M), 0, s, a, n_sub);
-                               else
-                                 launch(decode_kernel<T, L, G, true, false, M>, grid,
-                                        decode_attn::threads_of(M), 0, s, a, n_sub);
-                             });
-  } else if (decode_attn::usable(a.head_dim, a.q) && !a.generic_block) {
-    decode_attn::with_kernel(a.kv_type, a.head_dim, std::min(group, kMaxGroup), a.mma_decode,
-                             [&](auto kind, auto lanes, auto g, auto mma) {
-                               constexpr int T = decltype(kind)::value, L = lanes.value,
-                                             G = g.value;
-                               constexpr bool M = decltype(mma)::value;
-                               launch(decode_kernel<T, L, G, false, false, M>, grid,
-                                      decode_attn::threads_of(M), 0, s, a, n_sub);
-                             });
+  if (a.fuse_rope || (decode_attn::usable(a.head_dim, a.q) && !a.generic_block)) {
+    decode_attn::with_kernel(
+        a.kv_type, a.head_dim, std::min(group, kMaxGroup), a.mma_decode,
+        [&](auto kind, auto lanes, auto g, auto mma) {
+          constexpr int T = decltype(kind)::value, L = lanes.value, G = g.value;
+          constexpr bool M = decltype(mma)::value;
+          launch(!a.fuse_rope             ? decode_kernel<T, L, G, false, false, M>
+                 : a.out_index != nullptr ? decode_kernel<T, L, G, true, true, M>
+                                          : decode_kernel<T, L, G, true, false, M>,
+                 grid, decode_attn::threads_of(M), 0, s, a, n_sub, decode_attn::preload_enabled());
+        });
   } else {
     const size_t smem = smem_bytes(a.head_dim, a.kv_type);
     with_kv_kind(a.kv_type, [&](auto kind) {

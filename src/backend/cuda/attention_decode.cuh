@@ -223,30 +223,43 @@ __device__ __forceinline__ void finish_block(const WarpStates<G, L, W>& ws,
 }
 
 // Attends the row's query heads [0, gn) (gn <= G, at qrow / orow) over keys [lo, hi) cut into
-// `splits` shares; this block takes share `split` (attention_share.cuh: cmb). Call pdl_wait before:
-// this lets the next kernel in. rq: q is rotated as it is loaded (QRope; qrow itself is left as it
-// is). part: as split_attend's ((D + 2) floats per (head, split): acc, m, l; heads `splits` shares
-// apart). L lanes per row (8 or 16, D <= 8 L). MMA: the tensor-core loop (attention_decode_mma.cuh:
-// FP16 cache, G >= 4, mma_usable(D)) instead of the scalar one; the block then has
-// threads_of(true) threads, else threads_of(false).
-template <int T, int L, int G, bool MMA, class Kv>
+// `splits` shares; this block takes share `split` (attention_share.cuh: cmb). pro: the block's
+// prologue (RopePrologue, or NoPrologue after the caller's pdl_wait); this lets the next kernel in.
+// rq: q is rotated as it is loaded (QRope; qrow itself is left as it is). part: as split_attend's
+// ((D + 2) floats per (head, split): acc, m, l; heads `splits` shares apart). L lanes per row (8
+// or 16, D <= 8 L). MMA: the tensor-core loop (attention_decode_mma.cuh: FP16 cache, G >= 4,
+// mma_usable(D)) instead of the scalar one; the block then has threads_of(true) threads, else
+// threads_of(false).
+template <int T, int L, int G, bool MMA, class Kv, class Pro = NoPrologue>
 __device__ __forceinline__ void decode_attend(const Kv& kv, const half* qrow,
                                               split_share::OutRow orow, float* part, int D, int gn,
                                               int lo, int hi, int split, int splits, float scale,
                                               const split_share::Combine& cmb,
-                                              const QRope* rq = nullptr) {
-  const bool triggered = split_share::early_trigger(hi - lo, cmb);
+                                              const QRope* rq = nullptr, const Pro& pro = Pro{}) {
   const split_share::Share share = split_share::share_of(
       lo, hi, split, splits, cmb.counter != nullptr, cmb.single_span, cmb.min_chunk);
   if (share.idle) return;
+  // Short contexts let the next kernel in right after the wait, long ones once the keys are read.
+  struct Waited {
+    const Pro& pro;
+    int safe_hi, span;
+    const split_share::Combine& cmb;
+    bool triggered;
+    __device__ void wait() {
+      pro.wait();
+      triggered = split_share::early_trigger(span, cmb);
+    }
+    __device__ void store() const { pro.store(); }
+  } w{pro, pro.safe_hi, hi - lo, cmb, false};
   __shared__ WarpStates<G, L, MMA ? kMmaWarps : kWarps> ws;
-  if constexpr (MMA)
-    mma_loop(kv, qrow, D, gn, share.lo, share.hi, scale, rq, ws);
-  else
+  if constexpr (MMA) {
+    mma_loop(kv, qrow, D, gn, share.lo, share.hi, scale, rq, w, ws);
+  } else {
+    w.wait();
+    w.store();
     scalar_loop<T, L, G>(kv, qrow, D, gn, share.lo, share.hi, scale, rq, ws);
-  if (!triggered) {  // long contexts: the next kernel is let in now that the keys are read
-    pdl_launch_dependents();
   }
+  if (!w.triggered) pdl_launch_dependents();  // long contexts: the keys are read
   finish_block(ws, orow, part, D, gn, split, splits, share, cmb);
 }
 

@@ -4,6 +4,9 @@
 // states the block merges at its end.
 #pragma once
 #include <cfloat>
+#include <climits>
+#include <cstdlib>
+#include <string>
 
 #include "backend/cuda/attention_share.cuh"
 #include "backend/cuda/kv_quant.cuh"
@@ -150,11 +153,9 @@ __device__ __forceinline__ void rope_q8(const QRopeLane& r, bool interleaved, fl
 
 // rope_kv_store's work for a decode row inside the attention kernels that do it (contiguous
 // cache: attention.cu; paged: paged_attention.cu), arranged for latency: cos/sin before the PDL
-// wait (positions are staged by the host, the table is constant), q rotated in registers as
-// decode_attend loads it (QRope), and the new key (rotated) and value stored into the cache by the
-// block whose share ends at it, before its own key loop reads them (one round of 16-byte loads
-// into shared memory, the rotation there, the store). With two query-head groups per KV head both
-// such blocks store the same bytes.
+// wait (rope_tables: positions are staged by the host, the table is constant), q rotated as
+// decode_attend loads it (QRope), and the new key (rotated) and value stored into the cache
+// (RopePrologue: one round of 16-byte loads into shared memory, the rotation there, the store).
 struct RopeSmem {
   float cos[kMaxHeadDim / 2], sin[kMaxHeadDim / 2];
   __align__(16) half kv[2][kMaxHeadDim];
@@ -185,17 +186,53 @@ __device__ __forceinline__ void store_new_row(const RopeStoreArgs& r, int row, i
   __syncthreads();
 }
 
-// The block's part before decode_attend (every thread; not for a block without keys): cos/sin at
-// `pos`, the PDL wait, the new row stored at crow when `store`; returns decode_attend's QRope.
-template <int T>
-__device__ __forceinline__ QRope rope_prologue(const RopeStoreArgs& r, int row, int kvh, int pos,
-                                               int64_t crow, bool store, RopeSmem& sm) {
+// cos/sin at `pos` into sm (every thread; constants and host-staged positions, so before the PDL
+// wait); returns decode_attend's QRope.
+__device__ __forceinline__ QRope rope_tables(const RopeStoreArgs& r, int pos, RopeSmem& sm) {
   rope_cos_sin(r, pos, sm.cos, sm.sin, threadIdx.x, blockDim.x);
   __syncthreads();
-  pdl_wait();
-  if (store) store_new_row<T>(r, row, kvh, crow, sm);
   return QRope{sm.cos, sm.sin, r.rot_dim / 2, r.rot_dim, r.interleaved};
 }
+
+// What a decode block does between its start and its key loop, in two parts the loop calls in
+// order: wait() (the PDL wait: after it the previous kernel's q, k and v are visible) and store()
+// (the new row into the cache). Keys below safe_hi are in the cache before wait(): a loop may load
+// them first, so their latency overlaps the previous kernel's tail and the wait.
+// NoPrologue: the kernel waited already and nothing is stored.
+// GYRE_CUDA_ATTN_PRELOAD=0: no keys loaded before the prologue (a measurement knob; the kernels
+// take it as an argument).
+inline bool preload_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("GYRE_CUDA_ATTN_PRELOAD");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return on;
+}
+
+struct NoPrologue {
+  int safe_hi = INT_MAX;
+  __device__ void wait() const {}
+  __device__ void store() const {}
+};
+
+// The fused rope + KV store's part (rope_kv_store's work for a decode row): the new key (rotated)
+// and value of KV head kvh of row `row` stored at cache row crow by the block whose share ends at
+// the new key (`store_row`), before its own loop reads them. With two query-head groups per KV
+// head both such blocks store the same bytes. The rows below the new key were written by earlier
+// steps: safe_hi is the new key's index.
+template <int T>
+struct RopePrologue {
+  const RopeStoreArgs& r;
+  int row, kvh;
+  int64_t crow;
+  bool store_row;
+  RopeSmem& sm;
+  int safe_hi;
+  __device__ void wait() const { pdl_wait(); }
+  __device__ void store() const {
+    if (store_row) store_new_row<T>(r, row, kvh, crow, sm);
+  }
+};
 
 // Whether a decode kernel can do rope_kv_store's work for r on attention rows of head_dim with
 // cache type kv_type (q and the source rows 16-byte aligned: each lane loads 8 dims at once;

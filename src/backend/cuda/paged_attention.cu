@@ -117,7 +117,7 @@ constexpr int paged_min_blocks() {
 template <int T, int L, int G, bool ROPE, bool MMA = false>
 __global__ void __launch_bounds__(decode_attn::threads_of(MMA),
                                   (MMA ? 1 : paged_min_blocks<T, L, G>()))
-    paged_decode_kernel(PagedAttentionArgs a, int n_sub) {
+    paged_decode_kernel(PagedAttentionArgs a, int n_sub, bool preload) {
   if constexpr (ROPE) {
     __shared__ decode_attn::RopeSmem sm;
     const PagedSplitBlock b = paged_split_block(a, n_sub);
@@ -128,12 +128,14 @@ __global__ void __launch_bounds__(decode_attn::threads_of(MMA),
     const int64_t slot = a.slots[b.row];
     const int64_t crow =
         (slot / a.page_size * a.n_kv_heads + b.kvh) * a.page_size + slot % a.page_size;
-    // (pdl_wait inside; the block lets the next kernel in: attention_share.cuh)
-    const decode_attn::QRope rq =
-        decode_attn::rope_prologue<T>(a.rope, b.row, b.kvh, b.end - 1, crow, sh.hi == b.end, sm);
+    const decode_attn::QRope rq = decode_attn::rope_tables(a.rope, b.end - 1, sm);
+    // (pdl_wait inside; the block lets the next kernel in: attention_share.cuh). The row's older
+    // keys were stored by earlier steps (a decode row's sequence gets no other rows in a step).
+    const decode_attn::RopePrologue<T> pro{a.rope,         b.row, b.kvh,    crow,
+                                           sh.hi == b.end, sm,    b.end - 1};
     decode_attn::decode_attend<T, L, G, MMA>(
         paged_kv(a, a.row_seq[b.row], b.kvh), a.q + b.first * b.D, a.out + b.first * b.D, b.part,
-        b.D, b.gn, b.lo, b.end, blockIdx.x, a.splits, a.scale, cmb, &rq);
+        b.D, b.gn, b.lo, b.end, blockIdx.x, a.splits, a.scale, cmb, &rq, pro);
   } else {
     pdl_wait();  // the block lets the next kernel in (attention_share.cuh)
     const PagedSplitBlock b = paged_split_block(a, n_sub);
@@ -235,23 +237,19 @@ void paged_attention(const PagedAttentionArgs& args, cudaStream_t s) {
     const int n_sub = (group + kMaxGroup - 1) / kMaxGroup;
     const dim3 grid(static_cast<unsigned>(a.splits), static_cast<unsigned>(a.n_kv_heads * n_sub),
                     static_cast<unsigned>(a.n_split_rows));
-    if (a.fuse_rope) {
+    if (a.fuse_rope)
       GYRE_CHECK(paged_attention_fuses_rope(a), "paged attention: fuse_rope where it cannot");
-      decode_attn::with_kernel(
-          T, a.head_dim, std::min(group, kMaxGroup), a.mma_decode,
-          [&](auto kind, auto lanes, auto g, auto mma) {
-            constexpr bool M = decltype(mma)::value;
-            launch(paged_decode_kernel<decltype(kind)::value, lanes.value, g.value, true, M>, grid,
-                   decode_attn::threads_of(M), 0, s, a, n_sub);
-          });
-    } else if (decode_attn::usable(a.head_dim, a.q) && !a.generic_block) {
-      decode_attn::with_kernel(
-          T, a.head_dim, std::min(group, kMaxGroup), a.mma_decode,
-          [&](auto kind, auto lanes, auto g, auto mma) {
-            constexpr bool M = decltype(mma)::value;
-            launch(paged_decode_kernel<decltype(kind)::value, lanes.value, g.value, false, M>, grid,
-                   decode_attn::threads_of(M), 0, s, a, n_sub);
-          });
+    if (a.fuse_rope || (decode_attn::usable(a.head_dim, a.q) && !a.generic_block)) {
+      decode_attn::with_kernel(T, a.head_dim, std::min(group, kMaxGroup), a.mma_decode,
+                               [&](auto kind, auto lanes, auto g, auto mma) {
+                                 constexpr int K = decltype(kind)::value, L = lanes.value,
+                                               G = g.value;
+                                 constexpr bool M = decltype(mma)::value;
+                                 launch(a.fuse_rope ? paged_decode_kernel<K, L, G, true, M>
+                                                    : paged_decode_kernel<K, L, G, false, M>,
+                                        grid, decode_attn::threads_of(M), 0, s, a, n_sub,
+                                        decode_attn::preload_enabled());
+                               });
     } else {
       launch(paged_split_kernel<T>, grid, kThreads, smem_bytes(a.head_dim, T), s, a, n_sub);
     }
