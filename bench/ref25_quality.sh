@@ -15,6 +15,8 @@
 #     there), each model also scored on the GPU against the reference on the CPU (`gyre kld
 #     --device cuda --ref-device cpu`): the unquantized model itself (what FP16 inference alone
 #     costs top-1), trellis 6.0, scalar 6.0 and 8.0 (session 18).
+#   SET mix68: gyre-ref-25M as ref25 at 8.0 bpw with and without the 6/8-bit mix candidates
+#     (session 22; the same measurement, those entries deleted), 6.0, GPTQ 8-bit g128.
 #   SET smolgrid: SmolLM2 as smol, layers on their grid stored exactly (the default since session
 #     14) against --no-exact-grid at 4.0 / 4.25 / 6.0 bpw, 8.0, and the FP16 twin.
 # Target correction is on by default since session 7; the ref25 log of session 7
@@ -59,6 +61,18 @@ if [ "$SET" = floor ]; then
   on_gpu g60 /tmp/q/g60
   conv g80 --bpw 8.0 --measurement /tmp/q/g60/measurement.json
   on_gpu g80 /tmp/q/g80
+elif [ "$SET" = mix68 ]; then  # session 22: 6-bit g128 with most groups at 8 bits, at 8.0 bpw
+  conv g80 --bpw 8.0
+  python3 - /tmp/q/g80/measurement.json /tmp/q/no68.json <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+for layer in m["layers"]:
+    layer["errors"] = [e for e in layer["errors"] if e.get("mix_bits", 0) != 8]
+json.dump(m, open(sys.argv[2], "w"))
+PY
+  conv g80_no68 --bpw 8.0 --measurement /tmp/q/no68.json
+  conv g60 --bpw 6.0 --measurement /tmp/q/g80/measurement.json
+  conv gptq8 --uniform 8:128
 elif [ "$SET" = paired ]; then  # session 9: the paired perplexity ratio of the 4.0 rows
   conv gptq4_noclip --uniform 4:128 --no-clip-search --no-target-correction
   conv g40_tc_h --bpw 4.0 --hadamard

@@ -7,6 +7,9 @@
 #   bench/session22_device.sh serve             serving at 1, 8, 32 requests, tensor-core and scalar
 #       decode attention (GYRE_CUDA_ATTN_MMA=0)
 #   bench/session22_device.sh long              decode at 32k keys, the same two arms
+#   bench/session22_device.sh ref25             unpack gyre-ref-25M (carry .device/ref25 alone: the
+#       binary does not fit beside it), then in the next call (carry .device/lead2, .device/text):
+#   bench/session22_device.sh mix68             bench/ref25_quality.sh SET mix68
 set -u
 for mode in "$@"; do
   case "$mode" in
@@ -28,6 +31,13 @@ for mode in "$@"; do
           --long 32768 2>&1 | tail -4
       fi
     done
+    ;;
+  ref25)
+    tar -C /tmp -xJf .device/ref25/ref25.tar.xz && ls /tmp/gyre-ref-25M
+    ;;
+  mix68)
+    . bench/device_binaries.sh
+    bash bench/ref25_quality.sh $B/gyre mix68
     ;;
   *)
     bash bench/session21_device.sh "$mode"

@@ -210,16 +210,19 @@ const std::string kStories = std::string(GYRE_FIXTURES) + "/stories260K";
 // stories260K converted with every layer forced to a mix (--uniform with a mix), loaded, run:
 // logits equal to those of its float twin, whose F32 weights come from this file's decoding of
 // the output's bytes.
-TEST(QuantMix, ForcedMixConvertMatchesItsDecodedFloatTwin) {
-  ConvertOptions o = qfile::stories_convert_options("gyre_quant_mix_convert");
-  o.uniform = "3:32:asym:4x4";
+// Converts stories260K with every 64-wide projection at the mix `uniform` and checks that the
+// quantized model's logits are those of the float twin the test's own decoder makes of the file;
+// returns the file's config.json.
+nlohmann::json expect_forced_mix_matches_twin(const std::string& dir, const std::string& uniform,
+                                              double bpw) {
+  ConvertOptions o = qfile::stories_convert_options(dir);
+  o.uniform = uniform;
   convert_model(o);
   const std::string out = o.out;
   const auto cfg = nlohmann::json::parse(read_text_file(out + "/config.json"));
   const auto& qc = cfg["quantization_config"];
   EXPECT_EQ(qc["version"], 2);
-  // 64-wide layers have two groups of 32: one at 4 bits, one at 3 (+ f16 scale and min each).
-  EXPECT_NEAR(qc["bits_per_weight"].get<double>(), 3.5 + 32.0 / 32, 0.01);
+  EXPECT_NEAR(qc["bits_per_weight"].get<double>(), bpw, 0.01) << uniform;
   WeightSet raw;
   safetensors_load(out + "/model.safetensors", raw);
   auto twin_owner = std::make_shared<std::vector<std::vector<float>>>();
@@ -248,7 +251,15 @@ TEST(QuantMix, ForcedMixConvertMatchesItsDecodedFloatTwin) {
   Transformer b(q->config, twin, *backend, 64);
   const mtest::LogitsDiff d = mtest::compare_prompt_logits(b, a, q->config.vocab_size);
   EXPECT_GT(d.max_abs, 0.1);
-  EXPECT_LE(d.max_diff, 1e-5 * d.max_abs);
+  EXPECT_LE(d.max_diff, 1e-5 * d.max_abs) << uniform;
+  return cfg;
+}
+
+TEST(QuantMix, ForcedMixConvertMatchesItsDecodedFloatTwin) {
+  // 64-wide layers have two groups of 32: one at 4 bits, one at 3 (+ f16 scale and min each).
+  const auto cfg =
+      expect_forced_mix_matches_twin("gyre_quant_mix_convert", "3:32:asym:4x4", 3.5 + 32.0 / 32);
+  const std::string out = ::testing::TempDir() + "/gyre_quant_mix_convert";
   // Tampering: a mixed layer in a version-1 file, and a hi_groups list out of order.
   auto expect_error = [&](const std::function<void(nlohmann::json&, WeightSet&)>& edit,
                           const std::string& needle) {
@@ -279,6 +290,12 @@ TEST(QuantMix, ForcedMixConvertMatchesItsDecodedFloatTwin) {
         r = copy;
       },
       "increasing group indices");
+}
+
+// The 8 bpw region's mix (converter candidates 6b g128 +N/8 8b): one group of each 64-wide
+// layer at 8 bits, the other at 6 (+ one f16 scale per group).
+TEST(QuantMix, SixEightMixMatchesItsDecodedFloatTwin) {
+  expect_forced_mix_matches_twin("gyre_quant_mix68_convert", "6:32:sym:8x4", 7.0 + 16.0 / 32);
 }
 
 // The choice: with a mix measured as better per bit than either width, the optimizer takes it

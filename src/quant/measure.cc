@@ -35,6 +35,9 @@ std::vector<QuantSetting> candidate_settings() {
         if (bits <= 3) out.push_back({bits, g, false, bits + 1, eighths});
       }
     }
+  // The 8 bpw region (no 7-bit width): 8-bit g128 alone costs 8.125 bits per weight, so at a
+  // target of 8.0 whole units had to drop to 6 bits; these keep most groups at 8.
+  for (int eighths : {4, 6, 7}) out.push_back({6, 128, true, 8, eighths});
   return out;
 }
 

@@ -18,7 +18,7 @@ namespace gyre::quant {
 
 // Every setting the optimizer may choose from: 2, 3, 4 bits (sym and asym) and 5, 6, 8 bits
 // (sym), each at group sizes 32, 64 and 128, and mixes of two widths (b and b + 1 bits over a
-// quarter or half of the groups; measure.cc lists them).
+// quarter or half of the groups, and 6 / 8 bits with most groups at 8; measure.cc lists them).
 std::vector<QuantSetting> candidate_settings();
 // Those that fit a weight of `cols` columns (cols a multiple of the group size; a mix needs at
 // least two groups).
