@@ -131,8 +131,8 @@ __global__ void __launch_bounds__(decode_attn::threads_of(MMA),
     const decode_attn::QRope rq = decode_attn::rope_tables(a.rope, b.end - 1, sm);
     // (pdl_wait inside; the block lets the next kernel in: attention_share.cuh). The row's older
     // keys were stored by earlier steps (a decode row's sequence gets no other rows in a step).
-    const decode_attn::RopePrologue<T> pro{a.rope,         b.row, b.kvh,    crow,
-                                           sh.hi == b.end, sm,    b.end - 1};
+    const decode_attn::RopePrologue<T> pro{
+        a.rope, b.row, b.kvh, crow, sh.hi == b.end, sm, preload ? b.end - 1 : INT_MIN};
     decode_attn::decode_attend<T, L, G, MMA>(
         paged_kv(a, a.row_seq[b.row], b.kvh), a.q + b.first * b.D, a.out + b.first * b.D, b.part,
         b.D, b.gn, b.lo, b.end, blockIdx.x, a.splits, a.scale, cmb, &rq, pro);
