@@ -18,6 +18,7 @@
 #include "backend/cpu/qmixed.h"
 #ifdef GYRE_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/qlinear.h"
 #endif
 #include "engine/transformer.h"
 #include "model/loader.h"
@@ -345,6 +346,77 @@ TEST(QMixedCuda, ReaderTakesTheDecodeRowItsProducerWrote) {
     for (int i = 0; i < 3; ++i) {
       expect_close(outs[1][1][i], outs[0][0][i], what[i]);
       expect_close(outs[1][0][i], outs[0][0][i], what[i]);
+    }
+  }
+}
+
+// Two-width weights read from their decode rows run as one launch of the two-part kernel
+// (qlinear_gemv_pair): the Q|K split behind a normalised row, gate|up's SwiGLU into down_proj's
+// row and down_proj's accumulate, for each width pair that kernel has, on awkward sizes (rows
+// not a multiple of 16, padded parts), at its own plan and at forced warps per tile. The same
+// steps with the kernel off (one launch per part) and the CPU backend are the references.
+TEST(QMixedCuda, TwoWidthPairsRunInOneLaunchAndMatchTheCpuBackend) {
+  auto gpu = mtest::cuda_backend_or_null();
+  if (!gpu) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
+  auto cpu = make_cpu_backend(2);
+  const int dim = 1056, hidden = 200;
+  struct Pair {
+    int hi, lo, group;
+  };
+  for (const Pair pr : {Pair{4, 3, 128}, Pair{3, 2, 64}, Pair{5, 4, 128}, Pair{6, 5, 64}}) {
+    SCOPED_TRACE(std::to_string(pr.hi) + "/" + std::to_string(pr.lo) + " g" +
+                 std::to_string(pr.group));
+    const int g = pr.group;
+    const QMixedHost wq = random_parts(hidden, dim, {{pr.hi, g, 300}, {pr.lo, g, dim - 300}}, 51);
+    const QMixedHost wg =
+        random_parts(hidden, dim, {{pr.hi, g, 2 * g}, {pr.lo, g, dim - 2 * g}}, 52);
+    const QMixedHost wd = random_parts(dim, hidden, {{pr.hi, g, g}, {pr.lo, g, hidden - g}}, 53);
+    std::mt19937 rng(54);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> x(dim), r(dim), norm(dim);
+    for (float& e : x) e = nd(rng);
+    for (float& e : r) e = nd(rng);
+    for (float& e : norm) e = 0.5f + 0.1f * nd(rng);
+    std::vector<float> wp(static_cast<size_t>(dim) * dim);
+    for (float& e : wp) e = 0.03f * nd(rng);
+    const QWeightHost wo = qweight_pack_from_f32(wp.data(), dim, dim, 4, 32, false);
+    // [cpu, one launch per part, the pair kernel as planned, at 3 and 16 warps per tile (runs
+    // that cross from one part into the other)][q, residual]
+    constexpr int kRuns = 5;
+    std::vector<float> outs[kRuns][2];
+    for (int run = 0; run < kRuns; ++run) {
+      SCOPED_TRACE(run);
+      Backend& b = run == 0 ? *cpu : *gpu;
+      qlinear_detail::set_mixed_pair(run == 1 ? 0 : 1, 0, run == 3 ? 3 : run == 4 ? 16 : 0);
+      const uint64_t before = qlinear_detail::qlinear_pair_launches();
+      const Tensor qk = b.upload_fused({qmixed_view("model.layers.0.self_attn.q_proj.weight", wq),
+                                        qmixed_view("model.layers.0.self_attn.k_proj.weight", wq)},
+                                       FusedKind::Concat);
+      const Tensor gu = b.upload_fused({qmixed_view("model.layers.0.mlp.gate_proj.weight", wg),
+                                        qmixed_view("model.layers.0.mlp.up_proj.weight", wg)},
+                                       FusedKind::GateUp);
+      const Tensor o = b.upload_weight(qweight_view("model.layers.0.self_attn.o_proj.weight", wo));
+      const Tensor down = b.upload_weight(qmixed_view("model.layers.0.mlp.down_proj.weight", wd));
+      const Tensor xt = input_on(b, x, 1, dim), nt = input_on(b, norm, 1, dim);
+      Tensor res = input_on(b, r, 1, dim), tmp = b.alloc(1, dim), xs = b.alloc(1, dim);
+      Tensor q = b.alloc(1, hidden), k = b.alloc(1, hidden), act = b.alloc(1, hidden);
+      b.matmul_add(res, xt, o, tmp, &qk);
+      b.norm_matmul_split({&q, &k}, {res, nt, 1e-5f, xs}, qk, nullptr);
+      b.matmul_add(res, xt, o, tmp, &gu);
+      b.norm_matmul_swiglu(act, {res, nt, 1e-5f, xs}, gu, &down);  // into down_proj's row
+      b.matmul_add(res, act, down, tmp);
+      if (run > 0) {
+        EXPECT_EQ(qlinear_detail::qlinear_pair_launches(), before + (run == 1 ? 0 : 3));
+      }
+      outs[run][0].resize(hidden);
+      b.to_host(q, outs[run][0].data());
+      outs[run][1].resize(dim);
+      b.to_host(res, outs[run][1].data());
+    }
+    qlinear_detail::set_mixed_pair(-1);
+    for (int run = 1; run < kRuns; ++run) {
+      expect_close(outs[run][0], outs[0][0], "q");
+      expect_close(outs[run][1], outs[0][1], "the residual after down_proj");
     }
   }
 }

@@ -280,10 +280,16 @@ class CudaBackend final : public Backend {
     float eps = 0.0f;
     bool direct = true;
     half* partial = nullptr;
+    bool row = false;  // x is m.row (filled by the kernel before): the two-part kernel may run
   };
   MixedInput mixed_input(const QMixedDevice& m, const half* x, int n, const half* norm, float eps,
                          const half* row_norm = nullptr, bool x_in_row = false);
   QlinearFusion part_fusion(const MixedInput& in, int p);  // the shared row's, if any
+  // A two-part weight at one row in one launch (qlinear_gemv_pair) where that kernel takes it:
+  // outputs as mixed_parts' (all parts), mixed_split_in's (split) or SwiGLU's (hidden > 0);
+  // false (nothing launched) otherwise.
+  bool mixed_pair(const QMixedDevice& m, const MixedInput& in, int n, half* y, const half* bias,
+                  const QlinearFusion& f, const OutSplit* split = nullptr, int hidden = 0);
   // The part launched i-th at n rows (QMixedDevice::order at one row, else, or with
   // GYRE_CUDA_MIXED_ORDER=0, i).
   int part_at(const QMixedDevice& m, int i, int n) const;

@@ -251,6 +251,7 @@ void CudaBackend::mixed_split(const OutSplit& split, const half* x, const Tensor
 
 void CudaBackend::mixed_split_in(const OutSplit& split, const QMixedDevice& m, const MixedInput& in,
                                  int n, const half* bias, bool late_first) {
+  if (mixed_pair(m, in, n, nullptr, bias, {}, &split)) return;
   half* fused = fused_scratch(static_cast<size_t>(n) * m.rows);
   if (!in.direct || !mixed_prior_epilogue_) {
     mixed_parts(m, in, fused, n, 0, m.n_parts, bias, false, nullptr, nullptr, late_first);
@@ -271,6 +272,10 @@ bool CudaBackend::mixed_swiglu(half* out, const half* x, const Tensor& w, int n,
   const QMixedDevice& m = qmixed_of(w);
   const int rows = static_cast<int>(w.rows);
   const MixedInput in = mixed_input(m, x, n, norm, eps, row_norm);
+  QlinearFusion pf;
+  if (reader != nullptr) pf.y_index = reader->pos;
+  if (mixed_pair(m, in, n, reader != nullptr ? reader->row : out, nullptr, pf, nullptr, hidden))
+    return reader != nullptr;
   half* fused = fused_scratch(static_cast<size_t>(n) * rows);
   const int last = m.n_parts - 1, p = part_at(m, last, n);
   if (in.direct && mixed_prior_epilogue_) {
@@ -307,6 +312,7 @@ CudaBackend::MixedInput CudaBackend::mixed_input(const QMixedDevice& m, const ha
   if (x_in_row) {  // the row the kernel before filled (matmul_add)
     GYRE_CHECK(n == 1 && m.row != nullptr, "internal: a mixed row for ", n, " rows");
     for (int p = 0; p < m.n_parts; ++p) in.x[p] = m.row + m.row_offset[p];
+    in.row = true;
     return in;
   }
   if (row_norm != nullptr) {  // the row the residual's producer filled (take_mixed_row)
@@ -319,6 +325,7 @@ CudaBackend::MixedInput CudaBackend::mixed_input(const QMixedDevice& m, const ha
       in.x[p] = m.row;
       in.offset[p] = m.row_offset[p];
     }
+    in.row = true;
     return in;
   }
   MixedGather g;
@@ -351,9 +358,34 @@ QlinearFusion CudaBackend::part_fusion(const MixedInput& in, int p) {
   return f;
 }
 
+bool CudaBackend::mixed_pair(const QMixedDevice& m, const MixedInput& in, int n, half* y,
+                             const half* bias, const QlinearFusion& f, const OutSplit* split,
+                             int hidden) {
+  if (n != 1 || m.n_parts != 2 || !in.direct || !in.row ||
+      !qlinear_pair_supported(m.parts[0], m.parts[1], m.row_cols))
+    return false;
+  QlinearPairRow r;
+  r.row = m.row;
+  r.cols = m.row_cols;
+  r.offset[0] = m.row_offset[0];
+  r.offset[1] = m.row_offset[1];
+  r.norm_w = in.norm;  // the residual's row (take_mixed_row), else the kernel before's output
+  r.norm_eps = in.eps;
+  r.norm_cols = in.norm_cols;
+  qlinear_gemv_pair(m.parts[0], m.parts[1], r, y, bias, stream_, f, split, hidden);
+  return true;
+}
+
 void CudaBackend::mixed_parts(const QMixedDevice& m, const MixedInput& in, half* y, int n,
                               int first, int last, const half* bias, bool accumulate, half* y_perm,
                               const int32_t* y_perm_index, bool late_first) {
+  if (first == 0 && last == m.n_parts) {
+    QlinearFusion f;
+    f.accumulate = accumulate;
+    f.y_perm = y_perm;
+    f.y_perm_index = y_perm_index;
+    if (mixed_pair(m, in, n, y, bias, f)) return;
+  }
   for (int i = first; i < last; ++i) {
     const int p = part_at(m, i, n);
     const half* b = i == first ? bias : nullptr;

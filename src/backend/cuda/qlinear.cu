@@ -116,6 +116,8 @@ Params make_params(const QWeightDevice& w, const __half* x, __half* y, int n, co
 
 namespace qlinear_detail {
 bool gemv4_stream_supported(const Params& p);  // qlinear_gemv_stream.cu
+void launch_gemv_stream_pair(const Params& pa, const Params& pb, const QlinearPairRow& row,
+                             const Params& epi, cudaStream_t stream);  // qlinear_mixed_stream.cu
 }  // namespace qlinear_detail
 
 namespace {
@@ -356,6 +358,34 @@ bool qlinear_gemv_swiglu(const QWeightDevice& w, const __half* x, __half* out, i
   }
   check_cuda(cudaGetLastError(), "qlinear swiglu launch");
   return true;
+}
+
+void qlinear_gemv_pair(const QWeightDevice& a, const QWeightDevice& b, const QlinearPairRow& row,
+                       __half* y, const __half* bias, cudaStream_t stream, const QlinearFusion& f,
+                       const cuda::OutSplit* split, int swiglu_hidden) {
+  GYRE_CHECK(qlinear_pair_supported(a, b, row.cols), "qlinear: no two-part kernel for ",
+             a.desc.bits, "- and ", b.desc.bits, "-bit parts");
+  for (int p = 0; p < 2; ++p) {
+    const int padded = qlinear_padded_cols(p == 0 ? a : b);
+    GYRE_CHECK(row.offset[p] % 64 == 0 && row.offset[p] >= 0 && row.offset[p] + padded <= row.cols,
+               "qlinear: a part at column ", row.offset[p], " of a row of ", row.cols);
+  }
+  GYRE_CHECK(f.norm_w == nullptr && f.x_cols == 0 && f.prior == nullptr && f.gate == nullptr,
+             "qlinear: the two-part kernel takes its norm and row from QlinearPairRow");
+  GYRE_CHECK(swiglu_hidden == 0 || (split == nullptr && !f.accumulate &&
+                                    a.desc.rows == 2 * ((swiglu_hidden + 7) / 8 * 8)),
+             "qlinear: a two-part SwiGLU of ", a.desc.rows, " rows for ", swiglu_hidden);
+  GYRE_CHECK(split == nullptr ||
+                 (!f.accumulate && split->parts >= 1 && split->parts <= cuda::OutSplit::kMaxParts &&
+                  split->end[split->parts - 1] == a.desc.rows),
+             "qlinear: split outputs do not cover the weight's ", a.desc.rows, " rows");
+  Params epi = fused_params(a, row.row, split != nullptr ? split->out[0] : y, 1, bias, f, stream);
+  if (split != nullptr) epi.split = *split;
+  epi.swiglu_hidden = swiglu_hidden;
+  Params pa = layout_params(a), pb = layout_params(b);
+  pa.n = pb.n = 1;
+  qlinear_detail::launch_gemv_stream_pair(pa, pb, row, epi, stream);
+  check_cuda(cudaGetLastError(), "qlinear pair launch");
 }
 
 bool qlinear_runs_direct(const QWeightDevice& w, int n) {

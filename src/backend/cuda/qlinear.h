@@ -158,6 +158,26 @@ void qlinear_matmul_split(const QWeightDevice& w, const __half* x, const cuda::O
 bool qlinear_gemv_swiglu(const QWeightDevice& w, const __half* x, __half* out, int n, int hidden,
                          cudaStream_t stream, const QlinearFusion& f = {});
 
+// A mixed weight of two widths (cuda_qmixed.cc) at one decode row, in one launch
+// (qlinear_mixed_stream.cu): part p reads its padded columns of the row from offset[p] (a
+// multiple of 64); with norm_w [cols] (in the row's layout) the row is RMS-normalised first, the
+// mean taken over norm_cols. Outputs as qlinear_matmul's (y, f.accumulate, f.y_perm),
+// qlinear_matmul_split's (split) or qlinear_gemv_swiglu's (swiglu_hidden > 0, f.y_index); the
+// parts' sums meet in float before the one rounding. Only where qlinear_pair_supported.
+struct QlinearPairRow {
+  const __half* row = nullptr;
+  int cols = 0;
+  int offset[2] = {};
+  const __half* norm_w = nullptr;
+  float norm_eps = 0.f;
+  int norm_cols = 0;
+};
+bool qlinear_pair_supported(const QWeightDevice& a, const QWeightDevice& b, int row_cols);
+void qlinear_gemv_pair(const QWeightDevice& a, const QWeightDevice& b, const QlinearPairRow& row,
+                       __half* y, const __half* bias, cudaStream_t stream,
+                       const QlinearFusion& f = {}, const cuda::OutSplit* split = nullptr,
+                       int swiglu_hidden = 0);
+
 // out [rows, cols] = W in FP16, original column order (perm undone): for prefill through
 // cuBLASLt when a scratch buffer is cheaper than the custom GEMM. stored_order: the columns in
 // the weight's own (act-order) order instead, every store coalesced; multiply it with
@@ -245,6 +265,12 @@ std::vector<uint32_t> tile_bits_on_host(const QWeightHost& w, int pieces_s, bool
 // it between a fuses test and its matmul.
 void set_fused_rotation(int mode);
 bool fused_rotation_enabled();
+// The two-part kernel of mixed weights (qlinear_gemv_pair): on (1), off (0: one launch per part),
+// or GYRE_CUDA_MIXED_ONE (-1, the default: on unless "0"); the warps per SM its plan aims at (0:
+// GYRE_CUDA_MIXED_BUDGET, else 64) and the warps per tile both parts share (1..16; 0:
+// GYRE_CUDA_MIXED_TILE_WARPS, else by the plan, GYRE_CUDA_MIXED_WAVE=0 without its one-wave cap).
+void set_mixed_pair(int mode, int budget = 0, int tile_warps = 0);
+uint64_t qlinear_pair_launches();  // launches of the two-part kernel so far (tests)
 // Trellis-coded weights (qlinear_trellis.cu): 64-column pieces in flight per warp of the GEMV
 // (2, 4 or 8; 0 = auto: 2 at n <= 2, 4 beyond).
 void set_trellis_depth(int depth);

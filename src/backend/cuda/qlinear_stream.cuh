@@ -171,19 +171,23 @@ struct StreamSlot {
 // act-order staging in it the common kernel needs 50 registers instead of 59 and decodes the
 // Llama-3-8B shape 2.6% faster (H100, session 16); the narrow widths keep 0 (one instantiation
 // each: their file's build time).
-template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P = 0, int AO = 0>
-__global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
+//
+// stream_warp_tile is one warp's share of the kernel: pieces [i_begin, i_end) of tile `tile` of
+// p's weight into acc (its lane's fragment quads, before the split-K reduction). It
+// requests its first pieces, then calls stage() (the PDL wait and the x staging, block-wide),
+// which returns the staged x of this weight's columns (rows `stride` halves apart); the slots of a
+// shared-memory ring (P > 0) are the warp's own. The one-weight kernel below and the two-part
+// kernel of a mixed weight (qlinear_mixed_stream.cu, whose warps take one part each) share it.
+template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P, class Stage>
+__device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int i_begin, int i_end,
+                                                 int stride, unsigned char* slots, Stage&& stage,
+                                                 float (&acc)[4]) {
   constexpr int kLo = StreamPlanes<BITS>::kLo, kHi = StreamPlanes<BITS>::kHi;
   constexpr int kPieceBytes = 128 * BITS * S, kGroupsPerBlock = G32 ? 2 : 1;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  __half* xs = reinterpret_cast<__half*>(smem_raw);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int tile = blockIdx.x * (blockDim.x / 32 / p.ksplit) + warp / p.ksplit;
-  const int ks = warp % p.ksplit;
   const int tile_c = min(tile, p.tiles - 1);  // surplus warps compute a copy, store nothing
   const int pieces = p.kblocks / S;
-  const int i_begin = min(ks * per, pieces), i_end = min(i_begin + per, pieces);
   const int np = i_end - i_begin, b_end = i_end * S;
   const uint8_t* wbase = p.qweight + int64_t{tile_c} * pieces * kPieceBytes;
   const uint8_t* lo_ptr = wbase + lane * 4 * kLo * S;
@@ -221,10 +225,6 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
   using Slot = StreamSlot<BITS, S, G32, ASYM>;
   using Ring = StreamRing<BITS, S, G32, ASYM>;
   constexpr int kScaleWords = S * kGroupsPerBlock;
-  const int stride = p.kblocks * 64 + kStreamXPad;
-  // P > 0: this warp's slots after the staged x (and rotation data), 16-byte aligned.
-  unsigned char* slots =
-      smem_raw + stream_smem_aligned(p) + static_cast<size_t>(warp) * P * Ring::kSlotBytes;
   auto issue = [&](int i, int slot) {  // piece i into slot: weight planes, then scales (mins)
     unsigned char* dst = slots + slot * Ring::kSlotBytes;
     cp_async_words<kLo * S>(dst + lane * 4 * kLo * S, lo_ptr + int64_t{i} * kPieceBytes);
@@ -271,27 +271,16 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
     for (int u = 0; u < D; ++u)
       if (u < np) fetch(i_begin + u, ring[u]);
   }
-  int8_t* signs = reinterpret_cast<int8_t*>(xs + p.n * stride);
-  __half* norm_s = reinterpret_cast<__half*>(signs + p.cols);  // cols: a multiple of 32
-  if (p.had_block > 0) stage_rotation_async(p, signs, norm_s);
-
-  // PDL (launch.h): the weight loads above overlap the previous kernel's tail; x (its output) and
-  // everything written below wait for its completion. A late part (Params::late_wait) reads
-  // nothing of that kernel's before its epilogue, so it lets the next kernel in and stages and
-  // computes now.
-  if (p.late_wait)
-    cuda::pdl_launch_dependents();
-  else
-    cuda::pdl_begin();
-
-  stage_stream_x<AO>(p, xs, stride, signs, norm_s);
+  // The weight loads above overlap the previous kernel's tail (PDL, launch.h); x is its output.
+  const __half* xs = stage();
 
   const __half* xrow = xs + min(g, p.n - 1) * stride + 8 * t;  // B column g: token g
   constexpr uint32_t kOffset = ASYM ? 0u : 1u << (BITS - 1);
   const __half2 lo_base = __float2half2_rn(1024.f + kOffset);
   const __half2 hi_base = __float2half2_rn(-64.f - kOffset);  // 4 bits: the 16q registers
   const uint32_t ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) acc[i] = 0.f;
   float cg[4] = {0.f, 0.f, 0.f, 0.f}, cx[4] = {0.f, 0.f, 0.f, 0.f};
   auto flush = [&](uint32_t sr, uint32_t mr) {
     const float2 m = ASYM ? __half22float2(as_half2(mr)) : make_float2(0.f, 0.f);
@@ -355,7 +344,39 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
       }
     }
   }
+}
 
+template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P = 0, int AO = 0>
+__global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __half* xs = reinterpret_cast<__half*>(smem_raw);
+  const int warp = threadIdx.x >> 5;
+  const int tile = blockIdx.x * (blockDim.x / 32 / p.ksplit) + warp / p.ksplit;
+  const int ks = warp % p.ksplit;
+  const int stride = p.kblocks * 64 + kStreamXPad;
+  // P > 0: this warp's slots after the staged x (and rotation data), 16-byte aligned.
+  unsigned char* slots = smem_raw + stream_smem_aligned(p) +
+                         static_cast<size_t>(warp) * P * StreamRing<BITS, S, G32, ASYM>::kSlotBytes;
+  float acc[4];
+  const int pieces = p.kblocks / S;
+  const int i_begin = min(ks * per, pieces), i_end = min(i_begin + per, pieces);
+  stream_warp_tile<BITS, S, D, G32, ASYM, INPLACE, P>(
+      p, tile, i_begin, i_end, stride, slots,
+      [&] {
+        int8_t* signs = reinterpret_cast<int8_t*>(xs + p.n * stride);
+        __half* norm_s = reinterpret_cast<__half*>(signs + p.cols);  // cols: a multiple of 32
+        if (p.had_block > 0) stage_rotation_async(p, signs, norm_s);
+        // x (the previous kernel's output) and everything written below wait for its completion. A
+        // late part (Params::late_wait) reads nothing of that kernel's before its epilogue, so it
+        // lets the next kernel in and stages and computes now.
+        if (p.late_wait)
+          cuda::pdl_launch_dependents();
+        else
+          cuda::pdl_begin();
+        stage_stream_x<AO>(p, xs, stride, signs, norm_s);
+        return static_cast<const __half*>(xs);
+      },
+      acc);
   __shared__ float4 partial[16][32];
   if (p.late_wait) cuda::pdl_wait();  // the previous part's sum (prior, or y to accumulate)
   reduce_store_gemv_tile(p, partial, warp, ks, tile, acc);

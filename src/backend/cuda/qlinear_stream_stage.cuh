@@ -263,19 +263,32 @@ __device__ __forceinline__ float sum_squares8(uint4 v) {
   return s;
 }
 
+// A block-wide barrier. ALIGNED = false: the non-aligned form, which the warps of a block may
+// reach from different places in the code (the two-part kernel's warps stage x in the branch of
+// their part, qlinear_mixed_stream.cu); __syncthreads requires one place for the whole block.
+template <bool ALIGNED>
+__device__ __forceinline__ void block_sync() {
+  if constexpr (ALIGNED)
+    __syncthreads();
+  else
+    asm volatile("barrier.sync 0;" ::: "memory");
+}
+
 // x rows 0..n-1 into xs (columns padded to whole blocks with zeros, gathered through perm), then
 // (norm_w set) each row scaled by its RMS norm exactly as the rmsnorm kernel rounds it, then
 // (had_block set; signs staged by stage_signs_async) rotated by R^T.
 // AO: 0 = act-order or not as p.perm says, 1 = never, 2 = always (gemv_stream_kernel's AO).
-template <int AO>
+// ALIGNED: block_sync's; false only with AO = 1 and no rotation (whose passes keep __syncthreads).
+template <int AO, bool ALIGNED = true>
 __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int stride,
                                                const int8_t* signs, const __half* norm_s) {
+  static_assert(ALIGNED || AO == 1, "the non-aligned staging has no act-order pass");
   const int lane = threadIdx.x & 31;
   const bool act = AO == 2 || (AO == 0 && p.perm != nullptr);  // an act-order weight
   const int chunks = p.kblocks * 64 / 8;
   __shared__ float norm_sum[8];
   if (p.norm_w != nullptr && threadIdx.x < 8) norm_sum[threadIdx.x] = 0.f;
-  if (p.norm_w != nullptr) __syncthreads();
+  if (p.norm_w != nullptr) block_sync<ALIGNED>();
   // Act-order weights (never rotated): the gather space follows the staged rows.
   __half* nws = xs + p.n * stride;
   if (act) {
@@ -320,7 +333,7 @@ __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int 
       if (lane == 0) atomicAdd(&norm_sum[tok], ss);
     }
   }
-  if (p.had_block > 0) {
+  if (ALIGNED && p.had_block > 0) {  // the two-part kernel takes no rotated part
     asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads();
     const __half* nw = stream_norm_staged(p) ? norm_s : p.norm_w;
@@ -340,7 +353,7 @@ __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int 
     __syncthreads();
     return;
   }
-  __syncthreads();
+  block_sync<ALIGNED>();
   if (p.norm_w != nullptr) {
     for (int tok = 0; tok < p.n; ++tok) {
       const float inv_rms = rsqrtf(
@@ -361,7 +374,7 @@ __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int 
         memcpy(xs + tok * stride + c, h, 16);
       }
     }
-    __syncthreads();
+    block_sync<ALIGNED>();
   }
 }
 

@@ -1,0 +1,278 @@
+// One launch for a mixed weight of two widths at one decode row (QMixedDevice, n = 1): the
+// warps of each 16-row tile split between the two parts, each warp streaming its part's pieces
+// with the stream GEMV's loop (stream_warp_tile, qlinear_stream.cuh) over the part's slice of the
+// one staged row, and the tile's split-K reduction adds the parts' partial sums before the
+// epilogue stores them (plain, accumulated, split or SwiGLU outputs).
+//
+// Why: a mix ran one stream GEMV per part, so a 4/3 mix of the Llama-3-8B shape took 9 GEMV
+// launches per layer against 5, and decoded at 384 tok/s where uniform 3-bit weights decode at
+// 470 (H100, bench/NOTES.md session 20). Here the parts' warps run side by side in one grid.
+//
+// Each part keeps the kernel configuration its width takes alone (blocks per piece, register or
+// shared-memory ring), symmetric weights with groups of 64 or more columns in the in-place
+// arrangement; other mixes keep one launch per part (qlinear_pair_supported says which).
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <utility>
+
+#include "backend/cuda/qlinear.h"
+#include "backend/cuda/qlinear_stream.cuh"
+#include "core/error.h"
+
+namespace gyre {
+namespace qlinear_detail {
+
+namespace {
+
+// A part's configuration: the stream kernel's template arguments its width takes alone
+// (qlinear_bits_stream.cu's launch_decode, qlinear_gemv_stream.cu's launch_depth): blocks per
+// piece S, register ring depth D or shared-memory ring of P slots.
+template <int BITS, int S, int D, int P>
+struct PartCfg {
+  static constexpr int kBits = BITS, kS = S, kD = D, kP = P;
+  static constexpr int kSlotBytes = P * StreamRing<BITS, S, false, false>::kSlotBytes;
+  static constexpr int kPieceBytes = 128 * BITS * S;
+};
+using Cfg2 = PartCfg<2, 4, 2, 0>;
+using Cfg3 = PartCfg<3, 2, 2, 0>;
+using Cfg4 = PartCfg<4, 1, 4, 4>;
+using Cfg5 = PartCfg<5, 1, 4, 4>;
+using Cfg6 = PartCfg<6, 1, 4, 4>;
+
+struct PairArgs {
+  Params part[2];  // the parts' weights (A, the wider, first)
+  Params stage;    // the row both read: x = its start, cols = its padded columns, the fused norm
+  Params epi;      // outputs and epilogue fusions; ksplit = the warps of one tile
+  int pieces[2] = {}, cost[2] = {};  // each part's pieces and bytes per piece
+  int x_offset[2] = {};              // each part's place in the row (halves)
+  int slot_bytes = 0;                // shared-memory ring bytes per warp (the larger part's)
+};
+
+// The shared memory of the staged row (stream_smem of the stage Params) and the warps' rings.
+int pair_smem(const PairArgs& a, int warps) {
+  return stream_smem_aligned(a.stage) + warps * a.slot_bytes;
+}
+
+// Warp k of a tile's share: the tile's bytes (A's pieces, then B's) cut into ksplit equal runs,
+// each cut at the nearest piece boundary, so that neighbours agree and a run may end in A's
+// pieces and go on in B's.
+__device__ __forceinline__ void pair_ranges(const PairArgs& a, int k, int (&r)[4]) {
+  const int64_t ca = a.cost[0], cb = a.cost[1], ta = int64_t{a.pieces[0]} * ca;
+  const int64_t total = ta + int64_t{a.pieces[1]} * cb;
+  const int64_t lo = total * k / a.epi.ksplit, hi = total * (k + 1) / a.epi.ksplit;
+  auto in_a = [&](int64_t u) {
+    return static_cast<int>(min((u + ca / 2) / ca, int64_t{a.pieces[0]}));
+  };
+  auto in_b = [&](int64_t u) {
+    return u <= ta ? 0 : static_cast<int>(min((u - ta + cb / 2) / cb, int64_t{a.pieces[1]}));
+  };
+  r[0] = in_a(lo);
+  r[1] = in_a(hi);
+  r[2] = in_b(lo);
+  r[3] = in_b(hi);
+}
+
+template <class A, class B>
+__global__ void __launch_bounds__(512) gemv_stream_pair_kernel(const __grid_constant__ PairArgs a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __half* xs = reinterpret_cast<__half*>(smem_raw);
+  const int warp = threadIdx.x >> 5, kst = a.epi.ksplit;
+  const int tile = blockIdx.x * (blockDim.x / 32 / kst) + warp / kst, k = warp % kst;
+  const int stride = a.stage.kblocks * 64 + kStreamXPad;
+  unsigned char* slots = smem_raw + stream_smem_aligned(a.stage) + warp * a.slot_bytes;
+  int r[4];
+  pair_ranges(a, k, r);
+  // The first part a warp streams stages the row (after requesting its first pieces, so that the
+  // two parts' rings never live at once); its barriers are the non-aligned kind for that reason.
+  auto stage = [&](int part) {
+    return [&, part] {
+      cuda::pdl_begin();
+      stage_stream_x<1, false>(a.stage, xs, stride, nullptr, nullptr);
+      return static_cast<const __half*>(xs + a.x_offset[part]);
+    };
+  };
+  constexpr bool kG32 = false, kAsym = false, kInplace = true;
+  float acc[4];
+  if (r[1] > r[0]) {
+    stream_warp_tile<A::kBits, A::kS, A::kD, kG32, kAsym, kInplace, A::kP>(
+        a.part[0], tile, r[0], r[1], stride, slots, stage(0), acc);
+    if (r[3] > r[2]) {  // the run goes on in B's pieces: the row is staged already
+      float more[4];
+      stream_warp_tile<B::kBits, B::kS, B::kD, kG32, kAsym, kInplace, B::kP>(
+          a.part[1], tile, r[2], r[3], stride, slots,
+          [&] { return static_cast<const __half*>(xs + a.x_offset[1]); }, more);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[i] += more[i];
+    }
+  } else {  // B's pieces only (possibly none: the staging's barriers still count this warp)
+    stream_warp_tile<B::kBits, B::kS, B::kD, kG32, kAsym, kInplace, B::kP>(
+        a.part[1], tile, r[2], r[3], stride, slots, stage(1), acc);
+  }
+  __shared__ float4 partial[16][32];
+  reduce_store_gemv_tile(a.epi, partial, warp, k, tile, acc);
+}
+
+uint64_t g_launches = 0;  // qlinear_pair_launches
+int g_pair = -1;          // -1: GYRE_CUDA_MIXED_ONE (default on)
+int g_budget = -1;        // warps per SM on average the plan aims at; -1: GYRE_CUDA_MIXED_BUDGET
+int g_tile_ks = -1;       // warps per tile (0: by the plan); -1: GYRE_CUDA_MIXED_TILE_WARPS
+int g_wave = -1;  // 1: fewer warps per tile until the grid is one wave; -1: GYRE_CUDA_MIXED_WAVE
+
+int env_int(const char* name, int fallback) {
+  const char* e = std::getenv(name);
+  return e != nullptr && *e != 0 ? std::atoi(e) : fallback;
+}
+
+template <class A, class B>
+void launch_pair(PairArgs a, cudaStream_t stream) {
+  int sms = 0, optin = 0;
+  stream_device_limits(sms, optin);
+  if (g_budget < 0) g_budget = env_int("GYRE_CUDA_MIXED_BUDGET", 64);
+  if (g_tile_ks < 0) g_tile_ks = env_int("GYRE_CUDA_MIXED_TILE_WARPS", 0);
+  if (g_wave < 0) g_wave = env_int("GYRE_CUDA_MIXED_WAVE", 1);
+  a.pieces[0] = a.part[0].kblocks / A::kS;
+  a.pieces[1] = a.part[1].kblocks / B::kS;
+  a.cost[0] = A::kPieceBytes;
+  a.cost[1] = B::kPieceBytes;
+  a.slot_bytes = std::max(A::kSlotBytes, B::kSlotBytes);
+  auto kernel = gemv_stream_pair_kernel<A, B>;
+  static const bool raised = allow_optin_shared(kernel, optin, "gemv stream pair");
+  (void)raised;
+  // Warps per tile as the one-weight kernel sizes its split-K (stream_ksplit), over both parts'
+  // pieces; then, unless set, halved while the grid takes more than one wave.
+  const int tiles = a.epi.tiles, pieces = a.pieces[0] + a.pieces[1];
+  int kst = 1;
+  while (kst < 16 && tiles * kst * 2 <= sms * g_budget && pieces >= 2 * kst) kst *= 2;
+  if (g_tile_ks > 0) kst = std::min(g_tile_ks, pieces);
+  auto plan = [&](int ks, int& warps, unsigned& blocks) {
+    const int tiles_per_block = std::max(1, 8 / ks);
+    warps = tiles_per_block * ks;
+    blocks = static_cast<unsigned>((tiles + tiles_per_block - 1) / tiles_per_block);
+  };
+  int warps = 0;
+  unsigned blocks = 0;
+  plan(kst, warps, blocks);
+  while (g_tile_ks == 0 && g_wave == 1 && kst > 2) {
+    int per_sm = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, warps * 32,
+                                                             pair_smem(a, warps)),
+               "cudaOccupancyMaxActiveBlocksPerMultiprocessor (gemv stream pair)");
+    if (blocks <= static_cast<unsigned>(per_sm * sms)) break;
+    kst /= 2;
+    plan(kst, warps, blocks);
+  }
+  a.epi.ksplit = kst;
+  qlaunch(kernel, blocks, warps * 32, static_cast<size_t>(pair_smem(a, warps)), stream, a);
+  ++g_launches;
+}
+
+// The two widths' kernel pair, wider first; 0 where no pair kernel exists.
+int pair_code(int bits_a, int bits_b) {
+  return bits_a - bits_b == 1 && bits_b >= 2 && bits_b <= 5 ? bits_a : 0;
+}
+
+// The row both parts read, as the staging's Params.
+Params pair_stage(const QlinearPairRow& r) {
+  Params s{};
+  s.x = r.row;
+  s.cols = r.cols;
+  s.kblocks = r.cols / 64;
+  s.n = 1;
+  s.norm_w = r.norm_w;
+  s.norm_eps = r.norm_eps;
+  s.norm_cols = r.norm_cols;
+  return s;
+}
+
+// Blocks per piece of a part's configuration (0 at 4 bits: the 4-bit tiled layout).
+int pair_pieces(int bits) {
+  switch (bits) {
+    case 2:
+      return Cfg2::kS;
+    case 3:
+      return Cfg3::kS;
+    case 5:
+      return Cfg5::kS;
+    case 6:
+      return Cfg6::kS;
+    default:
+      return 0;
+  }
+}
+
+// A part as the kernel takes it: symmetric f16 scales in groups of 64+ columns, no act-order or
+// rotation, in the tiled layout its width's configuration reads.
+bool pair_part(const QWeightDevice& w) {
+  const QWeightDesc& d = w.desc;
+  if (d.trellis || d.scale_f32 || d.asymmetric || d.group_size < 64 || w.perm != nullptr ||
+      w.had_block > 0)
+    return false;
+  if (d.bits == 4) return true;
+  return d.narrow() && w.narrow_inplace && w.narrow_tiled == pair_pieces(d.bits);
+}
+
+bool pair_enabled() {
+  if (g_pair < 0) g_pair = env_int("GYRE_CUDA_MIXED_ONE", 1) == 0 ? 0 : 1;
+  return g_pair == 1;
+}
+
+}  // namespace
+
+void set_mixed_pair(int mode, int budget, int tile_warps) {
+  GYRE_CHECK(mode >= -1 && mode <= 1 && budget >= 0 && budget <= 128 && tile_warps >= 0 &&
+                 tile_warps <= 16,
+             "qlinear: pair mode -1..1, budget 0..128, warps per tile 0..16");
+  g_pair = mode;
+  g_budget = budget == 0 ? -1 : budget;
+  g_tile_ks = tile_warps == 0 ? -1 : tile_warps;
+}
+
+uint64_t qlinear_pair_launches() {
+  return g_launches;
+}
+
+void launch_gemv_stream_pair(const Params& pa, const Params& pb, const QlinearPairRow& row,
+                             const Params& epi, cudaStream_t stream) {
+  PairArgs a;
+  const bool swap = pb.bits > pa.bits;
+  a.part[0] = swap ? pb : pa;
+  a.part[1] = swap ? pa : pb;
+  a.x_offset[0] = row.offset[swap ? 1 : 0];
+  a.x_offset[1] = row.offset[swap ? 0 : 1];
+  a.stage = pair_stage(row);
+  a.epi = epi;
+  switch (pair_code(a.part[0].bits, a.part[1].bits)) {
+    case 3:
+      return launch_pair<Cfg3, Cfg2>(a, stream);
+    case 4:
+      return launch_pair<Cfg4, Cfg3>(a, stream);
+    case 5:
+      return launch_pair<Cfg5, Cfg4>(a, stream);
+    case 6:
+      return launch_pair<Cfg6, Cfg5>(a, stream);
+    default:
+      fail("qlinear: no two-part kernel for ", a.part[0].bits, " and ", a.part[1].bits, " bits");
+  }
+}
+
+}  // namespace qlinear_detail
+
+bool qlinear_pair_supported(const QWeightDevice& a, const QWeightDevice& b, int row_cols) {
+  using namespace qlinear_detail;
+  if (!pair_enabled() || !pair_part(a) || !pair_part(b) || a.desc.rows != b.desc.rows ||
+      row_cols % 64 != 0 ||
+      pair_code(std::max(a.desc.bits, b.desc.bits), std::min(a.desc.bits, b.desc.bits)) == 0)
+    return false;
+  int sms = 0, optin = 0;
+  stream_device_limits(sms, optin);
+  QlinearPairRow r;
+  r.cols = row_cols;
+  PairArgs args;
+  args.stage = pair_stage(r);
+  args.slot_bytes = Cfg6::kSlotBytes;  // the largest ring, at the most warps a block takes
+  return pair_smem(args, 16) + 9 * 1024 <= optin;
+}
+
+}  // namespace gyre
