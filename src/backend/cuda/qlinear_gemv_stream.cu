@@ -56,6 +56,17 @@ void launch_depth(const Params& p, int ksplit, cudaStream_t stream) {
 }
 }  // namespace
 
+// Session 23 (H100, Llama-3-8B shape, decode @128): 2-bit 394 -> 537 tok/s, 3-bit 479 -> 527,
+// 5-bit 390 -> 412, 4 and 6 bits unchanged (their plans were one wave already); on by default,
+// GYRE_CUDA_STREAM_WAVE=0 keeps the old plan.
+bool stream_one_wave() {
+  static const bool on = [] {
+    const char* e = std::getenv("GYRE_CUDA_STREAM_WAVE");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return on;
+}
+
 void set_int4_lop3(int mode) {
   GYRE_CHECK(mode >= -1 && mode <= 1, "qlinear: int4 LOP3 mode must be -1, 0 or 1");
   g_lop3 = mode;

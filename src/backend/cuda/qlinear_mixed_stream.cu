@@ -5,8 +5,10 @@
 // epilogue stores them (plain, accumulated, split or SwiGLU outputs).
 //
 // Why: a mix ran one stream GEMV per part, so a 4/3 mix of the Llama-3-8B shape took 9 GEMV
-// launches per layer against 5, and decoded at 384 tok/s where uniform 3-bit weights decode at
-// 470 (H100, bench/NOTES.md session 20). Here the parts' warps run side by side in one grid.
+// launches per layer against 5, and decoded at 394 tok/s where uniform 3-bit weights decode at
+// 478 (H100). In one launch, with the tile's bytes cut evenly over its warps and at most one
+// wave of blocks, it decodes at 466 (48.5% of its roofline, uniform 3-bit 46.8%); 5/4 371 -> 442,
+// 3/2 335 -> 507, 6/5 339 -> 386 (bench/NOTES.md session 23).
 //
 // Each part keeps the kernel configuration its width takes alone (blocks per piece, register or
 // shared-memory ring), symmetric weights with groups of 64 or more columns in the in-place
@@ -155,10 +157,7 @@ void launch_pair(PairArgs a, cudaStream_t stream) {
   unsigned blocks = 0;
   plan(kst, warps, blocks);
   while (g_tile_ks == 0 && g_wave == 1 && kst > 2) {
-    int per_sm = 0;
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, warps * 32,
-                                                             pair_smem(a, warps)),
-               "cudaOccupancyMaxActiveBlocksPerMultiprocessor (gemv stream pair)");
+    const int per_sm = stream_blocks_per_sm(kernel, warps * 32, pair_smem(a, warps));
     if (blocks <= static_cast<unsigned>(per_sm * sms)) break;
     kst /= 2;
     plan(kst, warps, blocks);

@@ -427,6 +427,17 @@ bool stream_ring_fits(const Params& p, int ksplit, int warp_budget, int P) {
          optin;
 }
 
+// GYRE_CUDA_STREAM_WAVE (launch_stream_kernel; qlinear_gemv_stream.cu: default on) and the
+// resident blocks per SM of a kernel at that block size and dynamic shared memory.
+bool stream_one_wave();
+template <typename Kernel>
+int stream_blocks_per_sm(Kernel kernel, int threads, size_t smem) {
+  int per_sm = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem),
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor (gemv stream)");
+  return per_sm;
+}
+
 // gemv_stream_kernel<...> with the opt-in shared memory allowed (once per instantiation).
 template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P, int AO>
 auto raised_stream_kernel(int optin) {
@@ -446,21 +457,35 @@ void launch_stream_kernel(const Params& p, int ksplit, int warp_budget, cudaStre
   stream_device_limits(sms, optin);
   Params q = p;
   const int pieces = q.kblocks / S;
-  const int ks = stream_ksplit(p, S, ksplit, warp_budget);
-  q.ksplit = ks;
-  const int per = (pieces + ks - 1) / ks;
-  const int warps = ks > 8 ? ks : 8, tiles_per_block = warps / ks;
-  const unsigned blocks = static_cast<unsigned>((q.tiles + tiles_per_block - 1) / tiles_per_block);
   void (*kernel)(Params, int) = nullptr;
   if constexpr (stream_act_order_scatters(BITS))  // one instantiation each: act-order, others
     kernel = q.perm != nullptr ? raised_stream_kernel<BITS, S, D, G32, ASYM, INPLACE, P, 2>(optin)
                                : raised_stream_kernel<BITS, S, D, G32, ASYM, INPLACE, P, 1>(optin);
   else
     kernel = raised_stream_kernel<BITS, S, D, G32, ASYM, INPLACE, P, 0>(optin);
-  const size_t smem =
-      P == 0 ? static_cast<size_t>(stream_smem(q))
-             : static_cast<size_t>(stream_smem_aligned(q)) +
-                   static_cast<size_t>(warps) * P * StreamRing<BITS, S, G32, ASYM>::kSlotBytes;
+  int ks = stream_ksplit(p, S, ksplit, warp_budget), warps = 0;
+  unsigned blocks = 0;
+  size_t smem = 0;
+  auto plan = [&] {
+    warps = ks > 8 ? ks : 8;
+    const int tiles_per_block = warps / ks;
+    blocks = static_cast<unsigned>((q.tiles + tiles_per_block - 1) / tiles_per_block);
+    smem = P == 0 ? static_cast<size_t>(stream_smem(q))
+                  : static_cast<size_t>(stream_smem_aligned(q)) +
+                        static_cast<size_t>(warps) * P * StreamRing<BITS, S, G32, ASYM>::kSlotBytes;
+  };
+  plan();
+  // A smaller split-K while the grid takes more than one wave (the two-part kernel's rule,
+  // qlinear_mixed_stream.cu): a second wave of a few blocks costs a whole block's time, more
+  // than the fewer warps per tile do (GYRE_CUDA_STREAM_WAVE=0: off).
+  while (ksplit == 0 && ks > 1 && stream_one_wave()) {
+    if (blocks <= static_cast<unsigned>(stream_blocks_per_sm(kernel, warps * 32, smem) * sms))
+      break;
+    ks /= 2;
+    plan();
+  }
+  q.ksplit = ks;
+  const int per = (pieces + ks - 1) / ks;
   qlaunch(kernel, blocks, warps * 32, smem, stream, q, per);
 }
 
