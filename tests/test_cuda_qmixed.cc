@@ -135,7 +135,7 @@ TEST(QMixedCuda, MatmulSplitAndSwigluMatchTheCpuBackend) {
 // order_seed (not 0): the column order's own seed, so that weights of other values can share one
 // layout.
 QMixedHost random_parts(int rows, int cols, const std::vector<std::array<int, 3>>& specs,
-                        uint32_t seed, uint32_t order_seed = 0) {
+                        uint32_t seed, uint32_t order_seed = 0, bool asym = false) {
   std::mt19937 rng(seed), order_rng(order_seed);
   std::normal_distribution<float> nd(0.0f, 0.05f);
   std::vector<int32_t> order(static_cast<size_t>(cols));
@@ -152,7 +152,7 @@ QMixedHost random_parts(int rows, int cols, const std::vector<std::array<int, 3>
     const int n = static_cast<int>(idx.size());
     std::vector<float> w(static_cast<size_t>(rows) * n);
     for (float& x : w) x = nd(rng);
-    m.parts.push_back({qweight_pack_from_f32(w.data(), rows, n, bits, group, false), idx});
+    m.parts.push_back({qweight_pack_from_f32(w.data(), rows, n, bits, group, asym), idx});
   }
   qmixed_validate(m);
   return m;
@@ -362,15 +362,19 @@ TEST(QMixedCuda, TwoWidthPairsRunInOneLaunchAndMatchTheCpuBackend) {
   const int dim = 1056, hidden = 200;
   struct Pair {
     int hi, lo, group;
+    bool asym;
   };
-  for (const Pair pr : {Pair{4, 3, 128}, Pair{3, 2, 64}, Pair{5, 4, 128}, Pair{6, 5, 64}}) {
+  for (const Pair pr : {Pair{4, 3, 128, false}, Pair{3, 2, 64, false}, Pair{5, 4, 128, false},
+                        Pair{6, 5, 64, false}, Pair{4, 3, 64, true}, Pair{3, 2, 128, true}}) {
     SCOPED_TRACE(std::to_string(pr.hi) + "/" + std::to_string(pr.lo) + " g" +
-                 std::to_string(pr.group));
+                 std::to_string(pr.group) + (pr.asym ? " asym" : ""));
     const int g = pr.group;
-    const QMixedHost wq = random_parts(hidden, dim, {{pr.hi, g, 300}, {pr.lo, g, dim - 300}}, 51);
+    const QMixedHost wq =
+        random_parts(hidden, dim, {{pr.hi, g, 300}, {pr.lo, g, dim - 300}}, 51, 0, pr.asym);
     const QMixedHost wg =
-        random_parts(hidden, dim, {{pr.hi, g, 2 * g}, {pr.lo, g, dim - 2 * g}}, 52);
-    const QMixedHost wd = random_parts(dim, hidden, {{pr.hi, g, g}, {pr.lo, g, hidden - g}}, 53);
+        random_parts(hidden, dim, {{pr.hi, g, 2 * g}, {pr.lo, g, dim - 2 * g}}, 52, 0, pr.asym);
+    const QMixedHost wd =
+        random_parts(dim, hidden, {{pr.hi, g, g}, {pr.lo, g, hidden - g}}, 53, 0, pr.asym);
     std::mt19937 rng(54);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::vector<float> x(dim), r(dim), norm(dim);

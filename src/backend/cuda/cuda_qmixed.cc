@@ -137,9 +137,10 @@ Tensor CudaBackend::upload_mixed(const QMixedHost& host) {
 
 // GYRE_SYNTHETIC_MIX (cuda_qweights.cc; GYRE_SYNTHETIC_MIX_LAYERS=NAME/NAME picks the weights by
 // name, default all but the head): "f16" (the weight as F16, as a layer Gyre could not
-// keep quantized loads), or widths "BITS:GROUP:SHARE/..." in decreasing bits, sized as
-// ExLlamaV2's converter sizes a layer's groups (each width ceil(share * cols / GROUP) groups, the
-// last width the rest, its last group short and padded here), over shuffled input columns.
+// keep quantized loads), or widths "BITS:GROUP:SHARE[:a]/..." (a: asymmetric) in decreasing bits,
+// sized as ExLlamaV2's converter sizes a layer's groups (each width ceil(share * cols / GROUP)
+// groups, the last width the rest, its last group short and padded here), over shuffled input
+// columns.
 Tensor CudaBackend::synthetic_mixed(int rows, int cols, const std::string& spec,
                                     const std::string& name) {
   if (spec == "f16") {
@@ -152,16 +153,17 @@ Tensor CudaBackend::synthetic_mixed(int rows, int cols, const std::string& spec,
   struct Width {
     int bits, group;
     double share;
+    char asym;  // 'a': asymmetric
   };
   std::vector<Width> widths;
   std::string list = spec + ",";  // "/" separates widths too (a comma splits bench arms)
   std::replace(list.begin(), list.end(), '/', ',');
   for (size_t a = 0, b; (b = list.find(',', a)) != std::string::npos; a = b + 1) {
     Width wd{};
-    GYRE_CHECK(std::sscanf(list.substr(a, b - a).c_str(), "%d:%d:%lf", &wd.bits, &wd.group,
-                           &wd.share) == 3 &&
-                   wd.share > 0,
-               "GYRE_SYNTHETIC_MIX: '", list.substr(a, b - a), "' is not BITS:GROUP:SHARE");
+    GYRE_CHECK(std::sscanf(list.substr(a, b - a).c_str(), "%d:%d:%lf:%c", &wd.bits, &wd.group,
+                           &wd.share, &wd.asym) >= 3 &&
+                   wd.share > 0 && (wd.asym == 0 || wd.asym == 'a'),
+               "GYRE_SYNTHETIC_MIX: '", list.substr(a, b - a), "' is not BITS:GROUP:SHARE[:a]");
     widths.push_back(wd);
   }
   std::vector<int32_t> order(static_cast<size_t>(cols));
@@ -181,6 +183,7 @@ Tensor CudaBackend::synthetic_mixed(int rows, int cols, const std::string& spec,
     QWeightDesc d;
     d.bits = wd.bits;
     d.group_size = wd.group;
+    d.asymmetric = wd.asym == 'a';
     d.rows = rows;
     d.cols = static_cast<int>(groups * wd.group);
     qweight_validate(d);

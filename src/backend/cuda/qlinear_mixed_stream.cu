@@ -11,8 +11,9 @@
 // 3/2 335 -> 507, 6/5 339 -> 386 (bench/NOTES.md session 23).
 //
 // Each part keeps the kernel configuration its width takes alone (blocks per piece, register or
-// shared-memory ring), symmetric weights with groups of 64 or more columns in the in-place
-// arrangement; other mixes keep one launch per part (qlinear_pair_supported says which).
+// shared-memory ring), groups of 64 or more columns in the in-place arrangement, both parts
+// symmetric or both asymmetric (2/3 and 3/4 bits, the asymmetric mixes Gyre's converter emits);
+// other mixes keep one launch per part (qlinear_pair_supported says which).
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -30,11 +31,13 @@ namespace {
 
 // A part's configuration: the stream kernel's template arguments its width takes alone
 // (qlinear_bits_stream.cu's launch_decode, qlinear_gemv_stream.cu's launch_depth): blocks per
-// piece S, register ring depth D or shared-memory ring of P slots.
-template <int BITS, int S, int D, int P>
+// piece S, register ring depth D or shared-memory ring of P slots, asymmetric (mins), the in-place
+// decode (at 4 bits: the one-LOP3 decode, symmetric only).
+template <int BITS, int S, int D, int P, bool ASYM = false, bool INPLACE = true>
 struct PartCfg {
   static constexpr int kBits = BITS, kS = S, kD = D, kP = P;
-  static constexpr int kSlotBytes = P * StreamRing<BITS, S, false, false>::kSlotBytes;
+  static constexpr bool kAsym = ASYM, kInplace = INPLACE;
+  static constexpr int kSlotBytes = P * StreamRing<BITS, S, false, ASYM>::kSlotBytes;
   static constexpr int kPieceBytes = 128 * BITS * S;
 };
 using Cfg2 = PartCfg<2, 4, 2, 0>;
@@ -42,6 +45,10 @@ using Cfg3 = PartCfg<3, 2, 2, 0>;
 using Cfg4 = PartCfg<4, 1, 4, 4>;
 using Cfg5 = PartCfg<5, 1, 4, 4>;
 using Cfg6 = PartCfg<6, 1, 4, 4>;
+// Asymmetric: Gyre's converter mixes 2/3 and 3/4 bits so (narrow_default_pieces).
+using Cfg2a = PartCfg<2, 8, 2, 0, true>;
+using Cfg3a = PartCfg<3, 4, 2, 0, true>;
+using Cfg4a = PartCfg<4, 1, 4, 0, true, false>;
 
 struct PairArgs {
   Params part[2];  // the parts' weights (A, the wider, first)
@@ -95,21 +102,21 @@ __global__ void __launch_bounds__(512) gemv_stream_pair_kernel(const __grid_cons
       return static_cast<const __half*>(xs + a.x_offset[part]);
     };
   };
-  constexpr bool kG32 = false, kAsym = false, kInplace = true;
+  constexpr bool kG32 = false;
   float acc[4];
   if (r[1] > r[0]) {
-    stream_warp_tile<A::kBits, A::kS, A::kD, kG32, kAsym, kInplace, A::kP>(
+    stream_warp_tile<A::kBits, A::kS, A::kD, kG32, A::kAsym, A::kInplace, A::kP>(
         a.part[0], tile, r[0], r[1], stride, slots, stage(0), acc);
     if (r[3] > r[2]) {  // the run goes on in B's pieces: the row is staged already
       float more[4];
-      stream_warp_tile<B::kBits, B::kS, B::kD, kG32, kAsym, kInplace, B::kP>(
+      stream_warp_tile<B::kBits, B::kS, B::kD, kG32, B::kAsym, B::kInplace, B::kP>(
           a.part[1], tile, r[2], r[3], stride, slots,
           [&] { return static_cast<const __half*>(xs + a.x_offset[1]); }, more);
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[i] += more[i];
     }
   } else {  // B's pieces only (possibly none: the staging's barriers still count this warp)
-    stream_warp_tile<B::kBits, B::kS, B::kD, kG32, kAsym, kInplace, B::kP>(
+    stream_warp_tile<B::kBits, B::kS, B::kD, kG32, B::kAsym, B::kInplace, B::kP>(
         a.part[1], tile, r[2], r[3], stride, slots, stage(1), acc);
   }
   __shared__ float4 partial[16][32];
@@ -167,9 +174,12 @@ void launch_pair(PairArgs a, cudaStream_t stream) {
   ++g_launches;
 }
 
-// The two widths' kernel pair, wider first; 0 where no pair kernel exists.
-int pair_code(int bits_a, int bits_b) {
-  return bits_a - bits_b == 1 && bits_b >= 2 && bits_b <= 5 ? bits_a : 0;
+// The kernel pair of two widths (wider first) and symmetry: the wider width (negated when
+// asymmetric), 0 where no pair kernel exists.
+int pair_code(int bits_a, int bits_b, bool asym) {
+  if (bits_a - bits_b != 1) return 0;
+  if (asym) return bits_b == 2 || bits_b == 3 ? -bits_a : 0;
+  return bits_b >= 2 && bits_b <= 5 ? bits_a : 0;
 }
 
 // The row both parts read, as the staging's Params.
@@ -186,30 +196,18 @@ Params pair_stage(const QlinearPairRow& r) {
 }
 
 // Blocks per piece of a part's configuration (0 at 4 bits: the 4-bit tiled layout).
-int pair_pieces(int bits) {
-  switch (bits) {
-    case 2:
-      return Cfg2::kS;
-    case 3:
-      return Cfg3::kS;
-    case 5:
-      return Cfg5::kS;
-    case 6:
-      return Cfg6::kS;
-    default:
-      return 0;
-  }
+int pair_pieces(int bits, bool asym) {
+  return bits == 4 ? 0 : narrow_default_pieces(bits, asym);
 }
 
-// A part as the kernel takes it: symmetric f16 scales in groups of 64+ columns, no act-order or
-// rotation, in the tiled layout its width's configuration reads.
+// A part as the kernel takes it: f16 scales in groups of 64+ columns, no act-order or rotation,
+// in the tiled layout its width's configuration reads.
 bool pair_part(const QWeightDevice& w) {
   const QWeightDesc& d = w.desc;
-  if (d.trellis || d.scale_f32 || d.asymmetric || d.group_size < 64 || w.perm != nullptr ||
-      w.had_block > 0)
+  if (d.trellis || d.scale_f32 || d.group_size < 64 || w.perm != nullptr || w.had_block > 0)
     return false;
   if (d.bits == 4) return true;
-  return d.narrow() && w.narrow_inplace && w.narrow_tiled == pair_pieces(d.bits);
+  return d.narrow() && w.narrow_inplace && w.narrow_tiled == pair_pieces(d.bits, d.asymmetric);
 }
 
 bool pair_enabled() {
@@ -242,7 +240,11 @@ void launch_gemv_stream_pair(const Params& pa, const Params& pb, const QlinearPa
   a.x_offset[1] = row.offset[swap ? 0 : 1];
   a.stage = pair_stage(row);
   a.epi = epi;
-  switch (pair_code(a.part[0].bits, a.part[1].bits)) {
+  switch (pair_code(a.part[0].bits, a.part[1].bits, a.part[0].asym)) {
+    case -3:
+      return launch_pair<Cfg3a, Cfg2a>(a, stream);
+    case -4:
+      return launch_pair<Cfg4a, Cfg3a>(a, stream);
     case 3:
       return launch_pair<Cfg3, Cfg2>(a, stream);
     case 4:
@@ -261,8 +263,9 @@ void launch_gemv_stream_pair(const Params& pa, const Params& pb, const QlinearPa
 bool qlinear_pair_supported(const QWeightDevice& a, const QWeightDevice& b, int row_cols) {
   using namespace qlinear_detail;
   if (!pair_enabled() || !pair_part(a) || !pair_part(b) || a.desc.rows != b.desc.rows ||
-      row_cols % 64 != 0 ||
-      pair_code(std::max(a.desc.bits, b.desc.bits), std::min(a.desc.bits, b.desc.bits)) == 0)
+      row_cols % 64 != 0 || a.desc.asymmetric != b.desc.asymmetric ||
+      pair_code(std::max(a.desc.bits, b.desc.bits), std::min(a.desc.bits, b.desc.bits),
+                a.desc.asymmetric) == 0)
     return false;
   int sms = 0, optin = 0;
   stream_device_limits(sms, optin);
