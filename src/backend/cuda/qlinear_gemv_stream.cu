@@ -5,6 +5,7 @@
 // kernel). The decode's (w & mask) | 0x6400 takes one explicit LOP3 instead of ptxas's two
 // (int4_word_to_fragment_lop3, symmetric weights; GYRE_CUDA_INT4_LOP3=0 keeps the old for an
 // A/B, same results).
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -65,6 +66,14 @@ bool stream_one_wave() {
     return e == nullptr || std::string(e) != "0";
   }();
   return on;
+}
+
+int stream_budget_override() {
+  static const int budget = [] {
+    const char* e = std::getenv("GYRE_CUDA_STREAM_BUDGET");
+    return e != nullptr ? std::max(0, std::atoi(e)) : 0;
+  }();
+  return budget;
 }
 
 void set_int4_lop3(int mode) {

@@ -405,10 +405,12 @@ void set_int4_lop3(int mode);
 
 // The split-K of a launch: ksplit, or (0) the largest that keeps tiles x ksplit within
 // warp_budget / 2 warps per SM on average.
+int stream_budget_override();  // GYRE_CUDA_STREAM_BUDGET (0: none), a knob (qlinear_gemv_stream.cu)
 inline int stream_ksplit(const Params& p, int S, int ksplit, int warp_budget) {
   if (ksplit != 0) return ksplit;
   int sms = 0, optin = 0;
   stream_device_limits(sms, optin);
+  if (stream_budget_override() > 0 && p.n <= 2) warp_budget = stream_budget_override();
   const int pieces = p.kblocks / S;
   int ks = 1;
   while (ks < 16 && p.tiles * ks * 2 <= sms * warp_budget && pieces >= 2 * ks) ks *= 2;
