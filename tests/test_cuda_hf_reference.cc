@@ -15,6 +15,9 @@
 #include <utility>
 
 #include "backend/backend.h"
+#ifdef GYRE_HAVE_CUDA
+#include "backend/cuda/qlinear.h"
+#endif
 #include "core/mapped_file.h"
 #include "engine/transformer.h"
 #include "hf_reference_util.h"
@@ -139,11 +142,13 @@ TEST(CudaSmolLM2, TwinAndItsLayoutsMatchCpuFor64Steps) {
     for (int k = 0; k < 100; ++k) t += "The cat sat on the mat while the dog slept by the door. ";
     std::ofstream(calib, std::ios::binary) << t;
   }
-  // The last setting is GPTQ with act-order (the converter's default): every layer carries a
-  // column permutation, and the CUDA upload renumbers the MLP into down_proj's order.
-  const std::pair<std::string, bool> settings[] = {{"", true},     {"8:64", true},
-                                                   {"4:64", true}, {"3:64:asym", true},
-                                                   {"6:64", true}, {"4:64", false}};
+  // The last settings are GPTQ with act-order (the converter's default): every layer carries a
+  // column permutation, and the CUDA upload renumbers the MLP into down_proj's order; then every
+  // layer a 4/3 mix (half the groups at 4 bits: two parts, no permutation), which decodes through
+  // the two-part kernel (qlinear_mixed_stream.cu).
+  const std::pair<std::string, bool> settings[] = {
+      {"", true},     {"8:64", true},  {"4:64", true},         {"3:64:asym", true},
+      {"6:64", true}, {"4:64", false}, {"3:64:sym:4x4", false}};
   for (const auto& [setting, rtn] : settings) {
     std::string dir = twin;
     const std::string name = setting.empty() ? "FP16" : setting + (rtn ? "" : " GPTQ act-order");
@@ -166,7 +171,15 @@ TEST(CudaSmolLM2, TwinAndItsLayoutsMatchCpuFor64Steps) {
     auto model = load_model(dir);
     auto cpu = backend_create("cpu", 0);
     auto gpu = backend_create("cuda:0", 0);
+#ifdef GYRE_HAVE_CUDA
+    const uint64_t pairs = qlinear_detail::qlinear_pair_launches();
+#endif
     expect_cpu_agrees(*model, *gpu, *cpu, name);
+#ifdef GYRE_HAVE_CUDA
+    if (setting.find('x') != std::string::npos) {
+      EXPECT_GT(qlinear_detail::qlinear_pair_launches(), pairs) << name;
+    }
+#endif
   }
 }
 
