@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <random>
@@ -51,6 +52,23 @@ QMixedHost random_mixed(int rows, int cols, int group, int lo_bits, int hi_bits,
   m.parts.push_back(part(lo_bits, lo_cols));
   qmixed_validate(m);
   return m;
+}
+
+// The two-part kernel's launches so far and the most rows it takes (0 without CUDA, where these
+// tests skip).
+uint64_t qlinear_pair_launches_or_zero() {
+#ifdef GYRE_HAVE_CUDA
+  return qlinear_detail::qlinear_pair_launches();
+#else
+  return 0;
+#endif
+}
+int pair_max_rows() {
+#ifdef GYRE_HAVE_CUDA
+  return kQlinearPairMaxRows;
+#else
+  return 0;
+#endif
 }
 
 // x [n, cols] on a backend: the rows of an F32 table gathered by embed().
@@ -97,7 +115,7 @@ TEST(QMixedCuda, MatmulSplitAndSwigluMatchTheCpuBackend) {
     const QMixedHost w2 = random_mixed(rows, cols, c.group, c.lo, c.hi, c.asym, hi_groups, 2);
     const TensorView v = qmixed_view("model.layers.0.self_attn.q_proj.weight", w);
     const TensorView v2 = qmixed_view("model.layers.0.self_attn.k_proj.weight", w2);
-    for (int n : {1, 5, 8, 40, 200}) {
+    for (int n : {1, 2, 3, 5, 8, 40, 200}) {  // 1, 2: the two-part kernel where it runs
       SCOPED_TRACE(n);
       std::mt19937 rng(n);
       std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -105,6 +123,7 @@ TEST(QMixedCuda, MatmulSplitAndSwigluMatchTheCpuBackend) {
       for (float& e : x) e = nd(rng);
       std::vector<float> outs[2][3];
       Backend* backends[2] = {cpu.get(), gpu.get()};
+      const uint64_t pairs = qlinear_pair_launches_or_zero();
       for (int bi = 0; bi < 2; ++bi) {
         Backend& b = *backends[bi];
         const Tensor xt = input_on(b, x, n, cols);
@@ -125,6 +144,9 @@ TEST(QMixedCuda, MatmulSplitAndSwigluMatchTheCpuBackend) {
       expect_close(outs[1][0], outs[0][0], "matmul");
       expect_close(outs[1][1], outs[0][1], "matmul_split");
       expect_close(outs[1][2], outs[0][2], "matmul_swiglu");
+      // Adjacent widths in groups of 64+ at up to 2 rows: the two-part kernel, once per op.
+      const bool pair = c.hi - c.lo == 1 && c.group >= 64 && n <= pair_max_rows();
+      EXPECT_EQ(qlinear_pair_launches_or_zero(), pairs + (pair ? 3 : 0));
     }
   }
 }

@@ -280,12 +280,14 @@ class CudaBackend final : public Backend {
     float eps = 0.0f;
     bool direct = true;
     half* partial = nullptr;
-    bool row = false;  // x is m.row (filled by the kernel before): the two-part kernel may run
+    // The rows in the weight's decode-row layout ([n, row_cols]: m.row, or gathered so for the
+    // two-part kernel), else null.
+    const half* row = nullptr;
   };
   MixedInput mixed_input(const QMixedDevice& m, const half* x, int n, const half* norm, float eps,
                          const half* row_norm = nullptr, bool x_in_row = false);
   QlinearFusion part_fusion(const MixedInput& in, int p);  // the shared row's, if any
-  // A two-part weight at one row in one launch (qlinear_gemv_pair) where that kernel takes it:
+  // A two-part weight at a few rows in one launch (qlinear_gemv_pair) where that kernel takes it:
   // outputs as mixed_parts' (all parts), mixed_split_in's (split) or SwiGLU's (hidden > 0);
   // false (nothing launched) otherwise.
   bool mixed_pair(const QMixedDevice& m, const MixedInput& in, int n, half* y, const half* bias,

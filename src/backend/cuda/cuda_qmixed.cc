@@ -315,7 +315,7 @@ CudaBackend::MixedInput CudaBackend::mixed_input(const QMixedDevice& m, const ha
   if (x_in_row) {  // the row the kernel before filled (matmul_add)
     GYRE_CHECK(n == 1 && m.row != nullptr, "internal: a mixed row for ", n, " rows");
     for (int p = 0; p < m.n_parts; ++p) in.x[p] = m.row + m.row_offset[p];
-    in.row = true;
+    in.row = m.row;
     return in;
   }
   if (row_norm != nullptr) {  // the row the residual's producer filled (take_mixed_row)
@@ -328,7 +328,20 @@ CudaBackend::MixedInput CudaBackend::mixed_input(const QMixedDevice& m, const ha
       in.x[p] = m.row;
       in.offset[p] = m.row_offset[p];
     }
-    in.row = true;
+    in.row = m.row;
+    return in;
+  }
+  if (m.n_parts == 2 && m.row_list != nullptr &&
+      qlinear_pair_supported(m.parts[0], m.parts[1], m.row_cols, n)) {
+    // For the two-part kernel (mixed_pair): the rows gathered in the decode row's layout, one
+    // list for both parts (the norm applied on the way).
+    half* rows = mixed_scratch(static_cast<size_t>(n) * m.row_cols);
+    MixedGather g;
+    g.parts = 1;
+    g.k[0] = m.row_cols;
+    gather_parts(rows, x, m.row_list, n, m.cols, g, stream_, norm, eps);
+    for (int p = 0; p < m.n_parts; ++p) in.x[p] = rows + m.row_offset[p];
+    in.row = rows;
     return in;
   }
   MixedGather g;
@@ -364,15 +377,17 @@ QlinearFusion CudaBackend::part_fusion(const MixedInput& in, int p) {
 bool CudaBackend::mixed_pair(const QMixedDevice& m, const MixedInput& in, int n, half* y,
                              const half* bias, const QlinearFusion& f, const OutSplit* split,
                              int hidden) {
-  if (n != 1 || m.n_parts != 2 || !in.direct || !in.row ||
-      !qlinear_pair_supported(m.parts[0], m.parts[1], m.row_cols))
+  if (m.n_parts != 2 || !in.direct || in.row == nullptr ||
+      !qlinear_pair_supported(m.parts[0], m.parts[1], m.row_cols, n))
     return false;
   QlinearPairRow r;
-  r.row = m.row;
+  r.row = in.row;
+  r.n = n;
   r.cols = m.row_cols;
   r.offset[0] = m.row_offset[0];
   r.offset[1] = m.row_offset[1];
-  r.norm_w = in.norm;  // the residual's row (take_mixed_row), else the kernel before's output
+  r.norm_w = in.norm;  // the residual's row (take_mixed_row); null when the gather or the
+                       // kernel before wrote the row
   r.norm_eps = in.eps;
   r.norm_cols = in.norm_cols;
   qlinear_gemv_pair(m.parts[0], m.parts[1], r, y, bias, stream_, f, split, hidden);

@@ -363,8 +363,10 @@ bool qlinear_gemv_swiglu(const QWeightDevice& w, const __half* x, __half* out, i
 void qlinear_gemv_pair(const QWeightDevice& a, const QWeightDevice& b, const QlinearPairRow& row,
                        __half* y, const __half* bias, cudaStream_t stream, const QlinearFusion& f,
                        const cuda::OutSplit* split, int swiglu_hidden) {
-  GYRE_CHECK(qlinear_pair_supported(a, b, row.cols), "qlinear: no two-part kernel for ",
-             a.desc.bits, "- and ", b.desc.bits, "-bit parts");
+  GYRE_CHECK(qlinear_pair_supported(a, b, row.cols, row.n), "qlinear: no two-part kernel for ",
+             a.desc.bits, "- and ", b.desc.bits, "-bit parts at ", row.n, " rows");
+  GYRE_CHECK(f.y_index == nullptr || row.n == 1, "qlinear: an indexed SwiGLU output at ", row.n,
+             " rows");
   for (int p = 0; p < 2; ++p) {
     const int padded = qlinear_padded_cols(p == 0 ? a : b);
     GYRE_CHECK(row.offset[p] % 64 == 0 && row.offset[p] >= 0 && row.offset[p] + padded <= row.cols,
@@ -379,11 +381,12 @@ void qlinear_gemv_pair(const QWeightDevice& a, const QWeightDevice& b, const Qli
                  (!f.accumulate && split->parts >= 1 && split->parts <= cuda::OutSplit::kMaxParts &&
                   split->end[split->parts - 1] == a.desc.rows),
              "qlinear: split outputs do not cover the weight's ", a.desc.rows, " rows");
-  Params epi = fused_params(a, row.row, split != nullptr ? split->out[0] : y, 1, bias, f, stream);
+  Params epi =
+      fused_params(a, row.row, split != nullptr ? split->out[0] : y, row.n, bias, f, stream);
   if (split != nullptr) epi.split = *split;
   epi.swiglu_hidden = swiglu_hidden;
   Params pa = layout_params(a), pb = layout_params(b);
-  pa.n = pb.n = 1;
+  pa.n = pb.n = row.n;
   qlinear_detail::launch_gemv_stream_pair(pa, pb, row, epi, stream);
   check_cuda(cudaGetLastError(), "qlinear pair launch");
 }

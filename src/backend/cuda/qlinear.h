@@ -158,21 +158,28 @@ void qlinear_matmul_split(const QWeightDevice& w, const __half* x, const cuda::O
 bool qlinear_gemv_swiglu(const QWeightDevice& w, const __half* x, __half* out, int n, int hidden,
                          cudaStream_t stream, const QlinearFusion& f = {});
 
-// A mixed weight of two widths (cuda_qmixed.cc) at one decode row, in one launch
-// (qlinear_mixed_stream.cu): part p reads its padded columns of the row from offset[p] (a
-// multiple of 64); with norm_w [cols] (in the row's layout) the row is RMS-normalised first, the
-// mean taken over norm_cols. Outputs as qlinear_matmul's (y, f.accumulate, f.y_perm),
-// qlinear_matmul_split's (split) or qlinear_gemv_swiglu's (swiglu_hidden > 0, f.y_index); the
-// parts' sums meet in float before the one rounding. Only where qlinear_pair_supported.
+// A mixed weight of two widths (cuda_qmixed.cc) at n <= kQlinearPairMaxRows rows laid out as
+// its decode row ([n, cols], each token's row whole), in one launch (qlinear_mixed_stream.cu):
+// part p reads its padded columns of each row from offset[p] (a multiple of 64); with norm_w
+// [cols] (in the row's layout) each row is RMS-normalised first, the mean taken over norm_cols.
+// Outputs as qlinear_matmul's (y, f.accumulate, f.y_perm), qlinear_matmul_split's (split) or
+// qlinear_gemv_swiglu's (swiglu_hidden > 0, f.y_index at n = 1); the parts' sums meet in float
+// before the one rounding. Only where qlinear_pair_supported.
+// Up to 2 rows, where the 4-bit stream GEMV runs too: serving a 4/3 mix at 3 and 4 requests
+// measured 5-6% slower in one launch than one launch per part (whose 4-bit part then runs the
+// register-fed GEMV), at 1 and 2 requests 9% and 14% faster (H100, session 23).
+constexpr int kQlinearPairMaxRows = 2;
 struct QlinearPairRow {
   const __half* row = nullptr;
+  int n = 1;
   int cols = 0;
   int offset[2] = {};
   const __half* norm_w = nullptr;
   float norm_eps = 0.f;
   int norm_cols = 0;
 };
-bool qlinear_pair_supported(const QWeightDevice& a, const QWeightDevice& b, int row_cols);
+bool qlinear_pair_supported(const QWeightDevice& a, const QWeightDevice& b, int row_cols,
+                            int n = 1);
 void qlinear_gemv_pair(const QWeightDevice& a, const QWeightDevice& b, const QlinearPairRow& row,
                        __half* y, const __half* bias, cudaStream_t stream,
                        const QlinearFusion& f = {}, const cuda::OutSplit* split = nullptr,

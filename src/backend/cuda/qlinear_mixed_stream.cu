@@ -1,8 +1,9 @@
-// One launch for a mixed weight of two widths at one decode row (QMixedDevice, n = 1): the
-// warps of each 16-row tile split between the two parts, each warp streaming its part's pieces
-// with the stream GEMV's loop (stream_warp_tile, qlinear_stream.cuh) over the part's slice of the
-// one staged row, and the tile's split-K reduction adds the parts' partial sums before the
-// epilogue stores them (plain, accumulated, split or SwiGLU outputs).
+// One launch for a mixed weight of two widths at up to kQlinearPairMaxRows tokens whose inputs lie
+// in its decode row's layout (QMixedDevice::row, or rows gathered so): the warps of each 16-row
+// tile split the tile's work between the two parts, each warp streaming its parts' pieces with
+// the stream GEMV's loop (stream_warp_tile, qlinear_stream.cuh) over the parts' slices of the
+// staged rows, and the tile's split-K reduction adds the parts' partial sums before the epilogue
+// stores them (plain, accumulated, split or SwiGLU outputs).
 //
 // Why: a mix ran one stream GEMV per part, so a 4/3 mix of the Llama-3-8B shape took 9 GEMV
 // launches per layer against 5, and decoded at 394 tok/s where uniform 3-bit weights decode at
@@ -188,7 +189,7 @@ Params pair_stage(const QlinearPairRow& r) {
   s.x = r.row;
   s.cols = r.cols;
   s.kblocks = r.cols / 64;
-  s.n = 1;
+  s.n = r.n;
   s.norm_w = r.norm_w;
   s.norm_eps = r.norm_eps;
   s.norm_cols = r.norm_cols;
@@ -260,10 +261,10 @@ void launch_gemv_stream_pair(const Params& pa, const Params& pb, const QlinearPa
 
 }  // namespace qlinear_detail
 
-bool qlinear_pair_supported(const QWeightDevice& a, const QWeightDevice& b, int row_cols) {
+bool qlinear_pair_supported(const QWeightDevice& a, const QWeightDevice& b, int row_cols, int n) {
   using namespace qlinear_detail;
-  if (!pair_enabled() || !pair_part(a) || !pair_part(b) || a.desc.rows != b.desc.rows ||
-      row_cols % 64 != 0 || a.desc.asymmetric != b.desc.asymmetric ||
+  if (!pair_enabled() || n < 1 || n > kQlinearPairMaxRows || !pair_part(a) || !pair_part(b) ||
+      a.desc.rows != b.desc.rows || row_cols % 64 != 0 || a.desc.asymmetric != b.desc.asymmetric ||
       pair_code(std::max(a.desc.bits, b.desc.bits), std::min(a.desc.bits, b.desc.bits),
                 a.desc.asymmetric) == 0)
     return false;
@@ -271,6 +272,7 @@ bool qlinear_pair_supported(const QWeightDevice& a, const QWeightDevice& b, int 
   stream_device_limits(sms, optin);
   QlinearPairRow r;
   r.cols = row_cols;
+  r.n = n;
   PairArgs args;
   args.stage = pair_stage(r);
   args.slot_bytes = Cfg6::kSlotBytes;  // the largest ring, at the most warps a block takes
