@@ -300,6 +300,25 @@ TEST(QMixedCuda, FusedGroupsOfMixedWeightsShareOneGather) {
   for (int i = 0; i < 9; ++i) expect_close(outs[1][i], outs[0][i], what[i]);
 }
 
+// A decode step's random inputs, drawn in this order from seed: x [x_cols], the residual and the
+// norm weights [dim], and a dense weight [dim, wp_cols] of entries about wp_scale.
+struct StepInputs {
+  std::vector<float> x, r, norm, wp;
+};
+StepInputs random_step_inputs(int x_cols, int dim, int wp_cols, float wp_scale, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  StepInputs in{std::vector<float>(static_cast<size_t>(x_cols)),
+                std::vector<float>(static_cast<size_t>(dim)),
+                std::vector<float>(static_cast<size_t>(dim)),
+                std::vector<float>(static_cast<size_t>(dim) * wp_cols)};
+  for (float& e : in.x) e = nd(rng);
+  for (float& e : in.r) e = nd(rng);
+  for (float& e : in.norm) e = 0.5f + 0.1f * nd(rng);
+  for (float& e : in.wp) e = wp_scale * nd(rng);
+  return in;
+}
+
 // The decode row handed over: the residual's producer (Backend::matmul_add's `next`), a mixed
 // weight or a packed one, also writes the new sum into the mixed reader's row, and the reader's
 // parts stage their slices of it with the norm over the whole row instead of a gather; the
@@ -318,14 +337,7 @@ TEST(QMixedCuda, ReaderTakesTheDecodeRowItsProducerWrote) {
   const QMixedHost wo = random_parts(dim, att, {{4, 128, 300}, {3, 64, 212}}, 43);
   // down_proj with an 8-bit part (a row, but not one its parts can normalise): padded widths.
   const QMixedHost wd = random_parts(dim, q_rows, {{8, 32, 40}, {4, 128, 120}}, 45);
-  std::mt19937 rng(44);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(att), r(dim), norm(dim);
-  for (float& e : x) e = nd(rng);
-  for (float& e : r) e = nd(rng);
-  for (float& e : norm) e = 0.5f + 0.1f * nd(rng);
-  std::vector<float> wp(static_cast<size_t>(dim) * att);
-  for (float& e : wp) e = 0.05f * nd(rng);
+  const auto [x, r, norm, wp] = random_step_inputs(att, dim, att, 0.05f, 44);
   const QWeightHost wo_packed = qweight_pack_from_f32(wp.data(), dim, att, 4, 128, false);
   for (const bool packed_producer : {false, true}) {
     SCOPED_TRACE(packed_producer ? "packed producer" : "mixed producer");
@@ -397,14 +409,7 @@ TEST(QMixedCuda, TwoWidthPairsRunInOneLaunchAndMatchTheCpuBackend) {
         random_parts(hidden, dim, {{pr.hi, g, 2 * g}, {pr.lo, g, dim - 2 * g}}, 52, 0, pr.asym);
     const QMixedHost wd =
         random_parts(dim, hidden, {{pr.hi, g, g}, {pr.lo, g, hidden - g}}, 53, 0, pr.asym);
-    std::mt19937 rng(54);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::vector<float> x(dim), r(dim), norm(dim);
-    for (float& e : x) e = nd(rng);
-    for (float& e : r) e = nd(rng);
-    for (float& e : norm) e = 0.5f + 0.1f * nd(rng);
-    std::vector<float> wp(static_cast<size_t>(dim) * dim);
-    for (float& e : wp) e = 0.03f * nd(rng);
+    const auto [x, r, norm, wp] = random_step_inputs(dim, dim, dim, 0.03f, 54);
     const QWeightHost wo = qweight_pack_from_f32(wp.data(), dim, dim, 4, 32, false);
     // [cpu, one launch per part, the pair kernel as planned, at 3 and 16 warps per tile (runs
     // that cross from one part into the other)][q, residual]
@@ -413,7 +418,7 @@ TEST(QMixedCuda, TwoWidthPairsRunInOneLaunchAndMatchTheCpuBackend) {
     for (int run = 0; run < kRuns; ++run) {
       SCOPED_TRACE(run);
       Backend& b = run == 0 ? *cpu : *gpu;
-      qlinear_detail::set_mixed_pair(run == 1 ? 0 : 1, 0, run == 3 ? 3 : run == 4 ? 16 : 0);
+      qlinear_detail::set_mixed_pair(run == 1 ? 0 : 1, run == 3 ? 3 : run == 4 ? 16 : 0);
       const uint64_t before = qlinear_detail::qlinear_pair_launches();
       const Tensor qk = b.upload_fused({qmixed_view("model.layers.0.self_attn.q_proj.weight", wq),
                                         qmixed_view("model.layers.0.self_attn.k_proj.weight", wq)},

@@ -273,10 +273,10 @@ std::vector<uint32_t> tile_bits_on_host(const QWeightHost& w, int pieces_s, bool
 void set_fused_rotation(int mode);
 bool fused_rotation_enabled();
 // The two-part kernel of mixed weights (qlinear_gemv_pair): on (1), off (0: one launch per part),
-// or GYRE_CUDA_MIXED_ONE (-1, the default: on unless "0"); the warps per SM its plan aims at (0:
-// GYRE_CUDA_MIXED_BUDGET, else 64) and the warps per tile both parts share (1..16; 0:
-// GYRE_CUDA_MIXED_TILE_WARPS, else by the plan, GYRE_CUDA_MIXED_WAVE=0 without its one-wave cap).
-void set_mixed_pair(int mode, int budget = 0, int tile_warps = 0);
+// or GYRE_CUDA_MIXED_ONE (-1, the default: on unless "0"); the warps per tile both parts share
+// (1..16; 0: GYRE_CUDA_MIXED_TILE_WARPS, else by the plan, which GYRE_CUDA_STREAM_BUDGET and
+// GYRE_CUDA_STREAM_WAVE steer as for the one-weight stream GEMV).
+void set_mixed_pair(int mode, int tile_warps = 0);
 uint64_t qlinear_pair_launches();  // launches of the two-part kernel so far (tests)
 // Trellis-coded weights (qlinear_trellis.cu): 64-column pieces in flight per warp of the GEMV
 // (2, 4 or 8; 0 = auto: 2 at n <= 2, 4 beyond).

@@ -7,7 +7,10 @@
 // A/B, same results).
 #include <algorithm>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 
 #include "backend/cuda/qlinear_stream.cuh"
 #include "core/error.h"
@@ -66,6 +69,21 @@ bool stream_one_wave() {
     return e == nullptr || std::string(e) != "0";
   }();
   return on;
+}
+
+int stream_blocks_per_sm(const void* kernel, int threads, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*, int, size_t>, int> cache;
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  const auto key = std::make_tuple(dev, kernel, threads, smem);
+  std::lock_guard<std::mutex> lock(mu);
+  if (const auto it = cache.find(key); it != cache.end()) return it->second;
+  int per_sm = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem),
+             "cudaOccupancyMaxActiveBlocksPerMultiprocessor (gemv stream)");
+  cache.emplace(key, per_sm);
+  return per_sm;
 }
 
 int stream_budget_override() {

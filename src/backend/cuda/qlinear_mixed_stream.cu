@@ -126,22 +126,21 @@ __global__ void __launch_bounds__(512) gemv_stream_pair_kernel(const __grid_cons
 
 uint64_t g_launches = 0;  // qlinear_pair_launches
 int g_pair = -1;          // -1: GYRE_CUDA_MIXED_ONE (default on)
-int g_budget = -1;        // warps per SM on average the plan aims at; -1: GYRE_CUDA_MIXED_BUDGET
 int g_tile_ks = -1;       // warps per tile (0: by the plan); -1: GYRE_CUDA_MIXED_TILE_WARPS
-int g_wave = -1;  // 1: fewer warps per tile until the grid is one wave; -1: GYRE_CUDA_MIXED_WAVE
 
 int env_int(const char* name, int fallback) {
   const char* e = std::getenv(name);
   return e != nullptr && *e != 0 ? std::atoi(e) : fallback;
 }
 
+// Warps per tile as the one-weight kernel sizes its split-K, over both parts' pieces and at the
+// narrow widths' budget of 64 warps per SM (32 to 128 measured the same, session 23), then the
+// one-wave rule (stream_grid), not below one warp per part; or forced (set_mixed_pair).
 template <class A, class B>
 void launch_pair(PairArgs a, cudaStream_t stream) {
   int sms = 0, optin = 0;
   stream_device_limits(sms, optin);
-  if (g_budget < 0) g_budget = env_int("GYRE_CUDA_MIXED_BUDGET", 64);
   if (g_tile_ks < 0) g_tile_ks = env_int("GYRE_CUDA_MIXED_TILE_WARPS", 0);
-  if (g_wave < 0) g_wave = env_int("GYRE_CUDA_MIXED_WAVE", 1);
   a.pieces[0] = a.part[0].kblocks / A::kS;
   a.pieces[1] = a.part[1].kblocks / B::kS;
   a.cost[0] = A::kPieceBytes;
@@ -150,28 +149,13 @@ void launch_pair(PairArgs a, cudaStream_t stream) {
   auto kernel = gemv_stream_pair_kernel<A, B>;
   static const bool raised = allow_optin_shared(kernel, optin, "gemv stream pair");
   (void)raised;
-  // Warps per tile as the one-weight kernel sizes its split-K (stream_ksplit), over both parts'
-  // pieces; then, unless set, halved while the grid takes more than one wave.
-  const int tiles = a.epi.tiles, pieces = a.pieces[0] + a.pieces[1];
-  int kst = 1;
-  while (kst < 16 && tiles * kst * 2 <= sms * g_budget && pieces >= 2 * kst) kst *= 2;
-  if (g_tile_ks > 0) kst = std::min(g_tile_ks, pieces);
-  auto plan = [&](int ks, int& warps, unsigned& blocks) {
-    const int tiles_per_block = std::max(1, 8 / ks);
-    warps = tiles_per_block * ks;
-    blocks = static_cast<unsigned>((tiles + tiles_per_block - 1) / tiles_per_block);
-  };
-  int warps = 0;
-  unsigned blocks = 0;
-  plan(kst, warps, blocks);
-  while (g_tile_ks == 0 && g_wave == 1 && kst > 2) {
-    const int per_sm = stream_blocks_per_sm(kernel, warps * 32, pair_smem(a, warps));
-    if (blocks <= static_cast<unsigned>(per_sm * sms)) break;
-    kst /= 2;
-    plan(kst, warps, blocks);
-  }
-  a.epi.ksplit = kst;
-  qlaunch(kernel, blocks, warps * 32, static_cast<size_t>(pair_smem(a, warps)), stream, a);
+  const int pieces = a.pieces[0] + a.pieces[1];
+  const int ks = g_tile_ks > 0 ? std::min(g_tile_ks, pieces)
+                               : stream_ksplit_for(a.epi.tiles, pieces, a.epi.n, 64);
+  const StreamGrid g = stream_grid(reinterpret_cast<const void*>(kernel), a.epi.tiles, ks, 2,
+                                   g_tile_ks == 0, [&](int warps) { return pair_smem(a, warps); });
+  a.epi.ksplit = g.ks;
+  qlaunch(kernel, g.blocks, g.warps * 32, g.smem, stream, a);
   ++g_launches;
 }
 
@@ -218,12 +202,10 @@ bool pair_enabled() {
 
 }  // namespace
 
-void set_mixed_pair(int mode, int budget, int tile_warps) {
-  GYRE_CHECK(mode >= -1 && mode <= 1 && budget >= 0 && budget <= 128 && tile_warps >= 0 &&
-                 tile_warps <= 16,
-             "qlinear: pair mode -1..1, budget 0..128, warps per tile 0..16");
+void set_mixed_pair(int mode, int tile_warps) {
+  GYRE_CHECK(mode >= -1 && mode <= 1 && tile_warps >= 0 && tile_warps <= 16,
+             "qlinear: pair mode -1..1, warps per tile 0..16");
   g_pair = mode;
-  g_budget = budget == 0 ? -1 : budget;
   g_tile_ks = tile_warps == 0 ? -1 : tile_warps;
 }
 

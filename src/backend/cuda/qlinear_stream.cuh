@@ -403,18 +403,58 @@ bool allow_optin_shared(Kernel kernel, int optin, const char* what) {
 // (-1: the variable) overrides it, for an A/B in one process (qlinear_gemv_stream.cu).
 void set_int4_lop3(int mode);
 
-// The split-K of a launch: ksplit, or (0) the largest that keeps tiles x ksplit within
-// warp_budget / 2 warps per SM on average.
-int stream_budget_override();  // GYRE_CUDA_STREAM_BUDGET (0: none), a knob (qlinear_gemv_stream.cu)
-inline int stream_ksplit(const Params& p, int S, int ksplit, int warp_budget) {
-  if (ksplit != 0) return ksplit;
+// The split-K for `tiles` 16-row tiles of `pieces` pieces at n tokens: the largest that keeps
+// tiles x ksplit within warp_budget / 2 warps per SM on average (GYRE_CUDA_STREAM_BUDGET, a bench
+// knob, overrides the budget at n <= 2). stream_ksplit: a launch's, ksplit (0: that one).
+int stream_budget_override();  // qlinear_gemv_stream.cu
+inline int stream_ksplit_for(int tiles, int pieces, int n, int warp_budget) {
   int sms = 0, optin = 0;
   stream_device_limits(sms, optin);
-  if (stream_budget_override() > 0 && p.n <= 2) warp_budget = stream_budget_override();
-  const int pieces = p.kblocks / S;
+  if (stream_budget_override() > 0 && n <= 2) warp_budget = stream_budget_override();
   int ks = 1;
-  while (ks < 16 && p.tiles * ks * 2 <= sms * warp_budget && pieces >= 2 * ks) ks *= 2;
+  while (ks < 16 && tiles * ks * 2 <= sms * warp_budget && pieces >= 2 * ks) ks *= 2;
   return ks;
+}
+inline int stream_ksplit(const Params& p, int S, int ksplit, int warp_budget) {
+  return ksplit != 0 ? ksplit : stream_ksplit_for(p.tiles, p.kblocks / S, p.n, warp_budget);
+}
+
+// GYRE_CUDA_STREAM_WAVE (default on) and the resident blocks per SM of a kernel at that block
+// size and dynamic shared memory on the current device (cached: the query sits on every eager
+// launch); qlinear_gemv_stream.cu.
+bool stream_one_wave();
+int stream_blocks_per_sm(const void* kernel, int threads, size_t smem);
+
+// A stream GEMV grid: ks warps per tile, max(1, 8 / ks) tiles per block, smem_of(warps) bytes of
+// dynamic shared memory. With shrink (and stream_one_wave), ks is halved, not below min_ks, while
+// the grid takes more than one wave of resident blocks: a second wave of a few blocks costs a
+// whole block's time, more than fewer warps per tile do (session 23).
+struct StreamGrid {
+  int ks = 1, warps = 0;
+  unsigned blocks = 0;
+  size_t smem = 0;
+};
+template <class SmemOf>
+StreamGrid stream_grid(const void* kernel, int tiles, int ks, int min_ks, bool shrink,
+                       SmemOf&& smem_of) {
+  int sms = 0, optin = 0;
+  stream_device_limits(sms, optin);
+  StreamGrid g;
+  auto plan = [&] {
+    const int tiles_per_block = ks < 8 ? 8 / ks : 1;
+    g.ks = ks;
+    g.warps = tiles_per_block * ks;
+    g.blocks = static_cast<unsigned>((tiles + tiles_per_block - 1) / tiles_per_block);
+    g.smem = static_cast<size_t>(smem_of(g.warps));
+  };
+  plan();
+  while (shrink && ks > min_ks && stream_one_wave() &&
+         g.blocks >
+             static_cast<unsigned>(stream_blocks_per_sm(kernel, g.warps * 32, g.smem) * sms)) {
+    ks /= 2;
+    plan();
+  }
+  return g;
 }
 
 // Whether the shared-memory ring of P slots per warp fits the opt-in shared memory next to the
@@ -427,17 +467,6 @@ bool stream_ring_fits(const Params& p, int ksplit, int warp_budget, int P) {
   return stream_smem_aligned(p) + warps * P * StreamRing<BITS, S, G32, ASYM>::kSlotBytes +
              9 * 1024 <=
          optin;
-}
-
-// GYRE_CUDA_STREAM_WAVE (launch_stream_kernel; qlinear_gemv_stream.cu: default on) and the
-// resident blocks per SM of a kernel at that block size and dynamic shared memory.
-bool stream_one_wave();
-template <typename Kernel>
-int stream_blocks_per_sm(Kernel kernel, int threads, size_t smem) {
-  int per_sm = 0;
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem),
-             "cudaOccupancyMaxActiveBlocksPerMultiprocessor (gemv stream)");
-  return per_sm;
 }
 
 // gemv_stream_kernel<...> with the opt-in shared memory allowed (once per instantiation).
@@ -465,30 +494,18 @@ void launch_stream_kernel(const Params& p, int ksplit, int warp_budget, cudaStre
                                : raised_stream_kernel<BITS, S, D, G32, ASYM, INPLACE, P, 1>(optin);
   else
     kernel = raised_stream_kernel<BITS, S, D, G32, ASYM, INPLACE, P, 0>(optin);
-  int ks = stream_ksplit(p, S, ksplit, warp_budget), warps = 0;
-  unsigned blocks = 0;
-  size_t smem = 0;
-  auto plan = [&] {
-    warps = ks > 8 ? ks : 8;
-    const int tiles_per_block = warps / ks;
-    blocks = static_cast<unsigned>((q.tiles + tiles_per_block - 1) / tiles_per_block);
-    smem = P == 0 ? static_cast<size_t>(stream_smem(q))
-                  : static_cast<size_t>(stream_smem_aligned(q)) +
-                        static_cast<size_t>(warps) * P * StreamRing<BITS, S, G32, ASYM>::kSlotBytes;
-  };
-  plan();
-  // A smaller split-K while the grid takes more than one wave (the two-part kernel's rule,
-  // qlinear_mixed_stream.cu): a second wave of a few blocks costs a whole block's time, more
-  // than the fewer warps per tile do (GYRE_CUDA_STREAM_WAVE=0: off).
-  while (ksplit == 0 && ks > 1 && stream_one_wave()) {
-    if (blocks <= static_cast<unsigned>(stream_blocks_per_sm(kernel, warps * 32, smem) * sms))
-      break;
-    ks /= 2;
-    plan();
-  }
+  const StreamGrid g =
+      stream_grid(reinterpret_cast<const void*>(kernel), q.tiles,
+                  stream_ksplit(p, S, ksplit, warp_budget), 1, ksplit == 0, [&](int warps) {
+                    return P == 0 ? static_cast<size_t>(stream_smem(q))
+                                  : static_cast<size_t>(stream_smem_aligned(q)) +
+                                        static_cast<size_t>(warps) * P *
+                                            StreamRing<BITS, S, G32, ASYM>::kSlotBytes;
+                  });
+  const int ks = g.ks;
   q.ksplit = ks;
   const int per = (pieces + ks - 1) / ks;
-  qlaunch(kernel, blocks, warps * 32, smem, stream, q, per);
+  qlaunch(kernel, g.blocks, g.warps * 32, g.smem, stream, q, per);
 }
 
 // The shared-memory-ring kernel (P slots) for symmetric in-place weights, by group size (the
