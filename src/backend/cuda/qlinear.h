@@ -214,6 +214,10 @@ void set_gemv_unroll(int unroll);
 void set_gemv_kernel(int kernel);
 void set_gemv_depth(int depth);
 void set_gemv_smem_ring(int depth);
+// The shared-memory ring kernels (4 bits; 5 and 6 bits in place) of symmetric weights: each warp
+// stages the scales of its whole piece range once (1), or takes one scale word per piece with its
+// ring slot (0); -1: GYRE_CUDA_STREAM_SCALES (staged, the default, or ring).
+void set_stream_staged_scales(int mode);
 // Batch kernel: warps splitting the columns (1, 2, 4, 8; 0 = auto) and 16-row tiles per warp
 // (1 or 2; 0 = auto).
 void set_batch_ksplit(int ksplit);

@@ -94,6 +94,23 @@ int stream_budget_override() {
   return budget;
 }
 
+namespace {
+int g_staged = -1;  // -1: GYRE_CUDA_STREAM_SCALES (staged unless "ring")
+}  // namespace
+
+bool stream_staged_scales() {
+  if (g_staged < 0) {
+    const char* e = std::getenv("GYRE_CUDA_STREAM_SCALES");
+    g_staged = e != nullptr && std::string(e) == "ring" ? 0 : 1;
+  }
+  return g_staged == 1;
+}
+
+void set_stream_staged_scales(int mode) {
+  GYRE_CHECK(mode >= -1 && mode <= 1, "qlinear: staged scales mode must be -1, 0 or 1");
+  g_staged = mode;
+}
+
 void set_int4_lop3(int mode) {
   GYRE_CHECK(mode >= -1 && mode <= 1, "qlinear: int4 LOP3 mode must be -1, 0 or 1");
   g_lop3 = mode;

@@ -152,8 +152,9 @@ void launch_pair(PairArgs a, cudaStream_t stream) {
   const int pieces = a.pieces[0] + a.pieces[1];
   const int ks = g_tile_ks > 0 ? std::min(g_tile_ks, pieces)
                                : stream_ksplit_for(a.epi.tiles, pieces, a.epi.n, 64);
-  const StreamGrid g = stream_grid(reinterpret_cast<const void*>(kernel), a.epi.tiles, ks, 2,
-                                   g_tile_ks == 0, [&](int warps) { return pair_smem(a, warps); });
+  const StreamGrid g =
+      stream_grid(reinterpret_cast<const void*>(kernel), a.epi.tiles, ks, 2, g_tile_ks == 0,
+                  [&](int, int warps) { return pair_smem(a, warps); });
   a.epi.ksplit = g.ks;
   qlaunch(kernel, g.blocks, g.warps * 32, g.smem, stream, a);
   ++g_launches;

@@ -58,14 +58,34 @@ struct StreamPlanes {
 // The shared-memory ring's slot of one piece (gemv_stream_kernel with P > 0): each lane's
 // low-plane words, then each lane's high-plane words (lane-major, as in global memory: one
 // conflict-free read of 4 to 16 bytes per lane), then one 128-byte row per scale word (and per
-// min word).
-template <int BITS, int S, bool G32, bool ASYM>
+// min word), unless the scales are staged (SS, below).
+template <int BITS, int S, bool G32, bool ASYM, bool SS = false>
 struct StreamRing {
+  static_assert(!(SS && ASYM), "staged scales: symmetric weights only");
   static constexpr int kHiOffset = 128 * StreamPlanes<BITS>::kLo * S;
   static constexpr int kScaleOffset = 128 * BITS * S;
   static constexpr int kScaleWords = S * (G32 ? 2 : 1);
-  static constexpr int kSlotBytes = kScaleOffset + kScaleWords * (ASYM ? 2 : 1) * 128;
+  static constexpr int kSlotBytes = kScaleOffset + (SS ? 0 : kScaleWords * (ASYM ? 2 : 1) * 128);
 };
+
+// Staged scales (SS, symmetric ring kernels): a warp copies the scale words of every group its
+// pieces touch into shared memory once, after its ring slots, with its first piece, instead of
+// one scale word per lane in every piece's slot. Why (session 24, H100): in a model of the 4-bit
+// decode GEMV chain (bench/stream_ceiling.cu) the weight loads alone stream at 88-94% of the copy
+// bandwidth and the scale loads were the largest part of the rest; here, staged scales decode the
+// Llama-3-8B shape 0.5-2% faster at 4, 5 and 6 bits (bench/RESULTS.md, session 24). The groups of
+// `per` pieces of S blocks: at most this many (G32: two per block).
+template <int S, bool G32>
+__host__ __device__ inline int stream_staged_groups(int per, int group) {
+  return G32 ? 2 * S * per : (64 * S * per + group - 1) / group + 1;
+}
+
+// One warp's dynamic shared memory after the staged x: its P ring slots and, with SS, its scales.
+template <int BITS, int S, bool G32, bool ASYM, bool SS>
+__host__ __device__ inline int stream_warp_smem(const Params& p, int per, int P) {
+  return P * StreamRing<BITS, S, G32, ASYM, SS>::kSlotBytes +
+         (SS ? 32 * stream_staged_groups<S, G32>(per, p.group) : 0);
+}
 
 // W consecutive u32 words (W * 4 bytes, aligned to that or to 16) from global to shared memory
 // by cp.async, 16 bytes at a time where they can be.
@@ -178,10 +198,12 @@ struct StreamSlot {
 // which returns the staged x of this weight's columns (rows `stride` halves apart); the slots of a
 // shared-memory ring (P > 0) are the warp's own. The one-weight kernel below and the two-part
 // kernel of a mixed weight (qlinear_mixed_stream.cu, whose warps take one part each) share it.
-template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P, class Stage>
+template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P, bool SS = false,
+          class Stage>
 __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int i_begin, int i_end,
                                                  int stride, unsigned char* slots, Stage&& stage,
                                                  float (&acc)[4]) {
+  static_assert(!SS || P > 0, "staged scales need the shared-memory ring");
   constexpr int kLo = StreamPlanes<BITS>::kLo, kHi = StreamPlanes<BITS>::kHi;
   constexpr int kPieceBytes = 128 * BITS * S, kGroupsPerBlock = G32 ? 2 : 1;
   const int lane = threadIdx.x & 31;
@@ -223,35 +245,59 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
   };
 
   using Slot = StreamSlot<BITS, S, G32, ASYM>;
-  using Ring = StreamRing<BITS, S, G32, ASYM>;
+  using Ring = StreamRing<BITS, S, G32, ASYM, SS>;
   constexpr int kScaleWords = S * kGroupsPerBlock;
+  // SS: group g_first's 8 scale words (rows 0, 8, 1, 9, ...) and the later groups' after the slots.
+  [[maybe_unused]] const int g_first = G32 ? 2 * S * i_begin : (64 * S * i_begin) >> p.group_log2;
+  [[maybe_unused]] const uint32_t* staged =
+      reinterpret_cast<const uint32_t*>(slots + P * Ring::kSlotBytes);
+  if constexpr (SS) {  // joins the first piece's cp.async group (issued below)
+    const int groups =
+        np <= 0 ? 0 : (G32 ? 2 * S * np : ((64 * S * i_end - 1) >> p.group_log2) - g_first + 1);
+    const uint8_t* src =
+        reinterpret_cast<const uint8_t*>(p.scales) + (int64_t{tile_c} * p.groups_p + g_first) * 32;
+    unsigned char* dst = slots + P * Ring::kSlotBytes;
+    if ((reinterpret_cast<uintptr_t>(src) & 15) == 0) {
+      for (int c = lane; c < 2 * groups; c += 32) cp_async16(dst + 16 * c, src + 16 * c);
+    } else {
+      for (int c = lane; c < 8 * groups; c += 32) cp_async4(dst + 4 * c, src + 4 * c);
+    }
+  }
   auto issue = [&](int i, int slot) {  // piece i into slot: weight planes, then scales (mins)
     unsigned char* dst = slots + slot * Ring::kSlotBytes;
     cp_async_words<kLo * S>(dst + lane * 4 * kLo * S, lo_ptr + int64_t{i} * kPieceBytes);
     if constexpr (kHi > 0)
       cp_async_words<kHi * S>(dst + Ring::kHiOffset + lane * 4 * kHi * S,
                               hi_ptr + int64_t{i} * kPieceBytes);
+    if constexpr (!SS) {
 #pragma unroll
-    for (int sidx = 0; sidx < S; ++sidx) {
-      const int b = i * S + sidx;
+      for (int sidx = 0; sidx < S; ++sidx) {
+        const int b = i * S + sidx;
 #pragma unroll
-      for (int k = 0; k < kGroupsPerBlock; ++k) {
-        const int gi = (G32 ? 2 * b : (64 * b) >> p.group_log2) + k;
-        const int wsl = sidx * kGroupsPerBlock + k;
-        cp_async4(dst + Ring::kScaleOffset + wsl * 128 + lane * 4, sbase + gi * 8);
-        if constexpr (ASYM)
-          cp_async4(dst + Ring::kScaleOffset + (kScaleWords + wsl) * 128 + lane * 4,
-                    mbase + gi * 8);
+        for (int k = 0; k < kGroupsPerBlock; ++k) {
+          const int gi = (G32 ? 2 * b : (64 * b) >> p.group_log2) + k;
+          const int wsl = sidx * kGroupsPerBlock + k;
+          cp_async4(dst + Ring::kScaleOffset + wsl * 128 + lane * 4, sbase + gi * 8);
+          if constexpr (ASYM)
+            cp_async4(dst + Ring::kScaleOffset + (kScaleWords + wsl) * 128 + lane * 4,
+                      mbase + gi * 8);
+        }
       }
     }
   };
-  auto read_slot = [&](int slot, Slot& d) {
+  auto read_slot = [&](int slot, int i, Slot& d) {  // piece i from its slot
     const unsigned char* src = slots + slot * Ring::kSlotBytes;
     shared_words<kLo * S>(src + lane * 4 * kLo * S, d.q);
     if constexpr (kHi > 0)
       shared_words<kHi * S>(src + Ring::kHiOffset + lane * 4 * kHi * S, d.q + kLo * S);
 #pragma unroll
     for (int k = 0; k < kScaleWords; ++k) {
+      if constexpr (SS) {
+        const int b = i * S + k / kGroupsPerBlock;
+        const int gi = (G32 ? 2 * b : (64 * b) >> p.group_log2) + k % kGroupsPerBlock;
+        d.s[k] = staged[(gi - g_first) * 8 + g];
+        continue;
+      }
       d.s[k] = *reinterpret_cast<const uint32_t*>(src + Ring::kScaleOffset + k * 128 + lane * 4);
       if constexpr (ASYM)
         d.m[k] = *reinterpret_cast<const uint32_t*>(src + Ring::kScaleOffset +
@@ -327,7 +373,7 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
     for (int i = 0; i < np; ++i) {
       cp_async_wait<P - 1>();  // piece i's group (one group per piece, in order)
       const int slot = i % P;
-      read_slot(slot, ring[0]);
+      read_slot(slot, i_begin + i, ring[0]);
       compute(ring[0], i_begin + i);
       if (i + P < np) issue(i_begin + i + P, slot);  // after the slot was read
       cp_async_commit();
@@ -346,7 +392,8 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
   }
 }
 
-template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P = 0, int AO = 0>
+template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P = 0, int AO = 0,
+          bool SS = false>
 __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __half* xs = reinterpret_cast<__half*>(smem_raw);
@@ -354,13 +401,15 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
   const int tile = blockIdx.x * (blockDim.x / 32 / p.ksplit) + warp / p.ksplit;
   const int ks = warp % p.ksplit;
   const int stride = p.kblocks * 64 + kStreamXPad;
-  // P > 0: this warp's slots after the staged x (and rotation data), 16-byte aligned.
-  unsigned char* slots = smem_raw + stream_smem_aligned(p) +
-                         static_cast<size_t>(warp) * P * StreamRing<BITS, S, G32, ASYM>::kSlotBytes;
+  // P > 0: this warp's slots (and staged scales) after the staged x (and rotation data), 16-byte
+  // aligned.
+  unsigned char* slots =
+      smem_raw + stream_smem_aligned(p) +
+      static_cast<size_t>(warp) * stream_warp_smem<BITS, S, G32, ASYM, SS>(p, per, P);
   float acc[4];
   const int pieces = p.kblocks / S;
   const int i_begin = min(ks * per, pieces), i_end = min(i_begin + per, pieces);
-  stream_warp_tile<BITS, S, D, G32, ASYM, INPLACE, P>(
+  stream_warp_tile<BITS, S, D, G32, ASYM, INPLACE, P, SS>(
       p, tile, i_begin, i_end, stride, slots,
       [&] {
         int8_t* signs = reinterpret_cast<int8_t*>(xs + p.n * stride);
@@ -425,9 +474,9 @@ inline int stream_ksplit(const Params& p, int S, int ksplit, int warp_budget) {
 bool stream_one_wave();
 int stream_blocks_per_sm(const void* kernel, int threads, size_t smem);
 
-// A stream GEMV grid: ks warps per tile, max(1, 8 / ks) tiles per block, smem_of(warps) bytes of
-// dynamic shared memory. With shrink (and stream_one_wave), ks is halved, not below min_ks, while
-// the grid takes more than one wave of resident blocks: a second wave of a few blocks costs a
+// A stream GEMV grid: ks warps per tile, max(1, 8 / ks) tiles per block, smem_of(ks, warps) bytes
+// of dynamic shared memory. With shrink (and stream_one_wave), ks is halved, not below min_ks,
+// while the grid takes more than one wave of resident blocks: a second wave of a few blocks costs a
 // whole block's time, more than fewer warps per tile do (session 23).
 struct StreamGrid {
   int ks = 1, warps = 0;
@@ -445,7 +494,7 @@ StreamGrid stream_grid(const void* kernel, int tiles, int ks, int min_ks, bool s
     g.ks = ks;
     g.warps = tiles_per_block * ks;
     g.blocks = static_cast<unsigned>((tiles + tiles_per_block - 1) / tiles_per_block);
-    g.smem = static_cast<size_t>(smem_of(g.warps));
+    g.smem = static_cast<size_t>(smem_of(g.ks, g.warps));
   };
   plan();
   while (shrink && ks > min_ks && stream_one_wave() &&
@@ -469,10 +518,31 @@ bool stream_ring_fits(const Params& p, int ksplit, int warp_budget, int P) {
          optin;
 }
 
+// Whether the ring of P slots with staged scales fits at every split-K the grid may take (the
+// one-wave rule lowers it, and fewer warps per tile stage more groups each).
+template <int BITS, int S, bool G32>
+bool stream_staged_fits(const Params& p, int P) {
+  int sms = 0, optin = 0;
+  stream_device_limits(sms, optin);
+  const int pieces = p.kblocks / S;
+  for (int ks = 1; ks <= 16; ks *= 2) {
+    const int warps = ks > 8 ? ks : 8, per = (pieces + ks - 1) / ks;
+    if (stream_smem_aligned(p) + warps * stream_warp_smem<BITS, S, G32, false, true>(p, per, P) +
+            9 * 1024 >
+        optin)
+      return false;
+  }
+  return true;
+}
+
+// GYRE_CUDA_STREAM_SCALES (staged, the default, or ring) or set_stream_staged_scales: whether the
+// symmetric ring kernels stage their scales (qlinear_gemv_stream.cu).
+bool stream_staged_scales();
+
 // gemv_stream_kernel<...> with the opt-in shared memory allowed (once per instantiation).
-template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P, int AO>
+template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P, int AO, bool SS>
 auto raised_stream_kernel(int optin) {
-  auto kernel = gemv_stream_kernel<BITS, S, D, G32, ASYM, INPLACE, P, AO>;
+  auto kernel = gemv_stream_kernel<BITS, S, D, G32, ASYM, INPLACE, P, AO, SS>;
   static const bool raised = allow_optin_shared(kernel, optin, "gemv stream");
   (void)raised;
   return kernel;
@@ -482,7 +552,7 @@ auto raised_stream_kernel(int optin) {
 // opt-in limit, kblocks a multiple of S). ksplit 0 = auto: the largest split-K that keeps
 // tiles x ksplit within warp_budget warps per SM on average (32 measured best at 4 bits on
 // every Llama shape, round 5: one resident wave of 64-register warps).
-template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P = 0>
+template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P = 0, bool SS = false>
 void launch_stream_kernel(const Params& p, int ksplit, int warp_budget, cudaStream_t stream) {
   int sms = 0, optin = 0;
   stream_device_limits(sms, optin);
@@ -490,17 +560,19 @@ void launch_stream_kernel(const Params& p, int ksplit, int warp_budget, cudaStre
   const int pieces = q.kblocks / S;
   void (*kernel)(Params, int) = nullptr;
   if constexpr (stream_act_order_scatters(BITS))  // one instantiation each: act-order, others
-    kernel = q.perm != nullptr ? raised_stream_kernel<BITS, S, D, G32, ASYM, INPLACE, P, 2>(optin)
-                               : raised_stream_kernel<BITS, S, D, G32, ASYM, INPLACE, P, 1>(optin);
+    kernel = q.perm != nullptr
+                 ? raised_stream_kernel<BITS, S, D, G32, ASYM, INPLACE, P, 2, SS>(optin)
+                 : raised_stream_kernel<BITS, S, D, G32, ASYM, INPLACE, P, 1, SS>(optin);
   else
-    kernel = raised_stream_kernel<BITS, S, D, G32, ASYM, INPLACE, P, 0>(optin);
+    kernel = raised_stream_kernel<BITS, S, D, G32, ASYM, INPLACE, P, 0, SS>(optin);
   const StreamGrid g =
       stream_grid(reinterpret_cast<const void*>(kernel), q.tiles,
-                  stream_ksplit(p, S, ksplit, warp_budget), 1, ksplit == 0, [&](int warps) {
+                  stream_ksplit(p, S, ksplit, warp_budget), 1, ksplit == 0, [&](int ks, int warps) {
+                    const int per = (pieces + ks - 1) / ks;
                     return P == 0 ? static_cast<size_t>(stream_smem(q))
                                   : static_cast<size_t>(stream_smem_aligned(q)) +
-                                        static_cast<size_t>(warps) * P *
-                                            StreamRing<BITS, S, G32, ASYM>::kSlotBytes;
+                                        static_cast<size_t>(warps) *
+                                            stream_warp_smem<BITS, S, G32, ASYM, SS>(q, per, P);
                   });
   const int ks = g.ks;
   q.ksplit = ks;
@@ -508,13 +580,20 @@ void launch_stream_kernel(const Params& p, int ksplit, int warp_budget, cudaStre
   qlaunch(kernel, g.blocks, g.warps * 32, g.smem, stream, q, per);
 }
 
-// The shared-memory-ring kernel (P slots) for symmetric in-place weights, by group size (the
-// callers check that p is symmetric and that stream_ring_fits holds).
+// The shared-memory-ring kernel (P slots) for symmetric in-place weights, by group size, with
+// staged scales where they are on and fit (the callers check that p is symmetric and that
+// stream_ring_fits holds).
+template <int BITS, int S, int P, bool G32>
+void launch_stream_ring_g(const Params& p, int ksplit, int warp_budget, cudaStream_t stream) {
+  if (stream_staged_scales() && stream_staged_fits<BITS, S, G32>(p, P))
+    return launch_stream_kernel<BITS, S, 1, G32, false, true, P, true>(p, ksplit, warp_budget,
+                                                                       stream);
+  launch_stream_kernel<BITS, S, 1, G32, false, true, P>(p, ksplit, warp_budget, stream);
+}
 template <int BITS, int S, int P>
 void launch_stream_ring(const Params& p, int ksplit, int warp_budget, cudaStream_t stream) {
-  if (p.group == 32)
-    return launch_stream_kernel<BITS, S, 1, true, false, true, P>(p, ksplit, warp_budget, stream);
-  launch_stream_kernel<BITS, S, 1, false, false, true, P>(p, ksplit, warp_budget, stream);
+  if (p.group == 32) return launch_stream_ring_g<BITS, S, P, true>(p, ksplit, warp_budget, stream);
+  launch_stream_ring_g<BITS, S, P, false>(p, ksplit, warp_budget, stream);
 }
 
 // The four scale variants (group 32 or larger, symmetric or not) of S and D.
