@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "backend/cuda/qlinear.h"
-#include "backend/cuda/qlinear_stream.cuh"
+#include "backend/cuda/qlinear_stream_launch.cuh"
 #include "core/error.h"
 
 namespace gyre::qlinear_detail {

@@ -12,7 +12,7 @@
 #include <string>
 #include <tuple>
 
-#include "backend/cuda/qlinear_stream.cuh"
+#include "backend/cuda/qlinear_stream_launch.cuh"
 #include "core/error.h"
 
 namespace gyre::qlinear_detail {

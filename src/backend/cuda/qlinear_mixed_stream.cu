@@ -22,7 +22,7 @@
 #include <utility>
 
 #include "backend/cuda/qlinear.h"
-#include "backend/cuda/qlinear_stream.cuh"
+#include "backend/cuda/qlinear_stream_launch.cuh"
 #include "core/error.h"
 
 namespace gyre {

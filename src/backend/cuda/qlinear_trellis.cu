@@ -26,6 +26,7 @@
 
 #include "backend/cpu/trellis.h"
 #include "backend/cpu/trellis_layout.h"
+#include "backend/cuda/qlinear_stream_launch.cuh"
 #include "backend/cuda/qlinear_trellis.cuh"
 #include "core/error.h"
 
