@@ -3,6 +3,8 @@
 # .device/shared; see bench/device_binaries.sh).
 #   bench/session24_device.sh ceiling   build and run bench/stream_ceiling.cu (the 4-bit GEMV
 #       chain's ceilings: loads alone, the math's parts, staged scales)
+#   bench/session24_device.sh ceilncu   ncu (full set) of the model's ring loop with and without
+#       the math at its gate|up launches (the next step in bench/NOTES.md "Session 24"; not run yet)
 #   bench/session24_device.sh tests     the 4-bit GEMV, fused-weight and forward tests (FILTER
 #       overrides), then the narrow widths' (FILTER2)
 #   bench/session24_device.sh scales    decode of the Llama-3-8B shape at 4 bits (ROUNDS rounds):
@@ -14,6 +16,14 @@ for mode in "$@"; do
   ceiling)
     nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/stream_ceiling.cu \
       -o /tmp/stream_ceiling && /tmp/stream_ceiling
+    ;;
+  ceilncu)
+    nvcc -O3 -std=c++17 -lineinfo -gencode=arch=compute_90a,code=sm_90a bench/stream_ceiling.cu \
+      -o /tmp/stream_ceiling &&
+      ncu --set full --clock-control none -k regex:cpa_kernel /tmp/stream_ceiling ncu \
+        >"${OUT:-/tmp}/ncu_ceiling.txt" 2>&1
+    grep -E "cpa_kernel|Duration|DRAM Throughput|Issue Slots Busy|No Eligible|Stall|Warp Cycles Per Issued" \
+      "${OUT:-/tmp}/ncu_ceiling.txt" | head -60
     ;;
   tests)
     . bench/device_binaries.sh

@@ -713,6 +713,18 @@ int main(int argc, char** argv) {
       {"nomath<4>", cpa_kernel<4, false>, 4 * kPiece, 0, 4},
   };
   if (quick) vars.resize(3);
+  if (argc > 1 && std::strcmp(argv[1], "ncu") == 0) {  // for a profiler: gate|up at split-K 2,
+    // the ring loop with the math, then the loads alone, 4 launches each
+    const Variant pair[2] = {{"cpa<4>", cpa_kernel<4>, 4 * kPiece},
+                             {"nomath<4>", cpa_kernel<4, false>, 4 * kPiece}};
+    for (const Variant& v : pair) {
+      CK(cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              int(prop.sharedMemPerBlockOptin) - 8192));
+      for (int i = 0; i < 4; ++i) run_gemv(v, kShapes[2], 2, layers[i], 2, x, y, st);
+    }
+    CK(cudaStreamSynchronize(st));
+    return 0;
+  }
   for (auto& v : vars)
     CK(cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                             int(prop.sharedMemPerBlockOptin) - 8192));
