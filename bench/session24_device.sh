@@ -4,7 +4,7 @@
 #   bench/session24_device.sh ceiling   build and run bench/stream_ceiling.cu (the 4-bit GEMV
 #       chain's ceilings: loads alone, the math's parts, staged scales)
 #   bench/session24_device.sh ceilncu   ncu (full set) of the model's ring loop with and without
-#       the math at its gate|up launches (the next step in bench/NOTES.md "Session 24"; not run yet)
+#       the math at its gate|up launches (the first step of bench/NOTES.md "Session 24" Next; not run yet)
 #   bench/session24_device.sh tests     the 4-bit GEMV, fused-weight and forward tests (FILTER
 #       overrides), then the narrow widths' (FILTER2)
 #   bench/session24_device.sh scales    decode of the Llama-3-8B shape at 4 bits (ROUNDS rounds):
