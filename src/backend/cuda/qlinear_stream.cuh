@@ -295,12 +295,12 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
         const int b = i * S + k / kGroupsPerBlock;
         const int gi = (G32 ? 2 * b : (64 * b) >> p.group_log2) + k % kGroupsPerBlock;
         d.s[k] = staged[(gi - g_first) * 8 + g];
-        continue;
+      } else {
+        d.s[k] = *reinterpret_cast<const uint32_t*>(src + Ring::kScaleOffset + k * 128 + lane * 4);
+        if constexpr (ASYM)
+          d.m[k] = *reinterpret_cast<const uint32_t*>(src + Ring::kScaleOffset +
+                                                      (kScaleWords + k) * 128 + lane * 4);
       }
-      d.s[k] = *reinterpret_cast<const uint32_t*>(src + Ring::kScaleOffset + k * 128 + lane * 4);
-      if constexpr (ASYM)
-        d.m[k] = *reinterpret_cast<const uint32_t*>(src + Ring::kScaleOffset +
-                                                    (kScaleWords + k) * 128 + lane * 4);
     }
   };
 

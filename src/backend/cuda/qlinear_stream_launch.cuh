@@ -83,30 +83,30 @@ StreamGrid stream_grid(const void* kernel, int tiles, int ks, int min_ks, bool s
   return g;
 }
 
-// Whether the shared-memory ring of P slots per warp fits the opt-in shared memory next to the
-// staged x of p (and the kernel's static 8 KB of partial sums).
-template <int BITS, int S, bool G32, bool ASYM>
-bool stream_ring_fits(const Params& p, int ksplit, int warp_budget, int P) {
+// Whether blocks of `warps` warps, each with warp_bytes of ring slots (and staged scales) after
+// the staged x of p, fit the opt-in shared memory (with the kernel's static 8 KB of partial sums).
+inline bool stream_ring_smem_fits(const Params& p, int warps, int warp_bytes) {
   int sms = 0, optin = 0;
   stream_device_limits(sms, optin);
-  const int ks = stream_ksplit(p, S, ksplit, warp_budget), warps = ks > 8 ? ks : 8;
-  return stream_smem_aligned(p) + warps * P * StreamRing<BITS, S, G32, ASYM>::kSlotBytes +
-             9 * 1024 <=
-         optin;
+  return stream_smem_aligned(p) + warps * warp_bytes + 9 * 1024 <= optin;
+}
+
+// Whether the shared-memory ring of P slots per warp fits at the launch's split-K.
+template <int BITS, int S, bool G32, bool ASYM>
+bool stream_ring_fits(const Params& p, int ksplit, int warp_budget, int P) {
+  const int ks = stream_ksplit(p, S, ksplit, warp_budget);
+  return stream_ring_smem_fits(p, ks > 8 ? ks : 8, P * StreamRing<BITS, S, G32, ASYM>::kSlotBytes);
 }
 
 // Whether the ring of P slots with staged scales fits at every split-K the grid may take (the
 // one-wave rule lowers it, and fewer warps per tile stage more groups each).
 template <int BITS, int S, bool G32>
 bool stream_staged_fits(const Params& p, int P) {
-  int sms = 0, optin = 0;
-  stream_device_limits(sms, optin);
   const int pieces = p.kblocks / S;
   for (int ks = 1; ks <= 16; ks *= 2) {
-    const int warps = ks > 8 ? ks : 8, per = (pieces + ks - 1) / ks;
-    if (stream_smem_aligned(p) + warps * stream_warp_smem<BITS, S, G32, false, true>(p, per, P) +
-            9 * 1024 >
-        optin)
+    const int per = (pieces + ks - 1) / ks;
+    if (!stream_ring_smem_fits(p, ks > 8 ? ks : 8,
+                               stream_warp_smem<BITS, S, G32, false, true>(p, per, P)))
       return false;
   }
   return true;
