@@ -590,6 +590,137 @@ __global__ void fill_half(__half* p, size_t n) {
     p[i] = __float2half(0.001f + 0.01f * float((i * 2654435761u) & 1023) / 1024.f);
 }
 
+// The lean loop (session 25): the staged-scales ring with its per-piece integer work cut down
+// (pointers advanced instead of recomputed, two pieces of one g128 group per iteration so that the
+// flush and its scale read are unconditional, slot offsets rolled), and with FOLD the offsets
+// left in the A fragments: rows g hold 1024 + q and rows g + 8 hold 1024 + 16 q, so the decode is
+// the 4 LOP3 and 1 shift per word alone, and each group's flush subtracts 1032 (1152) times the
+// group's sum of x, which the staging computed from the same f16 values the mma reads.
+__device__ __forceinline__ void stage_x_sums(const Args& a, __half* xs, float* sx) {
+  const int lane = threadIdx.x & 31;
+  for (int c0 = 0; c0 < a.cols; c0 += blockDim.x * 8) {
+    const int c = c0 + threadIdx.x * 8;
+    float sum = 0.f;
+    if (c < a.cols) {
+      const uint4 v = *reinterpret_cast<const uint4*>(a.x + c);
+      *reinterpret_cast<uint4*>(xs + c) = v;
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const float2 f = __half22float2(as_h2(w[u]));
+        sum += f.x + f.y;
+      }
+    }
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if ((lane & 15) == 0 && c < a.cols) sx[c >> 7] = sum;
+  }
+  __syncthreads();
+}
+
+template <int P, bool FOLD>
+__global__ void __launch_bounds__(512) lean_kernel(Args a) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __half* xs = reinterpret_cast<__half*>(smem);
+  float* sx = reinterpret_cast<float*>(smem + a.cols * 2);
+  int tile, k, i0, i1;
+  warp_coords(a, tile, k, i0, i1);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int max_groups = (a.per + 1) / 2 + 1;
+  const int scale_bytes = (max_groups * 32 + 15) / 16 * 16;
+  unsigned char* ring = smem + a.cols * 2 + a.cols / 128 * 4 + warp * (P * kPiece + scale_bytes);
+  unsigned char* sring = ring + P * kPiece;
+  const int tc = min(tile, a.tiles - 1);
+  const uint8_t* src = a.w + (int64_t(tc) * a.pieces + i0) * kPiece + lane * 16;
+  const int np = i1 - i0;
+  const int groups = a.cols / 128;
+  const int g_first = i0 >> 1, g_count = np > 0 ? ((i1 - 1) >> 1) - g_first + 1 : 0;
+  const uint8_t* ssrc =
+      reinterpret_cast<const uint8_t*>(a.scales + (int64_t(tc) * groups + g_first) * 16);
+  for (int c = lane; c < g_count * 2; c += 32)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(sring + 16 * c)),
+                 "l"(ssrc + 16 * c)
+                 : "memory");
+  const uint32_t ring0 = smem_addr(ring + lane * 16);
+  uint32_t refill = ring0;  // the slot the next refill goes to
+#pragma unroll
+  for (int u = 0; u < P; ++u) {
+    if (u < np)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(ring0 + u * kPiece),
+                   "l"(src + u * kPiece)
+                   : "memory");
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  }
+  src += P * kPiece;
+  pdl_wait();
+  pdl_go();
+  if (FOLD)
+    stage_x_sums(a, xs, sx);
+  else
+    stage_x(a, xs);
+  const __half* xp = xs + 8 * (lane & 3) + 64 * i0;
+  const __half* sp = reinterpret_cast<const __half*>(sring) + (lane >> 2);
+  const float* sxp = sx + g_first;
+  const unsigned char* rd = ring + lane * 16;
+  int rd_off = 0;
+  float acc[4] = {0, 0, 0, 0};
+  const __half2 lo_base = __float2half2_rn(1032.f), hi_base = __float2half2_rn(-72.f);
+  const __half2 sixteenth = __float2half2_rn(0.0625f);
+  auto piece = [&](int i, float cg[4], int half) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(P - 1) : "memory");
+    const uint4 v = *reinterpret_cast<const uint4*>(rd + rd_off);
+    rd_off = (rd_off + kPiece) & (P * kPiece - 1);
+    const uint32_t q[4] = {v.x, v.y, v.z, v.w};
+    const uint4 x0 = *reinterpret_cast<const uint4*>(xp + 64 * half);
+    const uint4 x1 = *reinterpret_cast<const uint4*>(xp + 64 * half + 32);
+    const uint32_t xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t w = q[j], w8 = w >> 8;
+      uint32_t af[4];
+      if (FOLD) {
+        af[0] = and_or(w, 0x000F000Fu, 0x64006400u);
+        af[1] = and_or(w, 0x00F000F0u, 0x64006400u);
+        af[2] = and_or(w8, 0x000F000Fu, 0x64006400u);
+        af[3] = and_or(w8, 0x00F000F0u, 0x64006400u);
+      } else {
+        af[0] = as_u(__hsub2(as_h2(and_or(w, 0x000F000Fu, 0x64006400u)), lo_base));
+        af[1] = as_u(__hfma2(as_h2(and_or(w, 0x00F000F0u, 0x64006400u)), sixteenth, hi_base));
+        af[2] = as_u(__hsub2(as_h2(and_or(w8, 0x000F000Fu, 0x64006400u)), lo_base));
+        af[3] = as_u(__hfma2(as_h2(and_or(w8, 0x00F000F0u, 0x64006400u)), sixteenth, hi_base));
+      }
+      mma16816(cg, af, xv[2 * j], xv[2 * j + 1]);
+    }
+    if (i + P < np)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(refill), "l"(src) : "memory");
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    src += kPiece;
+    refill = ring0 + ((refill - ring0 + kPiece) & (P * kPiece - 1));
+  };
+  for (int i = 0; i < np; i += 2) {  // one g128 group: two pieces
+    float cg[4] = {0, 0, 0, 0};
+    piece(i, cg, 0);
+    piece(i + 1, cg, 1);
+    xp += 128;
+    const float s0 = __half2float(sp[0]), s1 = __half2float(sp[8]);
+    sp += 16;
+    if (FOLD) {
+      const float sxv = *sxp++;
+      const float s1f = s1 * 0.0625f;
+      acc[0] = fmaf(s0, fmaf(-1032.f, sxv, cg[0]), acc[0]);
+      acc[1] = fmaf(s0, fmaf(-1032.f, sxv, cg[1]), acc[1]);
+      acc[2] = fmaf(s1f, fmaf(-1152.f, sxv, cg[2]), acc[2]);
+      acc[3] = fmaf(s1f, fmaf(-1152.f, sxv, cg[3]), acc[3]);
+    } else {
+      acc[0] = fmaf(s0, cg[0], acc[0]);
+      acc[1] = fmaf(s0, cg[1], acc[1]);
+      acc[2] = fmaf(s1, cg[2], acc[2]);
+      acc[3] = fmaf(s1, cg[3], acc[3]);
+    }
+  }
+  reduce_store(a, tile, k, acc);
+}
+
 // ---- host ----
 struct Variant {
   std::string name;
@@ -709,6 +840,9 @@ int main(int argc, char** argv) {
       {"cpa<4>", cpa_kernel<4>, 4 * kPiece},
       {"sstage<4>", sstage_kernel<4>, 4 * kPiece + 3616},
       {"sstage<2>", sstage_kernel<2>, 2 * kPiece + 3616},
+      {"lean<4>", lean_kernel<4, false>, 4 * kPiece + 3616 + 128},
+      {"fold<4>", lean_kernel<4, true>, 4 * kPiece + 3616 + 128},
+      {"fold<2>", lean_kernel<2, true>, 2 * kPiece + 3616 + 128},
       {"noscale<4>", drop_kernel<4, 1>, 4 * kPiece, 0, 1},
       {"nomath<4>", cpa_kernel<4, false>, 4 * kPiece, 0, 4},
   };

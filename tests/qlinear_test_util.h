@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/cpu/qlinear_ref.h"
+#include "backend/cuda/smem_poison.h"
 #include "core/half.h"
 
 namespace gyre::qtest {
@@ -58,7 +59,12 @@ struct DeviceHalves {
     return h;
   }
   std::vector<uint16_t> download() const { return download(n); }
-  void poison() { cudaMemset(p, 0xff, n * 2); }  // 0xffff is a NaN in FP16
+  // The output, and every SM's shared memory, to NaN (0xffff in FP16): a result the kernel did
+  // not write, or one computed from a shared-memory slot read before its copy landed, shows.
+  void poison() {
+    cudaMemset(p, 0xff, n * 2);
+    qlinear_detail::poison_shared_memory();
+  }
 };
 
 inline std::vector<uint16_t> random_halves(size_t n, float scale, uint32_t seed) {

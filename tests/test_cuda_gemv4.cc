@@ -55,9 +55,10 @@ void set_config(const Config& c) {
 TEST(CudaGemv4, MatchesFloat64) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const Layout layouts[] = {
-      {"g128_sym", 128, false, false, DType::F32}, {"g32_asym_perm", 32, true, true, DType::F32},
-      {"g64_asym", 64, true, false, DType::F32},   {"g256_sym", 256, false, false, DType::F32},
-      {"gguf_q4_k", 32, true, false, DType::Q4_K}, {"gguf_q4_0", 32, false, false, DType::Q4_0},
+      {"g128_sym", 128, false, false, DType::F32},  {"g32_asym_perm", 32, true, true, DType::F32},
+      {"g64_asym", 64, true, false, DType::F32},    {"g256_sym", 256, false, false, DType::F32},
+      {"g64_sym", 64, false, false, DType::F32},    {"gguf_q4_k", 32, true, false, DType::Q4_K},
+      {"gguf_q4_0", 32, false, false, DType::Q4_0},
   };
   // Odd tile counts, a partial 64-column block (160 at group 32), a column count that leaves
   // the last split-K warps empty (1280 = 20 blocks), long rows cycling the ring (4096).
@@ -188,7 +189,8 @@ TEST(CudaGemv4, FusedNormAndAccumulateMatchFloat64) {
   const Layout layouts[] = {{"g128_sym", 128, false, false, DType::F32},
                             {"g32_asym_perm", 32, true, true, DType::F32},
                             {"g64_asym", 64, true, false, DType::F32}};
-  const int shapes[][2] = {{35, 160}, {300, 1280}, {33, 4096}};
+  // 8448 columns: more 8-column chunks per thread than the norm weights loaded ahead (two).
+  const int shapes[][2] = {{35, 160}, {300, 1280}, {33, 4096}, {20, 8448}};
   const float eps = 1e-5f;
   uint32_t seed = 9000;
   for (const Layout& l : layouts) {

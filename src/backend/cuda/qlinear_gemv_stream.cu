@@ -94,6 +94,14 @@ int stream_budget_override() {
   return budget;
 }
 
+bool stream_norm_ahead() {
+  static const bool on = [] {
+    const char* e = std::getenv("GYRE_CUDA_NORM_AHEAD");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return on;
+}
+
 namespace {
 int g_staged = -1;  // -1: GYRE_CUDA_STREAM_SCALES (staged unless "ring")
 }  // namespace

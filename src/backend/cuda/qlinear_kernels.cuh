@@ -69,6 +69,9 @@ struct Params {
   // multiplied by norm_w [cols] (original column order) before use.
   const __half* norm_w = nullptr;
   float norm_eps = 0.f;
+  // The stream GEMV only: load the norm weights before the PDL wait (norm_ahead; an A/B knob,
+  // GYRE_CUDA_NORM_AHEAD=0 turns it off).
+  bool norm_ahead = false;
   // The stream GEMV only (no act-order, no rotation), n = 1, x_cols > 0: x and norm_w point
   // x_offset columns into a shared row of x_cols (a multiple of 64) and its norm weights, which
   // normalise over the whole row (the mean over norm_cols). A mixed weight's parts reading the

@@ -262,12 +262,12 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
       for (int c = lane; c < 8 * groups; c += 32) cp_async4(dst + 4 * c, src + 4 * c);
     }
   }
-  auto issue = [&](int i, int slot) {  // piece i into slot: weight planes, then scales (mins)
-    unsigned char* dst = slots + slot * Ring::kSlotBytes;
-    cp_async_words<kLo * S>(dst + lane * 4 * kLo * S, lo_ptr + int64_t{i} * kPieceBytes);
+  // Piece i into slot dst: weight planes (wp: the lane's low-plane words of the piece), then
+  // scales (mins).
+  auto issue = [&](int i, unsigned char* dst, const uint8_t* wp) {
+    cp_async_words<kLo * S>(dst + lane * 4 * kLo * S, wp);
     if constexpr (kHi > 0)
-      cp_async_words<kHi * S>(dst + Ring::kHiOffset + lane * 4 * kHi * S,
-                              hi_ptr + int64_t{i} * kPieceBytes);
+      cp_async_words<kHi * S>(dst + Ring::kHiOffset + lane * 4 * kHi * S, wp + (hi_ptr - lo_ptr));
     if constexpr (!SS) {
 #pragma unroll
       for (int sidx = 0; sidx < S; ++sidx) {
@@ -284,17 +284,19 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
       }
     }
   };
-  auto read_slot = [&](int slot, int i, Slot& d) {  // piece i from its slot
-    const unsigned char* src = slots + slot * Ring::kSlotBytes;
+  // Piece i from its slot src; staged scales (SS) only where the caller does not read them.
+  auto read_slot = [&](const unsigned char* src, int i, Slot& d, bool staged_read) {
     shared_words<kLo * S>(src + lane * 4 * kLo * S, d.q);
     if constexpr (kHi > 0)
       shared_words<kHi * S>(src + Ring::kHiOffset + lane * 4 * kHi * S, d.q + kLo * S);
 #pragma unroll
     for (int k = 0; k < kScaleWords; ++k) {
       if constexpr (SS) {
-        const int b = i * S + k / kGroupsPerBlock;
-        const int gi = (G32 ? 2 * b : (64 * b) >> p.group_log2) + k % kGroupsPerBlock;
-        d.s[k] = staged[(gi - g_first) * 8 + g];
+        if (staged_read) {
+          const int b = i * S + k / kGroupsPerBlock;
+          const int gi = (G32 ? 2 * b : (64 * b) >> p.group_log2) + k % kGroupsPerBlock;
+          d.s[k] = staged[(gi - g_first) * 8 + g];
+        }
       } else {
         d.s[k] = *reinterpret_cast<const uint32_t*>(src + Ring::kScaleOffset + k * 128 + lane * 4);
         if constexpr (ASYM)
@@ -305,11 +307,13 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
   };
 
   Slot ring[P > 0 ? 1 : D];
+  const uint8_t* wnext = lo_ptr + int64_t{i_begin} * kPieceBytes;  // the next piece to request
   if constexpr (P > 0) {
 #pragma unroll
     for (int u = 0; u < P; ++u) {
-      if (u < np) issue(i_begin + u, u);
+      if (u < np) issue(i_begin + u, slots + u * Ring::kSlotBytes, wnext);
       cp_async_commit();
+      wnext += kPieceBytes;
     }
   } else {
 #pragma unroll
@@ -331,11 +335,13 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
     const float2 m = ASYM ? __half22float2(as_half2(mr)) : make_float2(0.f, 0.f);
     flush_group(acc, cg, cx, __half22float2(as_half2(sr)), m, ASYM);
   };
-  // Block b from its lane words (lo, hi) and scales (mins) of its group(s).
+  // Block b from its lane words (lo, hi), its staged x (xb) and scales (mins) of its group(s);
+  // flushes its group(s) where they end, unless the caller's loop flushes whole groups
+  // (group_flush: a group of one or more whole blocks).
   auto compute_block = [&](const uint32_t* lo, const uint32_t* hi, const uint32_t* sc,
-                           const uint32_t* mn, int b) {
-    const uint4 x0 = *reinterpret_cast<const uint4*>(xrow + 64 * b);
-    const uint4 x1 = *reinterpret_cast<const uint4*>(xrow + 64 * b + 32);
+                           const uint32_t* mn, int b, const __half* xb, bool group_flush) {
+    const uint4 x0 = *reinterpret_cast<const uint4*>(xb);
+    const uint4 x1 = *reinterpret_cast<const uint4*>(xb + 32);
     const uint32_t xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -354,28 +360,77 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
     }
     if constexpr (G32) {
       flush(sc[1], ASYM ? mn[1] : 0u);
-    } else {
+    } else if (!group_flush) {
       // A group spans 2+ blocks: flush when the next block starts a new group (or at the end).
       const int b1 = b + 1;
       if (b1 == b_end || ((64 * b1) & ((1 << p.group_log2) - 1)) == 0)
         flush(sc[0], ASYM ? mn[0] : 0u);
     }
   };
-  auto compute = [&](const StreamSlot<BITS, S, G32, ASYM>& d, int i) {
+  auto compute = [&](const StreamSlot<BITS, S, G32, ASYM>& d, int i, const __half* xp,
+                     bool group_flush) {
 #pragma unroll
     for (int s = 0; s < S; ++s)
       compute_block(d.q + s * kLo, d.q + kLo * S + s * kHi, d.s + s * kGroupsPerBlock,
-                    d.m + (ASYM ? s * kGroupsPerBlock : 0), i * S + s);
+                    d.m + (ASYM ? s * kGroupsPerBlock : 0), i * S + s, xp + 64 * s, group_flush);
   };
 
   if constexpr (P > 0) {
-    for (int i = 0; i < np; ++i) {
+    // Lean on purpose (session 25): per piece only the slot's wait, read, math, refill and
+    // commit, with the slot, x and refill addresses advanced rather than recomputed; where a
+    // warp's range is made of whole groups of one or two pieces (g64 and g128 at S = 1, g128 at
+    // S = 2), each group's scale is read once and flushed after its last piece without a test per
+    // block. In a model of the 4-bit chain (bench/stream_ceiling.cu) such a loop took the step
+    // from 1,580 to 1,480 us.
+    unsigned char* const slots_end = slots + P * Ring::kSlotBytes;
+    unsigned char* slot = slots;  // piece i's slot, which its refill (piece i + P) reuses
+    const __half* xp = xrow + 64 * S * i_begin;
+    // group_flush: the caller flushes (its scale word sw) after the group's last piece.
+    auto piece = [&](int i, unsigned char* at, bool group_flush) {
       cp_async_wait<P - 1>();  // piece i's group (one group per piece, in order)
-      const int slot = i % P;
-      read_slot(slot, i_begin + i, ring[0]);
-      compute(ring[0], i_begin + i);
-      if (i + P < np) issue(i_begin + i + P, slot);  // after the slot was read
+      read_slot(at, i_begin + i, ring[0], !group_flush);
+      compute(ring[0], i_begin + i, xp, group_flush);
+      if (i + P < np) issue(i_begin + i + P, at, wnext);  // after the slot was read
       cp_async_commit();
+      wnext += kPieceBytes;
+      xp += 64 * S;
+    };
+    // SS: the next group's scale word, read after the group's first piece: the staged scales
+    // came with the warp's first piece (cp.async group 0), whose wait is in piece().
+    [[maybe_unused]] const uint32_t* sp = staged + g;
+    auto group_scale = [&]() -> uint32_t {
+      if constexpr (SS) {
+        const uint32_t w = *sp;
+        sp += 8;
+        return w;
+      } else {
+        return 0u;  // read from the slot with the piece
+      }
+    };
+    auto group_end = [&](uint32_t sw) { flush(SS ? sw : ring[0].s[0], ASYM ? ring[0].m[0] : 0u); };
+    const int span = G32 || (S > 1 && !one_group) ? 0 : (1 << p.group_log2) / (64 * S);
+    if (P % 2 == 0 && span == 2 && ((i_begin | np) & 1) == 0) {
+      for (int i = 0; i < np; i += 2) {
+        piece(i, slot, true);
+        const uint32_t sw = group_scale();
+        piece(i + 1, slot + Ring::kSlotBytes, true);
+        group_end(sw);
+        slot += 2 * Ring::kSlotBytes;
+        if (slot == slots_end) slot = slots;
+      }
+    } else if (span == 1) {
+      for (int i = 0; i < np; ++i) {
+        piece(i, slot, true);
+        group_end(group_scale());
+        slot += Ring::kSlotBytes;
+        if (slot == slots_end) slot = slots;
+      }
+    } else {  // groups of 32 columns, across pieces or ranges: compute_block flushes
+      for (int i = 0; i < np; ++i) {
+        piece(i, slot, false);
+        slot += Ring::kSlotBytes;
+        if (slot == slots_end) slot = slots;
+      }
     }
   } else {
     for (int i0 = 0; i0 < np; i0 += D) {
@@ -383,7 +438,7 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
       for (int u = 0; u < D; ++u) {
         const int i = i0 + u;
         if (i < np) {
-          compute(ring[u], i_begin + i);
+          compute(ring[u], i_begin + i, xrow + 64 * S * (i_begin + i), false);
           if (i + D < np) fetch(i_begin + i + D, ring[u]);
         }
       }
@@ -414,6 +469,7 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
         int8_t* signs = reinterpret_cast<int8_t*>(xs + p.n * stride);
         __half* norm_s = reinterpret_cast<__half*>(signs + p.cols);  // cols: a multiple of 32
         if (p.had_block > 0) stage_rotation_async(p, signs, norm_s);
+        const NormAhead ahead = norm_ahead(p);
         // x (the previous kernel's output) and everything written below wait for its completion. A
         // late part (Params::late_wait) reads nothing of that kernel's before its epilogue, so it
         // lets the next kernel in and stages and computes now.
@@ -421,7 +477,7 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
           cuda::pdl_launch_dependents();
         else
           cuda::pdl_begin();
-        stage_stream_x<AO>(p, xs, stride, signs, norm_s);
+        stage_stream_x<AO>(p, xs, stride, signs, norm_s, &ahead);
         return static_cast<const __half*>(xs);
       },
       acc);

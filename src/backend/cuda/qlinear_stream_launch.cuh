@@ -112,6 +112,10 @@ bool stream_staged_fits(const Params& p, int P) {
   return true;
 }
 
+// GYRE_CUDA_NORM_AHEAD (default on): whether the stream GEMV loads a fused norm's weights before
+// its PDL wait (norm_ahead, qlinear_stream_stage.cuh); qlinear_gemv_stream.cu.
+bool stream_norm_ahead();
+
 // GYRE_CUDA_STREAM_SCALES (staged, the default, or ring) or set_stream_staged_scales: whether the
 // symmetric ring kernels stage their scales (qlinear_gemv_stream.cu).
 bool stream_staged_scales();
@@ -153,6 +157,7 @@ void launch_stream_kernel(const Params& p, int ksplit, int warp_budget, cudaStre
                   });
   const int ks = g.ks;
   q.ksplit = ks;
+  q.norm_ahead = stream_norm_ahead();
   const int per = (pieces + ks - 1) / ks;
   qlaunch(kernel, g.blocks, g.warps * 32, g.smem, stream, q, per);
 }

@@ -274,14 +274,39 @@ __device__ __forceinline__ void block_sync() {
     asm volatile("barrier.sync 0;" ::: "memory");
 }
 
+// The fused norm's weights for this thread's first two 8-column chunks of x, loaded before the
+// PDL wait (they are weights, not the previous kernel's output), so that the norm pass after the
+// staging's barrier reads registers instead of waiting on L2 (stage_stream_x; none for act-order
+// or rotated weights, whose passes read the weights elsewhere).
+struct NormAhead {
+  uint4 w[2];
+  bool valid = false;
+};
+__device__ __forceinline__ NormAhead norm_ahead(const Params& p) {
+  NormAhead a;
+  a.valid = p.norm_ahead && p.norm_w != nullptr && p.perm == nullptr && p.had_block == 0 &&
+            reinterpret_cast<uintptr_t>(p.norm_w) % 16 == 0;
+  if (a.valid) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int c = (threadIdx.x + j * blockDim.x) * 8;
+      a.w[j] = c + 8 <= p.cols ? __ldg(reinterpret_cast<const uint4*>(p.norm_w + c))
+                               : make_uint4(0, 0, 0, 0);
+    }
+  }
+  return a;
+}
+
 // x rows 0..n-1 into xs (columns padded to whole blocks with zeros, gathered through perm), then
 // (norm_w set) each row scaled by its RMS norm exactly as the rmsnorm kernel rounds it, then
 // (had_block set; signs staged by stage_signs_async) rotated by R^T.
 // AO: 0 = act-order or not as p.perm says, 1 = never, 2 = always (gemv_stream_kernel's AO).
 // ALIGNED: block_sync's; false only with AO = 1 and no rotation (whose passes keep __syncthreads).
+// ahead: the norm weights norm_ahead loaded (nullptr: read them here).
 template <int AO, bool ALIGNED = true>
 __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int stride,
-                                               const int8_t* signs, const __half* norm_s) {
+                                               const int8_t* signs, const __half* norm_s,
+                                               const NormAhead* ahead = nullptr) {
   static_assert(ALIGNED || AO == 1, "the non-aligned staging has no act-order pass");
   const int lane = threadIdx.x & 31;
   const bool act = AO == 2 || (AO == 0 && p.perm != nullptr);  // an act-order weight
@@ -358,17 +383,26 @@ __device__ __forceinline__ void stage_stream_x(const Params& p, __half* xs, int 
     for (int tok = 0; tok < p.n; ++tok) {
       const float inv_rms = rsqrtf(
           norm_sum[tok] / static_cast<float>(p.norm_cols > 0 ? p.norm_cols : p.cols) + p.norm_eps);
-      for (int i = threadIdx.x; i < chunks; i += blockDim.x) {
+      for (int i = threadIdx.x, j = 0; i < chunks; i += blockDim.x, ++j) {
         const int c = i * 8;
         if (c >= p.cols) continue;
         __half h[8];
         memcpy(h, xs + tok * stride + c, 16);
+        if (ahead != nullptr && ahead->valid && j < 2 && c + 8 <= p.cols) {
+          const uint4 wv = j == 0 ? ahead->w[0] : ahead->w[1];  // registers, not an indexed array
+          __half w[8];
+          memcpy(w, &wv, 16);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const int cc = c + k;
-          if (cc < p.cols) {
-            const float w = __half2float(act ? nws[cc] : p.norm_w[cc]);
-            h[k] = __float2half(__half2float(h[k]) * inv_rms * w);
+          for (int k = 0; k < 8; ++k)
+            h[k] = __float2half(__half2float(h[k]) * inv_rms * __half2float(w[k]));
+        } else {
+#pragma unroll
+          for (int k = 0; k < 8; ++k) {
+            const int cc = c + k;
+            if (cc < p.cols) {
+              const float w = __half2float(act ? nws[cc] : p.norm_w[cc]);
+              h[k] = __float2half(__half2float(h[k]) * inv_rms * w);
+            }
           }
         }
         memcpy(xs + tok * stride + c, h, 16);
