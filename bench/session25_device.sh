@@ -35,7 +35,7 @@ for mode in "$@"; do
   race)  # compute-sanitizer racecheck over the 4-bit ring's epilogue test: BIN (default gyre_tests)
     . bench/device_binaries.sh >/dev/null
     CS=$(dirname "$(command -v nvcc)")/compute-sanitizer
-    timeout 150 "$CS" --tool racecheck --racecheck-report hazard "$B/${BIN:-gyre_tests}" \
+    timeout "${RACE_S:-150}" "$CS" --tool racecheck --racecheck-report hazard "$B/${BIN:-gyre_tests}" \
       --gtest_filter="${FILTER:-CudaGemv4.SwigluAndSplitMatchFloat64}" >"$O/race.log" 2>&1
     echo "racecheck ${BIN:-gyre_tests} rc=$?"
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|hazard|PASSED|FAILED" "$O/race.log" | sort | uniq -c | head -12

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "backend/cpu/qlinear_ref.h"
-#include "backend/cuda/smem_poison.h"
+#include "backend/cuda/test_hooks.h"
 #include "core/half.h"
 
 namespace gyre::qtest {

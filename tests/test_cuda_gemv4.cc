@@ -105,6 +105,69 @@ TEST(CudaGemv4, MatchesFloat64) {
   }
 }
 
+// The ring kernels with their copies landing late: decode-shaped GEMVs launched beside a kernel
+// that streams DRAM (test_hooks.h), shared memory poisoned before each, the weight rotating over
+// copies that together exceed L2, every launch's output checked. A read of a slot or of the staged
+// scales before its cp.async wait passes on an idle GPU, as it did in session 25 (every other
+// test here passed with it; the engine's logits were NaN), and should fail here.
+TEST(CudaGemv4, MatchesFloat64WhileDramIsBusy) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const size_t hog_bytes = size_t(512) << 20;
+  void* hog = nullptr;
+  unsigned* sink = nullptr;
+  cudaStream_t side = nullptr;
+  AtExit release([&] {
+    cudaStreamDestroy(side);
+    cudaFree(hog);
+    cudaFree(sink);
+  });
+  CUDA_OK(cudaMalloc(&hog, hog_bytes));
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&sink), 4));
+  CUDA_OK(cudaMemset(hog, 0x5a, hog_bytes));
+  CUDA_OK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  const Layout layouts[] = {{"g128_sym", 128, false, false, DType::F32},
+                            {"g64_sym", 64, false, false, DType::F32}};
+  const int rows = 4096, cols = 4096, copies = 8, launches = 24;  // 8 x 8 MB of weights
+  uint32_t seed = 9000;
+  for (const Layout& l : layouts) {
+    const QWeightHost w = make_weight(l, rows, cols, seed++);
+    const std::vector<uint16_t> xh = random_halves(cols, 1.0f, seed++);
+    const Reference ref = reference(w, xh, nullptr, 1);
+    std::vector<QWeightDevice> dw;
+    for (int c = 0; c < copies; ++c) dw.push_back(qweight_upload(w));
+    AtExit free_weights([&] {
+      for (QWeightDevice& d : dw) qweight_free(d);
+      set_config({0, -1, 0, 0});
+    });
+    Buf x(cols), y(size_t(launches) * rows);
+    x.upload(xh);
+    for (const Config& c : {Config{0, -1, 0, 0}, Config{4, 2, 4, 0}}) {
+      set_config(c);
+      SCOPED_TRACE(std::string(l.name) + " cfg " + c.name());
+      y.poison();
+      try {
+        qlinear_detail::launch_memory_hog(hog, hog_bytes, 8, sink, side);
+        for (int k = 0; k < launches; ++k) {
+          qlinear_detail::poison_shared_memory();
+          qlinear_gemv(dw[k % copies], x.p, y.p + size_t(k) * rows, 1, nullptr, nullptr);
+        }
+      } catch (const std::exception& e) {
+        FAIL() << e.what();
+      }
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<uint16_t> all = y.download();
+      for (int k = 0; k < launches && !HasFailure(); ++k) {
+        SCOPED_TRACE("launch " + std::to_string(k));
+        expect_close(std::vector<uint16_t>(all.begin() + size_t(k) * rows,
+                                           all.begin() + size_t(k + 1) * rows),
+                     std::vector<double>(ref.y.begin(), ref.y.begin() + rows),
+                     std::vector<double>(ref.mag.begin(), ref.mag.begin() + rows));
+      }
+      if (HasFailure()) return;
+    }
+  }
+}
+
 // SwiGLU (gate/up interleaved by 8 rows) and the split output (fused QKV) epilogues at n <= 8.
 TEST(CudaGemv4, SwigluAndSplitMatchFloat64) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";

@@ -182,9 +182,11 @@ __global__ void dequant_tiled_bits_kernel(Params p, int pieces_s, __half* out) {
 // split-K grids of the Llama shapes need more waves, bench/qlinear_notes.md session 11; capped at
 // 64 it spills 48 bytes; asymmetric at 2 it spills). set_bits_stream_depth(4): the A/B.
 // The shared-memory ring (qlinear_stream.cuh) of 4 slots per warp for symmetric in-place weights of
-// 1 or 2 blocks per piece: by width (-1: GYRE_CUDA_BITS_SMEM=0|4, else on at 5 and 6 bits, where
-// it measured +4-5% decode on H100, session 12; the register rings stay at 2 and 3 bits, where it
-// measured +1% and -1.6%), off (0) or on at every width (4): set_bits_smem_ring.
+// 1 or 2 blocks per piece: by width (-1: GYRE_CUDA_BITS_SMEM=0|4, else on at 3, 5 and 6 bits: +4-5%
+// decode on H100 at 5 and 6 bits in session 12, and +15% at 3 bits since the lean ring loop of
+// session 25 (462 -> 532 tok/s, Llama-3-8B shape), where it had measured -1.6% before; 2 bits keep
+// the register ring, the same speed either way in session 25), off (0) or on at every width (4):
+// set_bits_smem_ring.
 int g_ring = -1;
 bool bits_smem_ring(int bits) {
   static const int env = [] {
@@ -192,7 +194,7 @@ bool bits_smem_ring(int bits) {
     return e == nullptr || *e == 0 ? -1 : std::atoi(e);
   }();
   const int mode = g_ring >= 0 ? g_ring : env;
-  return mode < 0 ? bits >= 5 : mode == 4;
+  return mode < 0 ? bits >= 5 || bits == 3 : mode == 4;
 }
 
 template <int BITS, bool INPLACE>
