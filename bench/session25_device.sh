@@ -8,6 +8,10 @@
 #       widths, mixed pairs, trellis, Hadamard-rotated, fused weights, the forward passes (FILTER
 #       overrides)
 #   bench/session25_device.sh race     compute-sanitizer racecheck of one test (BIN, FILTER)
+#   bench/session25_device.sh busy     CudaGemv4.MatchesFloat64WhileDramIsBusy with the staged-scale
+#       race put back (.device/lead4/gyre_tests_bug.xz: gyre_tests built with
+#       bench/session25_scale_race.patch applied, which moves the staged scale read before the first
+#       piece's wait) three times, then with the fixed binary; the bug binary should fail
 #   bench/session25_device.sh ab       decode of the Llama-3-8B shape, the old binary against the new,
 #       interleaved (ROUNDS rounds): 4 bits (new also with a ring of 2 and with
 #       GYRE_CUDA_NORM_AHEAD=0 and with per-piece scales), then 5 and 6 bits, then 2 and 3 bits with
@@ -31,6 +35,14 @@ for mode in "$@"; do
     . bench/device_binaries.sh
     device_tests "${FILTER:-CudaGemv4*:CudaQbits*:QMixedCuda*:CudaQlinear*:CudaFused*:CudaTrellis*:CudaHadamard*:CudaActOrder*:FusedWeights*:CudaForward*:CudaStories*:CudaDecodeGraphs*:Exl2Cuda*:QuantFormatsCuda*:CudaSmolLM2*:CudaHfReference*}" 280
     grep -cE "^\[       OK \]" "$O/tests.log"
+    ;;
+  busy)
+    . bench/device_binaries.sh >/dev/null
+    for b in gyre_tests_bug gyre_tests_bug gyre_tests_bug gyre_tests; do
+      timeout 60 $B/$b --gtest_filter=CudaGemv4.MatchesFloat64WhileDramIsBusy >"$O/$b.busy.log" 2>&1
+      echo "$b rc=$?"
+      grep -E "^\[  (PASSED|FAILED) |Which is|launch [0-9]+" "$O/$b.busy.log" | head -4
+    done
     ;;
   race)  # compute-sanitizer racecheck over the 4-bit ring's epilogue test: BIN (default gyre_tests)
     . bench/device_binaries.sh >/dev/null
