@@ -27,9 +27,8 @@ bench_line() {  # bench_line LABEL BINARY ARGS...: one gyre bench --json run, on
 }
 for mode in "$@"; do
   case "$mode" in
-  ceiling)
-    nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/stream_ceiling.cu \
-      -o /tmp/stream_ceiling && /tmp/stream_ceiling
+  ceiling)  # the same build and run as session 24's; the variant list is stream_ceiling.cu's
+    bash bench/session24_device.sh ceiling
     ;;
   tests)
     . bench/device_binaries.sh
