@@ -126,11 +126,26 @@ int argmax(const std::vector<float>& v) {
   return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
-// Decode `steps` tokens after the cache holds `ctx` positions; returns seconds per token. The
-// greedy pick runs through Backend::sample, as generation does (on CUDA only the id comes back;
-// GYRE_CUDA_SAMPLE=0 copies the logits row to the host instead, the old path).
-double time_decode(Transformer& t, int ctx, int steps, std::vector<float>& logits) {
+// Decode `steps` greedy tokens after the cache holds `ctx` positions; returns seconds per token.
+// Fed: Transformer::decode_greedy, as generation decodes greedily (where the backend feeds steps,
+// each pick becomes the next step's input on the device; GYRE_CUDA_FED=0 turns that off).
+// Stepwise: forward, then the pick through Backend::sample, as sampled generation does (on CUDA
+// only the id comes back; GYRE_CUDA_SAMPLE=0 copies the logits row to the host instead).
+double time_decode(Transformer& t, int ctx, int steps, std::vector<float>& logits, bool fed) {
   int pos = ctx, token = argmax(logits);
+  if (fed) {
+    auto run = [&](int n) {
+      t.decode_greedy(token, pos, n, [&](int id) {
+        token = id;
+        return true;
+      });
+      pos += n;
+    };
+    run(2);  // eager step, then the recorded one
+    const double t0 = now_s();
+    run(steps);
+    return (now_s() - t0) / steps;
+  }
   const SampleRequest greedy;  // temperature 0
   SampleResult picked;
   auto step = [&] {
@@ -215,7 +230,8 @@ void run_bench(const BenchOptions& o) {
     prefill_s = std::min(prefill_s, now_s() - t0);
   }
   fill_context(t, tokens, short_ctx, o.prompt, logits);
-  const double short_s = time_decode(t, short_ctx, o.decode, logits);
+  const double short_s = time_decode(t, short_ctx, o.decode, logits, true);
+  const double stepwise_s = time_decode(t, short_ctx, o.decode, logits, false);
   // Device time of one recorded decode step alone (no host work between steps): shows how much
   // of a step the host side (launch, logits copy, argmax) costs.
   double graph_s = 0;
@@ -228,7 +244,7 @@ void run_bench(const BenchOptions& o) {
   double long_s = 0;
   if (long_ctx > short_ctx) {
     fill_context(t, tokens, long_ctx, o.prompt, logits);
-    long_s = time_decode(t, long_ctx, o.decode, logits);
+    long_s = time_decode(t, long_ctx, o.decode, logits, true);
   }
 
   // Bytes one decode step must read: every weight the backend holds (packed sizes for quantized
@@ -268,6 +284,8 @@ void run_bench(const BenchOptions& o) {
   j["decode_short_tok_s"] = 1.0 / short_s;
   j["decode_short_roofline"] = roofline(bytes_short, short_s);
   j["bytes_per_token_short"] = bytes_short;
+  j["decode_short_stepwise_tok_s"] = 1.0 / stepwise_s;
+  j["decode_short_stepwise_roofline"] = roofline(bytes_short, stepwise_s);
   if (graph_s > 0) {
     j["decode_short_graph_only_tok_s"] = 1.0 / graph_s;
     j["decode_short_graph_only_roofline"] = roofline(bytes_short, graph_s);
@@ -303,6 +321,8 @@ void run_bench(const BenchOptions& o) {
   std::printf("prefill    %d tokens: %.0f tok/s\n", o.prompt, o.prompt / prefill_s);
   std::printf("decode     ctx %5d: %8.1f tok/s  %.2f GB/token  %.0f%% of roofline\n", short_ctx,
               1.0 / short_s, bytes_short / 1e9, 100 * roofline(bytes_short, short_s));
+  std::printf("decode     ctx %5d: %8.1f tok/s  step by step, picked by Backend::sample (%.0f%%)\n",
+              short_ctx, 1.0 / stepwise_s, 100 * roofline(bytes_short, stepwise_s));
   if (graph_s > 0)
     std::printf("decode     ctx %5d: %8.1f tok/s  replaying the step graph back to back (%.0f%%)\n",
                 short_ctx, 1.0 / graph_s, 100 * roofline(bytes_short, graph_s));

@@ -139,17 +139,12 @@ GenerationResult Generator::generate_ids(const std::vector<int>& prompt_ids,
     decoder.push(prompt_ids.back());
     int decode_steps = 0;
     bool stopped = false;
-    for (;;) {
-      // On the backend: only the id comes back (Backend::sample, the host reference on the CPU).
-      const SampleRequest request = sampler.next_request();
-      SampleResult sampled;
-      model_.sample_logits(&request, 1, &sampled);
-      GYRE_CHECK(sampled.error.empty(), sampled.error);
-      const int id = sampled.id;
+    // Takes a picked id; false: generation ends here (the id itself is not decoded).
+    auto take = [&](int id) {
       ++r.stats.generated_tokens;
       if (std::binary_search(end.begin(), end.end(), id)) {
         r.finish = FinishReason::Eos;
-        break;
+        return false;
       }
       sampler.accept(id);
       r.tokens.push_back(id);
@@ -157,19 +152,45 @@ GenerationResult Generator::generate_ids(const std::vector<int>& prompt_ids,
       if (stops.stopped()) {
         r.finish = FinishReason::StopString;
         stopped = true;
-        break;
+        return false;
       }
       if (s.max_tokens > 0 && r.tokens.size() >= static_cast<size_t>(s.max_tokens)) {
         r.finish = FinishReason::Length;
-        break;
+        return false;
       }
       if (cached_.size() >= static_cast<size_t>(max_seq)) {
         r.finish = FinishReason::ContextFull;
-        break;
+        return false;
       }
-      model_.forward(&id, 1, static_cast<int>(cached_.size()), nullptr, false);
-      cached_.push_back(id);
-      ++decode_steps;
+      return true;
+    };
+    // On the backend: only the id comes back (Backend::sample, the host reference on the CPU).
+    auto sample = [&] {
+      const SampleRequest request = sampler.next_request();
+      SampleResult sampled;
+      model_.sample_logits(&request, 1, &sampled);
+      GYRE_CHECK(sampled.error.empty(), sampled.error);
+      return sampled.id;
+    };
+    int id = sample();
+    bool more = take(id);
+    if (more && sampler.plain_greedy()) {
+      // Each step's pick feeds the next on the backend; take() sees the ids in order.
+      const int budget = max_seq - static_cast<int>(cached_.size());
+      model_.decode_greedy(id, static_cast<int>(cached_.size()), budget, [&](int next) {
+        cached_.push_back(id);
+        ++decode_steps;
+        id = next;
+        return take(next);
+      });
+    } else {
+      while (more) {
+        model_.forward(&id, 1, static_cast<int>(cached_.size()), nullptr, false);
+        cached_.push_back(id);
+        ++decode_steps;
+        id = sample();
+        more = take(id);
+      }
     }
     if (!stopped) {
       emit(stops.push(decoder.flush()));

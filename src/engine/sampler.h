@@ -71,6 +71,12 @@ class Sampler {
   std::vector<float> penalized(const float* logits, int n_vocab) const;
 
   const SamplerSettings& settings() const { return s_; }
+  // Greedy without penalties: every pick is the argmax of the raw logits, whatever the history
+  // (so the backend may pick it on its own: Transformer::decode_greedy).
+  bool plain_greedy() const {
+    return s_.temperature <= 0.0f && s_.repetition_penalty == 1.0f &&
+           s_.frequency_penalty == 0.0f && s_.presence_penalty == 0.0f;
+  }
 
  private:
   double uniform();  // [0, 1), 53 random bits, the same on every platform

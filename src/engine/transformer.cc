@@ -5,6 +5,7 @@
 #include <numeric>
 #include <optional>
 
+#include "core/diag.h"
 #include "core/error.h"
 #include "engine/mlp_order.h"
 
@@ -110,7 +111,7 @@ AttentionParams Transformer::attention_params() const {
 }
 
 template <typename Attend>
-void Transformer::run_layers(const int32_t* tokens, int n, Attend&& attend) {
+bool Transformer::run_layers(const int32_t* tokens, int n, Attend&& attend, const Tensor* head) {
   const ModelConfig& c = config_;
   Tensor x = x_.slice_rows(0, n), xn = xn_.slice_rows(0, n), q = q_.slice_rows(0, n),
          k = k_.slice_rows(0, n), v = v_.slice_rows(0, n), att = att_.slice_rows(0, n),
@@ -121,6 +122,9 @@ void Transformer::run_layers(const int32_t* tokens, int n, Attend&& attend) {
   const bool fuse =
       backend_.fuses_norms(n, layers_[0].wqkv) && backend_.fuses_norms(n, layers_[0].w_gate_up);
   if (!fuse) backend_.rmsnorm(xn, x, layers_[0].attn_norm, c.norm_eps);
+  // The head normalises x itself where it can (GYRE_DIAG_SKIP=headnorm: the separate norm).
+  const bool head_norms =
+      fuse && head != nullptr && backend_.fuses_norms(n, *head) && !diag_skip("headnorm");
   for (size_t li = 0; li < layers_.size(); ++li) {
     Layer& l = layers_[li];
     const Tensor* bqkv = c.qkv_bias ? &l.bqkv : nullptr;
@@ -134,8 +138,9 @@ void Transformer::run_layers(const int32_t* tokens, int n, Attend&& attend) {
       // Each residual add names the weight that reads the residual next (Backend::matmul_add).
       backend_.matmul_add(x, att, l.wo, ffn, &l.w_gate_up);
       backend_.norm_matmul_swiglu(gate, {x, l.ffn_norm, c.norm_eps, xn}, l.w_gate_up, &l.w_down);
-      backend_.matmul_add(x, gate, l.w_down, ffn,
-                          li + 1 < layers_.size() ? &layers_[li + 1].wqkv : nullptr);
+      backend_.matmul_add(
+          x, gate, l.w_down, ffn,
+          li + 1 < layers_.size() ? &layers_[li + 1].wqkv : (head_norms ? head : nullptr));
       continue;
     }
     backend_.matmul(ffn, att, l.wo, nullptr);
@@ -145,19 +150,79 @@ void Transformer::run_layers(const int32_t* tokens, int n, Attend&& attend) {
     const Tensor& next_norm = li + 1 < layers_.size() ? layers_[li + 1].attn_norm : final_norm_;
     backend_.add_rmsnorm(x, xn, ffn, next_norm, c.norm_eps);
   }
-  if (fuse) backend_.rmsnorm(xn, x, final_norm_, c.norm_eps);  // the LM head reads xn
+  if (n == 1 && diag_skip("head")) return head_norms;  // timing only: no final norm or head
+  if (fuse && !head_norms) backend_.rmsnorm(xn, x, final_norm_, c.norm_eps);  // the head reads xn
+  return head_norms;
 }
 
 void Transformer::run_ops(const int32_t* tokens, int n, int pos, bool all_logits) {
   const AttentionParams ap = attention_params();
-  run_layers(tokens, n,
-             [&](Tensor& att, Tensor& q, Tensor& k, Tensor& v, int layer, const Tensor* reader) {
-               backend_.rope_attention(att, q, k, v, *cache_, layer, pos, ap, rope_, reader);
-             });
+  const bool head_norms = run_layers(
+      tokens, n,
+      [&](Tensor& att, Tensor& q, Tensor& k, Tensor& v, int layer, const Tensor* reader) {
+        backend_.rope_attention(att, q, k, v, *cache_, layer, pos, ap, rope_, reader);
+      },
+      n == 1 ? &lm_head_ : nullptr);
+  if (n == 1 && diag_skip("head")) return;
   const int first = all_logits ? 0 : n - 1;
   const int rows = n - first;
   Tensor out = logits_.slice_rows(0, rows);
-  backend_.matmul(out, xn_.slice_rows(first, rows), lm_head_, nullptr);
+  if (head_norms) {  // one row: the final norm inside the head's matmul
+    Tensor x = x_.slice_rows(0, 1), xn = xn_.slice_rows(0, 1);
+    backend_.norm_matmul_split({&out}, {x, final_norm_, config_.norm_eps, xn}, lm_head_, nullptr);
+  } else {
+    backend_.matmul(out, xn_.slice_rows(first, rows), lm_head_, nullptr);
+  }
+}
+
+namespace {
+constexpr int kFedBucket = -1;  // the record of a fed decode step (Backend::fed_steps_begin)
+}  // namespace
+
+int Transformer::decode_greedy(int token, int pos, int max_steps,
+                               const std::function<bool(int)>& take) {
+  const ModelConfig& c = config_;
+  GYRE_CHECK(cache_ != nullptr, "this model was loaded for batched serving only");
+  GYRE_CHECK(max_steps >= 0 && pos >= 0 && max_steps <= max_seq_ - pos, "sequence of ",
+             int64_t{pos} + max_steps, " tokens exceeds the context of ", max_seq_);
+  GYRE_CHECK(token >= 0 && token < c.vocab_size, "token id ", token,
+             " is outside the vocabulary of ", c.vocab_size);
+  if (max_steps == 0) return 0;
+  const bool fed = backend_.graph_capable() && c.rope.scaling != RopeScaling::DynamicNtk &&
+                   backend_.fed_steps_begin(token, pos);
+  if (!fed) {
+    const SampleRequest greedy;  // temperature 0
+    for (int i = 0; i < max_steps; ++i) {
+      forward(&token, 1, pos + i, nullptr, false);
+      SampleResult picked;
+      sample_logits(&greedy, 1, &picked);
+      GYRE_CHECK(picked.error.empty(), picked.error);
+      token = picked.id;
+      if (!take(token)) return i + 1;
+    }
+    return max_steps;
+  }
+  int launched = 0, taken = 0;
+  try {
+    ensure_scratch(1);
+    for (bool more = true; more && taken < max_steps;) {
+      for (; launched < max_steps && launched - taken < kFedAhead; ++launched) {
+        const int p = pos + launched;
+        run_recorded(kFedBucket, [&] {
+          run_ops(&token, 1, p, false);  // the token and position come from the device
+          backend_.fed_greedy(logits_.slice_rows(0, 1));
+        });
+        backend_.fed_step_launched(p);
+      }
+      more = take(backend_.fed_result(pos + taken++));
+    }
+  } catch (...) {
+    backend_.fed_steps_end();
+    throw;
+  }
+  backend_.fed_steps_end();
+  logit_rows_ = 1;
+  return taken;
 }
 
 void Transformer::forward(const int32_t* tokens, int n, int pos, float* logits, bool all_logits) {

@@ -1,6 +1,7 @@
 // One Llama-family forward pass over the Backend interface: the same code for every family
 // (differences come from ModelConfig) and every backend.
 #pragma once
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -34,6 +35,15 @@ class Transformer {
   // Samples the logits rows of the last forward / forward_batch on the backend (row i with
   // requests[i]; n at most the rows it made), so only ids and log-probabilities reach the host.
   void sample_logits(const SampleRequest* requests, int n, SampleResult* out);
+  // Greedy decode of up to max_steps tokens: the first step reads `token` at `pos`; take(id)
+  // gets each step's argmax in order and returns false to stop. Returns the number of ids taken.
+  // Where the backend feeds steps (Backend::fed_steps_begin), each step's pick becomes the next
+  // step's input on the device and the host runs up to kFedAhead steps ahead of the ids it has
+  // taken; steps run past a stop write their keys and values beyond the taken ones, where the
+  // next forward pass at those positions overwrites them. Elsewhere: forward and sample_logits
+  // per step. The logits afterwards are the last step's.
+  int decode_greedy(int token, int pos, int max_steps, const std::function<bool(int)>& take);
+  static constexpr int kFedAhead = 2;
 
   const ModelConfig& config() const { return config_; }
   int max_seq() const { return max_seq_; }
@@ -50,9 +60,11 @@ class Transformer {
   // Runs rows [0, n) of the scratch through every layer; attend(att, q, k, v, layer, reader)
   // applies the rotary embedding to q and k and fills att (the paged path fuses the rotation with
   // its store); reader: the weight whose matmul_add alone reads att next, or null
-  // (Backend::rope_attention).
+  // (Backend::rope_attention). head: the LM head that reads the last layer's output; where it
+  // can normalise x itself (Backend::fuses_norms), no final norm runs and this returns true (the
+  // head then reads x through norm_matmul_split); else xn holds the normalised rows.
   template <typename Attend>
-  void run_layers(const int32_t* tokens, int n, Attend&& attend);
+  bool run_layers(const int32_t* tokens, int n, Attend&& attend, const Tensor* head = nullptr);
   // Every backend op of one forward pass, up to the logits in logits_ (device side).
   void run_ops(const int32_t* tokens, int n, int pos, bool all_logits);
   // Runs ops() as the backend's record for `bucket` (Backend::capture_begin): replayed when one

@@ -21,6 +21,7 @@
 #include "backend/cuda/attention_decode.cuh"
 #include "backend/cuda/attention_split.cuh"
 #include "backend/cuda/rope_store.cuh"
+#include "core/diag.h"
 
 namespace gyre::cuda {
 
@@ -211,24 +212,20 @@ void kv_store(const KvStoreArgs& a, const half* k, const half* v, const int32_t*
   GYRE_CUDA_LAUNCHED();
 }
 
-// Diagnostics only (GYRE_DIAG_SKIP=attn, rope or attnonly; onekey: attention over the newest key
-// only): decode steps without their attention and/or RoPE/KV-store launches, to time what those
-// kernels cost inside the PDL chain. Results are wrong then.
+// Diagnostics only (core/diag.h: GYRE_DIAG_SKIP=attn, rope or attnonly; onekey: attention over the
+// newest key only): decode steps without their attention and/or RoPE/KV-store launches, to time
+// what those kernels cost inside the PDL chain. Results are wrong then.
 namespace {
-std::string diag_skip() {
-  const char* e = std::getenv("GYRE_DIAG_SKIP");
-  return e == nullptr ? std::string() : std::string(e);
-}
 bool diag_skip_rope() {
-  static const bool skip = diag_skip() == "attn" || diag_skip() == "rope";
+  static const bool skip = diag_skip("attn") || diag_skip("rope");
   return skip;
 }
 bool diag_one_key() {
-  static const bool one = diag_skip() == "onekey";
+  static const bool one = diag_skip("onekey");
   return one;
 }
 bool diag_skip_attention() {
-  static const bool skip = diag_skip() == "attn" || diag_skip() == "attnonly";
+  static const bool skip = diag_skip("attn") || diag_skip("attnonly");
   return skip;
 }
 }  // namespace

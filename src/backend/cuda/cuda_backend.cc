@@ -48,6 +48,9 @@ void cuda_set_decode_graphs(Backend& backend, bool buckets, bool record) {
 uint64_t cuda_graph_replays(Backend& backend) {
   return as_cuda(backend).graph_replays();
 }
+uint64_t cuda_fed_steps(Backend& backend) {
+  return as_cuda(backend).fed_steps();
+}
 uint64_t cuda_permuted_handoffs(Backend& backend) {
   return as_cuda(backend).permuted_handoffs();
 }
@@ -152,6 +155,8 @@ CudaBackend::~CudaBackend() {
   (void)cudaStreamSynchronize(stream_);
   drop_graph();
   for (StagedInts* s : {&tokens_, &positions_, &pos0_}) (void)cudaEventDestroy(s->copied);
+  for (cudaEvent_t e : fed_events_)
+    if (e) (void)cudaEventDestroy(e);
   if (cublas_) (void)cublasDestroy(cublas_);
   if (stream_) (void)cudaStreamDestroy(stream_);
 }
@@ -327,6 +332,10 @@ void CudaBackend::reserve_staging(StagedInts& s, int n) {
 }
 
 const int32_t* CudaBackend::stage(StagedInts& s, const int32_t* host, int n) {
+  if (fed_ && (&s == &tokens_ || &s == &positions_ || &s == &pos0_)) {
+    GYRE_CHECK(n == 1, "internal: a fed decode step of ", n, " rows");
+    return static_cast<const int32_t*>(s.device.get());  // the last step's pick wrote it
+  }
   if (s.valid && static_cast<int>(s.current.size()) == n &&
       std::equal(host, host + n, s.current.begin()))
     return static_cast<const int32_t*>(s.device.get());

@@ -36,6 +36,7 @@ double cuda_measure_bandwidth(Backend& backend);
 // what a record replays (tests compare the two).
 void cuda_set_decode_graphs(Backend& backend, bool buckets, bool record);
 uint64_t cuda_graph_replays(Backend& backend);  // recorded steps replayed so far
+uint64_t cuda_fed_steps(Backend& backend);      // fed greedy decode steps launched so far
 // Fused-norm matmuls so far that read the residual in their weight's column order as the
 // matmul_add before them left it (act-order weights; cuda_fused.cc).
 uint64_t cuda_permuted_handoffs(Backend& backend);

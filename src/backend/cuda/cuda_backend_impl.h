@@ -160,6 +160,13 @@ class CudaBackend final : public Backend {
   // Powers of two up to kMaxDecodeBucket rows.
   int decode_bucket(int rows) const override;
   void stage_paged_step(const PagedBatch& batch, PagedKvCache& cache) override;
+  // Fed greedy steps (cuda_fed.cc; GYRE_CUDA_FED=0 in the environment: off, for comparisons).
+  bool fed_steps_begin(int token, int pos) override;
+  void fed_greedy(const Tensor& logits) override;
+  void fed_step_launched(int pos) override;
+  int fed_result(int pos) override;
+  void fed_steps_end() override;
+  uint64_t fed_steps() const { return fed_steps_; }
   void set_decode_graphs(bool buckets, bool record) {
     drop_graph();
     buckets_enabled_ = buckets;
@@ -346,6 +353,13 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   std::shared_ptr<void> cublas_workspace_;
   StagedInts tokens_, positions_, pos0_;
+  // Fed steps: stage() hands out the device copies of the three above without copying.
+  static constexpr int kFedRing = 16;  // ids in flight, at most (a power of two)
+  bool fed_ = false;
+  std::shared_ptr<void> fed_ring_, fed_words_;  // host-mapped ids; the pick's zeroed words
+  int32_t* fed_ring_device_ = nullptr;
+  cudaEvent_t fed_events_[kFedRing] = {};
+  uint64_t fed_steps_ = 0;
   std::vector<std::pair<std::vector<float>, std::shared_ptr<void>>> rope_tables_;
   Scratch workspace_, counters_;
   // GYRE_CUDA_SPLIT_COMBINE=kernel: the separate combine kernel (A/B); GYRE_CUDA_ATTN_SINGLE=N:

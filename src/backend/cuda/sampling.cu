@@ -18,6 +18,7 @@
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/sampling.h"
+#include "backend/cuda/sampling_keys.cuh"
 
 namespace gyre::cuda {
 
@@ -26,20 +27,10 @@ namespace {
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kCopies = 4;  // histogram copies (by warp) to spread the atomics on hot bins
-constexpr unsigned kFull = 0xffffffffu;
+using namespace sample_keys;
 constexpr uint32_t kMinSampleKey = 0x0400;  // -inf is 0x03ff: left out of the sampling set
 constexpr uint32_t kPosInfKey = 0xfc00;
 constexpr float kMassScale = 1099511627776.0f;  // 2^40
-
-__device__ __forceinline__ uint32_t key_of_bits(uint32_t b) {
-  if ((b & 0x7fffu) > 0x7c00u) return 0;  // NaN
-  if (b == 0x8000u) b = 0;
-  return (b & 0x8000u) ? (~b & 0xffffu) : (b | 0x8000u);
-}
-
-__device__ __forceinline__ uint32_t key_of(half h) {
-  return key_of_bits(__half_as_ushort(h));
-}
 
 __device__ __forceinline__ float value_of_key(uint32_t k) {
   const uint32_t b = (k & 0x8000u) ? (k & 0x7fffu) : (~k & 0xffffu);
@@ -372,11 +363,6 @@ __device__ Selected select_prefix(const Row& r, Shared& sh, bool by_mass, double
   return s;
 }
 
-// The largest key and the lowest id holding it, as one 64-bit maximum (0: every logit NaN).
-__device__ __forceinline__ unsigned long long best_of(int i, uint32_t k) {
-  return (static_cast<unsigned long long>(k) << 32) | (0xffffffffu - static_cast<uint32_t>(i));
-}
-
 constexpr int kBestThreads = 256;
 constexpr int kBestBlocks = 64;  // per row, at most
 
@@ -385,23 +371,11 @@ constexpr int kBestBlocks = 64;  // per row, at most
 __global__ void __launch_bounds__(kBestThreads)
     row_best_kernel(const half* __restrict__ logits, int64_t ld, int vocab,
                     unsigned long long* __restrict__ best) {
-  const half* row = logits + static_cast<int64_t>(blockIdx.y) * ld;
-  unsigned long long b = 0;
-  for (int i = blockIdx.x * kBestThreads + threadIdx.x; i < vocab; i += gridDim.x * kBestThreads) {
-    const unsigned long long c = best_of(i, key_of(row[i]));
-    b = c > b ? c : b;
-  }
-  for (int o = 16; o > 0; o >>= 1) {
-    const unsigned long long other = __shfl_xor_sync(kFull, b, o);
-    b = other > b ? other : b;
-  }
   __shared__ unsigned long long warp_best[kBestThreads / 32];
-  if ((threadIdx.x & 31) == 0) warp_best[threadIdx.x >> 5] = b;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kBestThreads / 32; ++w) b = warp_best[w] > b ? warp_best[w] : b;
-    if (b != 0) atomicMax(best + blockIdx.y, b);
-  }
+  const unsigned long long b =
+      block_best(logits + static_cast<int64_t>(blockIdx.y) * ld, vocab,
+                 blockIdx.x * kBestThreads + threadIdx.x, gridDim.x * kBestThreads, warp_best);
+  if (threadIdx.x == 0 && b != 0) atomicMax(best + blockIdx.y, b);
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -438,7 +412,7 @@ __global__ void __launch_bounds__(kThreads)
         best, [](unsigned long long a, unsigned long long b) { return a > b ? a : b; }, sh.ured);
   }
   const uint32_t max_key = static_cast<uint32_t>(best >> 32);
-  const int argmax = static_cast<int>(0xffffffffu - static_cast<uint32_t>(best));
+  const int argmax = id_of_best(best);
   if (max_key == 0) {
     if (threadIdx.x == 0) out->error = kSampleAllNan;
     return;

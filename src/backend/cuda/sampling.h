@@ -49,4 +49,20 @@ constexpr int kSampleDefaultMode = kSampleVectorLoads | kSampleSpreadArgmax;
 void sample_rows(const half* logits, int64_t ld, int vocab, int rows, const SampleRowParams* params,
                  SampleRowOut* out, int mode, cudaStream_t s, unsigned long long* best = nullptr);
 
+// A fed greedy decode step's pick (greedy_feed.cu): the argmax of `logits` (lowest id on ties)
+// becomes the next step's input on the device (token = id, position and pos0 advanced by one) and
+// goes to ring[pos0 & ring_mask] (-1 when every logit is NaN) in host-mapped memory.
+struct GreedyFeedArgs {
+  const half* logits = nullptr;
+  int vocab = 0;
+  unsigned long long* best = nullptr;  // one zeroed word, left zeroed
+  unsigned int* done = nullptr;        // one zeroed counter, left zeroed
+  int32_t* token = nullptr;
+  int32_t* position = nullptr;
+  int32_t* pos0 = nullptr;
+  int32_t* ring = nullptr;  // device address of host-mapped memory
+  int ring_mask = 0;        // ring size - 1 (a power of two)
+};
+void greedy_feed(const GreedyFeedArgs& a, cudaStream_t s);
+
 }  // namespace gyre::cuda
