@@ -43,9 +43,10 @@ for mode in "$@"; do
   knobs)  # ring and attention settings against the default, ROUNDS rounds interleaved
     . bench/device_binaries.sh >/dev/null
     for r in $(seq 1 "${ROUNDS:-1}"); do
-      for kv in NONE=0 GYRE_CUDA_GEMV_DEEP=1 GYRE_CUDA_GEMV_SMEM=8 GYRE_CUDA_GEMV_SMEM=2 \
-        GYRE_CUDA_ATTN_SINGLE=0 GYRE_CUDA_ATTN_PREFETCH=0; do
-        (export "$kv"; bench_line "round $r $kv" $B/gyre --synthetic llama3-8b --bits 4 -p 512 -n 128 --long 0)
+      for kv in NONE=0 GYRE_CUDA_GEMV_DEEP=1 "GYRE_CUDA_GEMV_DEEP=1 GYRE_CUDA_STREAM_BUDGET=48" \
+        GYRE_CUDA_GEMV_SMEM=8 GYRE_CUDA_GEMV_SMEM=2 GYRE_CUDA_ATTN_SINGLE=0 GYRE_CUDA_ATTN_PREFETCH=0; do
+        # shellcheck disable=SC2086 # kv: one or more assignments
+        (export $kv; bench_line "round $r $kv" $B/gyre --synthetic llama3-8b --bits 4 -p 512 -n 128 --long 0)
       done
     done
     ;;

@@ -258,14 +258,19 @@ class Backend {
   // Uploads a bucketed batch's arrays to the bucket's fixed device buffers now: before a
   // replay_step (which calls no attention_paged) and before recording it.
   virtual void stage_paged_step(const PagedBatch& /*batch*/, PagedKvCache& /*cache*/) {}
-  // Fed greedy decode (Transformer::decode_greedy): from fed_steps_begin(token, pos) until
-  // fed_steps_end, the step inputs (token, position) stay on the device, and fed_greedy, the
-  // step's last op, writes its argmax there as the next step's token and advances the position,
-  // so that the host enqueues steps without waiting for them. fed_step_launched(pos) follows the
-  // launch of the step at `pos`; fed_result(pos) waits for it and returns its id (throws when
-  // every logit is NaN). A backend without it returns false from fed_steps_begin.
-  virtual bool fed_steps_begin(int /*token*/, int /*pos*/) { return false; }
-  virtual void fed_greedy(const Tensor& /*logits*/) {}
+  // Fed decode (Transformer::decode_fed): from fed_steps_begin(token, pos, first) until
+  // fed_steps_end, the step inputs (token, position) stay on the device, and fed_pick, the step's
+  // last op, picks from its logits row as `first` asks (greedy, or sampled without penalties and
+  // with the draw that fed_stage(pos, request) gave the step at `pos` before its launch), writes
+  // the pick there as the next step's token and advances the position, so that the host enqueues
+  // steps without waiting for them. fed_step_launched(pos) follows the launch of the step at `pos`;
+  // fed_result(pos) waits for it and returns its id (throws when every logit is NaN). A backend
+  // returns false from fed_steps_begin where it cannot serve such requests (all by default).
+  virtual bool fed_steps_begin(int /*token*/, int /*pos*/, const SampleRequest& /*first*/) {
+    return false;
+  }
+  virtual void fed_stage(int /*pos*/, const SampleRequest& /*request*/) {}
+  virtual void fed_pick(const Tensor& /*logits*/) {}
   virtual void fed_step_launched(int /*pos*/) {}
   virtual int fed_result(int /*pos*/) { return -1; }
   virtual void fed_steps_end() {}

@@ -174,15 +174,17 @@ GenerationResult Generator::generate_ids(const std::vector<int>& prompt_ids,
     };
     int id = sample();
     bool more = take(id);
-    if (more && sampler.plain_greedy()) {
-      // Each step's pick feeds the next on the backend; take() sees the ids in order.
+    if (more && sampler.no_penalties()) {
+      // Each step's pick may feed the next on the backend; take() sees the ids in order.
       const int budget = max_seq - static_cast<int>(cached_.size());
-      model_.decode_greedy(id, static_cast<int>(cached_.size()), budget, [&](int next) {
-        cached_.push_back(id);
-        ++decode_steps;
-        id = next;
-        return take(next);
-      });
+      model_.decode_fed(
+          id, static_cast<int>(cached_.size()), budget, [&] { return sampler.next_request(); },
+          [&](int next) {
+            cached_.push_back(id);
+            ++decode_steps;
+            id = next;
+            return take(next);
+          });
     } else {
       while (more) {
         model_.forward(&id, 1, static_cast<int>(cached_.size()), nullptr, false);

@@ -71,11 +71,11 @@ class Sampler {
   std::vector<float> penalized(const float* logits, int n_vocab) const;
 
   const SamplerSettings& settings() const { return s_; }
-  // Greedy without penalties: every pick is the argmax of the raw logits, whatever the history
-  // (so the backend may pick it on its own: Transformer::decode_greedy).
-  bool plain_greedy() const {
-    return s_.temperature <= 0.0f && s_.repetition_penalty == 1.0f &&
-           s_.frequency_penalty == 0.0f && s_.presence_penalty == 0.0f;
+  // No penalties: a pick depends on the logits and the request's draw, not on the history (so
+  // the backend may pick one step's token before the host has taken the last: decode_fed).
+  bool no_penalties() const {
+    return s_.repetition_penalty == 1.0f && s_.frequency_penalty == 0.0f &&
+           s_.presence_penalty == 0.0f;
   }
 
  private:

@@ -176,11 +176,13 @@ void Transformer::run_ops(const int32_t* tokens, int n, int pos, bool all_logits
 }
 
 namespace {
-constexpr int kFedBucket = -1;  // the record of a fed decode step (Backend::fed_steps_begin)
+// The records of fed decode steps (Backend::fed_steps_begin), by how they pick.
+constexpr int kFedGreedyBucket = -1, kFedSampledBucket = -2;
 }  // namespace
 
-int Transformer::decode_greedy(int token, int pos, int max_steps,
-                               const std::function<bool(int)>& take) {
+int Transformer::decode_fed(int token, int pos, int max_steps,
+                            const std::function<SampleRequest()>& next_request,
+                            const std::function<bool(int)>& take) {
   const ModelConfig& c = config_;
   GYRE_CHECK(cache_ != nullptr, "this model was loaded for batched serving only");
   GYRE_CHECK(max_steps >= 0 && pos >= 0 && max_steps <= max_seq_ - pos, "sequence of ",
@@ -188,29 +190,36 @@ int Transformer::decode_greedy(int token, int pos, int max_steps,
   GYRE_CHECK(token >= 0 && token < c.vocab_size, "token id ", token,
              " is outside the vocabulary of ", c.vocab_size);
   if (max_steps == 0) return 0;
+  SampleRequest request = next_request();
+  GYRE_CHECK(request.repetition_penalty == 1.0f && request.frequency_penalty == 0.0f &&
+                 request.presence_penalty == 0.0f,
+             "decode_fed: penalties need each pick's history");
   const bool fed = backend_.graph_capable() && c.rope.scaling != RopeScaling::DynamicNtk &&
-                   backend_.fed_steps_begin(token, pos);
+                   backend_.fed_steps_begin(token, pos, request);
   if (!fed) {
-    const SampleRequest greedy;  // temperature 0
     for (int i = 0; i < max_steps; ++i) {
+      if (i > 0) request = next_request();
       forward(&token, 1, pos + i, nullptr, false);
       SampleResult picked;
-      sample_logits(&greedy, 1, &picked);
+      sample_logits(&request, 1, &picked);
       GYRE_CHECK(picked.error.empty(), picked.error);
       token = picked.id;
       if (!take(token)) return i + 1;
     }
     return max_steps;
   }
+  const int bucket = request.temperature > 0.0f ? kFedSampledBucket : kFedGreedyBucket;
   int launched = 0, taken = 0;
   try {
     ensure_scratch(1);
     for (bool more = true; more && taken < max_steps;) {
       for (; launched < max_steps && launched - taken < kFedAhead; ++launched) {
         const int p = pos + launched;
-        run_recorded(kFedBucket, [&] {
+        if (launched > 0) request = next_request();
+        backend_.fed_stage(p, request);
+        run_recorded(bucket, [&] {
           run_ops(&token, 1, p, false);  // the token and position come from the device
-          backend_.fed_greedy(logits_.slice_rows(0, 1));
+          backend_.fed_pick(logits_.slice_rows(0, 1));
         });
         backend_.fed_step_launched(p);
       }

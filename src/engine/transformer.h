@@ -35,14 +35,22 @@ class Transformer {
   // Samples the logits rows of the last forward / forward_batch on the backend (row i with
   // requests[i]; n at most the rows it made), so only ids and log-probabilities reach the host.
   void sample_logits(const SampleRequest* requests, int n, SampleResult* out);
-  // Greedy decode of up to max_steps tokens: the first step reads `token` at `pos`; take(id)
-  // gets each step's argmax in order and returns false to stop. Returns the number of ids taken.
-  // Where the backend feeds steps (Backend::fed_steps_begin), each step's pick becomes the next
-  // step's input on the device and the host runs up to kFedAhead steps ahead of the ids it has
-  // taken; steps run past a stop write their keys and values beyond the taken ones, where the
-  // next forward pass at those positions overwrites them. Elsewhere: forward and sample_logits
-  // per step. The logits afterwards are the last step's.
-  int decode_greedy(int token, int pos, int max_steps, const std::function<bool(int)>& take);
+  // Decode of up to max_steps tokens: the first step reads `token` at `pos`; each step's token is
+  // picked as next_request() says (called once per step, in order, before the step runs; greedy
+  // or sampled with the request's own draw, never penalties: those need each pick's history) and
+  // take(id) gets the picks in order and returns false to stop. Returns the number taken. Where
+  // the backend feeds steps (Backend::fed_steps_begin), each pick becomes the next step's input
+  // on the device and the host runs up to kFedAhead steps ahead of the ids it has taken; steps
+  // run past a stop write keys and values beyond the taken ones, which the next forward pass at
+  // those positions overwrites. Elsewhere: forward and sample_logits per step. The logits
+  // afterwards are the last step's.
+  int decode_fed(int token, int pos, int max_steps,
+                 const std::function<SampleRequest()>& next_request,
+                 const std::function<bool(int)>& take);
+  int decode_greedy(int token, int pos, int max_steps, const std::function<bool(int)>& take) {
+    return decode_fed(
+        token, pos, max_steps, [] { return SampleRequest{}; }, take);
+  }
   static constexpr int kFedAhead = 2;
 
   const ModelConfig& config() const { return config_; }

@@ -28,6 +28,7 @@ struct QlinearFusion;
 
 namespace gyre::cuda {
 
+struct SampleRowParams;                // sampling.h
 struct PagedStep;                      // the device copy of a step's PagedBatch (cuda_paged.cc)
 constexpr int kMaxDecodeBucket = 128;  // larger decode steps run unpadded, without a record
 // What a bucketed step was last staged with: its cache, and the key span its split count follows
@@ -161,8 +162,9 @@ class CudaBackend final : public Backend {
   int decode_bucket(int rows) const override;
   void stage_paged_step(const PagedBatch& batch, PagedKvCache& cache) override;
   // Fed greedy steps (cuda_fed.cc; GYRE_CUDA_FED=0 in the environment: off, for comparisons).
-  bool fed_steps_begin(int token, int pos) override;
-  void fed_greedy(const Tensor& logits) override;
+  bool fed_steps_begin(int token, int pos, const SampleRequest& first) override;
+  void fed_stage(int pos, const SampleRequest& request) override;
+  void fed_pick(const Tensor& logits) override;
   void fed_step_launched(int pos) override;
   int fed_result(int pos) override;
   void fed_steps_end() override;
@@ -355,9 +357,12 @@ class CudaBackend final : public Backend {
   StagedInts tokens_, positions_, pos0_;
   // Fed steps: stage() hands out the device copies of the three above without copying.
   static constexpr int kFedRing = 16;  // ids in flight, at most (a power of two)
-  bool fed_ = false;
-  std::shared_ptr<void> fed_ring_, fed_words_;  // host-mapped ids; the pick's zeroed words
+  bool fed_ = false, fed_sampled_ = false;
+  // Host-mapped: the picked ids, the sampled picks' parameters; device: the pick's zeroed words
+  // and (sampled) its result.
+  std::shared_ptr<void> fed_ring_, fed_params_, fed_words_;
   int32_t* fed_ring_device_ = nullptr;
+  SampleRowParams* fed_params_device_ = nullptr;
   cudaEvent_t fed_events_[kFedRing] = {};
   uint64_t fed_steps_ = 0;
   std::vector<std::pair<std::vector<float>, std::shared_ptr<void>>> rope_tables_;

@@ -8,6 +8,7 @@
 
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_buffers.h"
+#include "backend/cuda/cuda_sample_params.h"
 #include "backend/cuda/sampling.h"
 
 namespace gyre::cuda {
@@ -22,8 +23,9 @@ bool gpu_sampling_enabled() {
   return enabled;
 }
 
-// Penalties need the row rewritten and typical_p sorts by entropy distance: the host does them.
-bool kernel_can_serve(const SampleRequest& r) {
+}  // namespace
+
+bool sample_kernel_serves(const SampleRequest& r) {
   const bool penalties =
       !r.penalty_counts.empty() &&
       (r.repetition_penalty != 1.0f || r.frequency_penalty != 0.0f || r.presence_penalty != 0.0f);
@@ -31,7 +33,7 @@ bool kernel_can_serve(const SampleRequest& r) {
          r.top_logprobs <= kSampleMaxTop;
 }
 
-SampleRowParams row_params(const SampleRequest& r) {
+SampleRowParams sample_row_params(const SampleRequest& r) {
   SampleRowParams p;
   p.inv_temp = r.temperature > 0.0f ? 1.0f / r.temperature : 0.0f;
   p.top_k = r.top_k;
@@ -43,16 +45,13 @@ SampleRowParams row_params(const SampleRequest& r) {
   return p;
 }
 
-// GYRE_CUDA_SAMPLE_MODE=N picks the kernel's implementation bits (sampling.h), for comparisons.
-int kernel_mode() {
+int sample_kernel_mode() {
   static const int mode = [] {
     const char* v = std::getenv("GYRE_CUDA_SAMPLE_MODE");
     return v && *v ? std::atoi(v) : kSampleDefaultMode;
   }();
   return mode;
 }
-
-}  // namespace
 
 void CudaBackend::sample(const Tensor& logits, const SampleRequest* requests, int n,
                          SampleResult* out) {
@@ -85,14 +84,14 @@ void CudaBackend::sample(const Tensor& logits, const SampleRequest* requests, in
                                                        best_offset(sample_rows_));
   bool any_host = false;
   for (int i = 0; i < n; ++i) {
-    params[i] = row_params(requests[i]);
-    params[i].skip = kernel_can_serve(requests[i]) ? 0 : 1;
+    params[i] = sample_row_params(requests[i]);
+    params[i].skip = sample_kernel_serves(requests[i]) ? 0 : 1;
     any_host = any_host || params[i].skip;
   }
   GYRE_CUDA_CHECK(cudaMemcpyAsync(d_params, params, static_cast<size_t>(n) * sizeof(*params),
                                   cudaMemcpyHostToDevice, stream_));
   sample_rows(static_cast<const half*>(logits.data), logits.cols, static_cast<int>(logits.cols), n,
-              d_params, d_results, kernel_mode(), stream_, d_best);
+              d_params, d_results, sample_kernel_mode(), stream_, d_best);
   GYRE_CUDA_CHECK(cudaMemcpyAsync(results, d_results, static_cast<size_t>(n) * sizeof(*results),
                                   cudaMemcpyDeviceToHost, stream_));
   GYRE_CUDA_CHECK(cudaStreamSynchronize(stream_));

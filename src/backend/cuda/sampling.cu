@@ -381,7 +381,8 @@ __global__ void __launch_bounds__(kBestThreads)
 __global__ void __launch_bounds__(kThreads)
     sample_rows_kernel(const half* __restrict__ logits, int64_t ld, int vocab,
                        const SampleRowParams* __restrict__ params, SampleRowOut* __restrict__ outs,
-                       int mode, unsigned long long* __restrict__ spread_best) {
+                       int mode, unsigned long long* __restrict__ spread_best,
+                       const int32_t* __restrict__ params_slot, int slot_mask) {
   __shared__ unsigned long long spread_s;
   if (spread_best != nullptr) {  // read and cleared for the next call, skipped rows included
     if (threadIdx.x == 0) {
@@ -390,7 +391,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
   }
-  const SampleRowParams p = params[blockIdx.x];
+  const SampleRowParams p = params[params_slot ? (*params_slot & slot_mask) : blockIdx.x];
   if (p.skip) return;
   __shared__ Shared sh;
   SampleRowOut* out = outs + blockIdx.x;
@@ -527,7 +528,8 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 void sample_rows(const half* logits, int64_t ld, int vocab, int rows, const SampleRowParams* params,
-                 SampleRowOut* out, int mode, cudaStream_t s, unsigned long long* best) {
+                 SampleRowOut* out, int mode, cudaStream_t s, unsigned long long* best,
+                 const int32_t* params_slot, int slot_mask) {
   if (rows <= 0) return;
   if (!(mode & kSampleSpreadArgmax)) best = nullptr;
   if (best != nullptr) {
@@ -536,7 +538,8 @@ void sample_rows(const half* logits, int64_t ld, int vocab, int rows, const Samp
                       kBestThreads, 0, s>>>(logits, ld, vocab, best);
     GYRE_CUDA_LAUNCHED();
   }
-  sample_rows_kernel<<<rows, kThreads, 0, s>>>(logits, ld, vocab, params, out, mode, best);
+  sample_rows_kernel<<<rows, kThreads, 0, s>>>(logits, ld, vocab, params, out, mode, best,
+                                               params_slot, slot_mask);
   GYRE_CUDA_LAUNCHED();
 }
 

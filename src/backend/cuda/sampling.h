@@ -46,23 +46,32 @@ constexpr int kSampleDefaultMode = kSampleVectorLoads | kSampleSpreadArgmax;
 // Samples rows [0, rows) of FP16 logits (row r at logits + r * ld, `vocab` entries each).
 // best: `rows` zeroed words of device memory, left zeroed (the spread first pass merges into
 // them); null: no spread first pass.
+// params_slot (fed steps, one row): the row's parameters are params[*params_slot & slot_mask] (a
+// ring the host fills ahead) instead of params[row].
 void sample_rows(const half* logits, int64_t ld, int vocab, int rows, const SampleRowParams* params,
-                 SampleRowOut* out, int mode, cudaStream_t s, unsigned long long* best = nullptr);
+                 SampleRowOut* out, int mode, cudaStream_t s, unsigned long long* best = nullptr,
+                 const int32_t* params_slot = nullptr, int slot_mask = 0);
 
-// A fed greedy decode step's pick (greedy_feed.cu): the argmax of `logits` (lowest id on ties)
-// becomes the next step's input on the device (token = id, position and pos0 advanced by one) and
-// goes to ring[pos0 & ring_mask] (-1 when every logit is NaN) in host-mapped memory.
-struct GreedyFeedArgs {
-  const half* logits = nullptr;
-  int vocab = 0;
-  unsigned long long* best = nullptr;  // one zeroed word, left zeroed
-  unsigned int* done = nullptr;        // one zeroed counter, left zeroed
+// Fed decode steps (step_feed.cu): where a step's pick goes. token = id, position and pos0 advance
+// by one (the next step's inputs), and ring[pos0 & ring_mask] (host-mapped) = id, -1 when every
+// logit is NaN or nothing could be sampled.
+struct FeedTargets {
   int32_t* token = nullptr;
   int32_t* position = nullptr;
   int32_t* pos0 = nullptr;
   int32_t* ring = nullptr;  // device address of host-mapped memory
   int ring_mask = 0;        // ring size - 1 (a power of two)
 };
-void greedy_feed(const GreedyFeedArgs& a, cudaStream_t s);
+// The greedy pick: the argmax of `logits` (one row; lowest id on ties).
+struct GreedyFeedArgs {
+  const half* logits = nullptr;
+  int vocab = 0;
+  unsigned long long* best = nullptr;  // one zeroed word, left zeroed
+  unsigned int* done = nullptr;        // one zeroed counter, left zeroed
+  FeedTargets to;
+};
+void feed_greedy(const GreedyFeedArgs& a, cudaStream_t s);
+// The sampled pick: out, written by sample_rows with params_slot (below).
+void feed_sampled(const SampleRowOut* out, const FeedTargets& to, cudaStream_t s);
 
 }  // namespace gyre::cuda
