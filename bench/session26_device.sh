@@ -5,10 +5,12 @@
 #   bench/session26_device.sh busy     session 25's: CudaGemv4.MatchesFloat64WhileDramIsBusy with the
 #       staged-scale race put back (gyre_tests_bug), three times, then the fixed binary
 #   bench/session26_device.sh diag     where the 4-bit decode step's time goes: gyre bench with
-#       GYRE_DIAG_SKIP = (none), attn, head, attn+head (core/diag.h), ROUNDS rounds; each line also
-#       shows the recorded step replayed back to back (graph only: no host work between steps)
-#   bench/session26_device.sh knobs    ring (GYRE_CUDA_GEMV_DEEP=1, GYRE_CUDA_GEMV_SMEM=8 or 2) and
-#       attention settings against the default (NONE=0), ROUNDS rounds
+#       GYRE_DIAG_SKIP = (none), attn, attnwork, onekey, head, attn+head, headnorm (core/diag.h),
+#       ROUNDS rounds; each line shows the fed decode (the headline), step by step, and the stepwise
+#       record replayed back to back (graph only: no host work between steps)
+#   bench/session26_device.sh knobs    ring and attention settings against the default (NONE=0),
+#       ROUNDS rounds (GYRE_CUDA_GEMV_DEEP and GYRE_CUDA_GEMV_SMEM=8 were a ring of 8 slots, for
+#       o_proj only or for all, tried in calls 1-2 and removed: the lines fall back to the default)
 #   bench/session26_device.sh tests    session 25's list of CUDA tests (FILTER overrides)
 #   bench/session26_device.sh table    the final table (bench/device_table.sh)
 set -u
@@ -34,7 +36,7 @@ for mode in "$@"; do
   diag)
     . bench/device_binaries.sh >/dev/null
     for r in $(seq 1 "${ROUNDS:-2}"); do
-      for skip in "" attn head attn,head headnorm; do
+      for skip in "" attn attnwork onekey head attn,head headnorm; do
         GYRE_DIAG_SKIP=$skip bench_line "round $r skip=${skip:-none}" $B/gyre --synthetic llama3-8b \
           --bits 4 -p 512 -n 128 --long 0
       done

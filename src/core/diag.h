@@ -1,8 +1,9 @@
 #pragma once
 // Timing diagnostics: GYRE_DIAG_SKIP names, comma-separated, decode-step launches to leave out
-// (attn, attnonly, rope, onekey, head), so that a bench can price what they cost inside the
-// recorded step; results are wrong while any of those is set. headnorm (results unchanged): the
-// LM head's norm runs as its own kernel instead of inside the head's matmul.
+// (attn, attnonly, rope, onekey, head; attnwork: the attention launched but empty), so that a
+// bench can price what they cost inside the recorded step; results are wrong while any of those is
+// set. headnorm (results unchanged): the LM head's norm runs as its own kernel instead of inside
+// the head's matmul.
 #include <cstdlib>
 #include <string_view>
 

@@ -27,6 +27,8 @@ namespace gyre::cuda {
 
 namespace {
 
+constexpr int kDiagEmptyAttention = 2;  // decode_kernel's mode for GYRE_DIAG_SKIP=attnwork
+
 using namespace split_attn;
 
 // key/value rows of position t of kv head h: h * max_seq + *pos0 + t.
@@ -111,11 +113,17 @@ __device__ __forceinline__ void prefetch_share(const AttentionArgs& a, int kvh, 
 #endif
 }
 
-// PERM (with ROPE only): the output in AttentionArgs::out_index's column order. MMA: the
-// tensor-core loop (decode_attn::mma_loop; instantiated with L = 16 only).
+// mode: 1 = keys loaded before the prologue (decode_attn::preload_enabled), 0 = not, or
+// kDiagEmptyAttention. PERM (with ROPE only): the output in AttentionArgs::out_index's column
+// order. MMA: the tensor-core loop (decode_attn::mma_loop; instantiated with L = 16 only).
 template <int T, int L, int G, bool ROPE, bool PERM = false, bool MMA = false>
 __global__ void __launch_bounds__(decode_attn::threads_of(MMA))
-    decode_kernel(AttentionArgs a, int n_sub, bool preload) {
+    decode_kernel(AttentionArgs a, int n_sub, int mode) {
+  if (mode == kDiagEmptyAttention) {  // timing only: the launch and its waits, no work
+    pdl_wait();
+    return;
+  }
+  const bool preload = mode == 1;
   const int D = a.head_dim;
   const int kvh = blockIdx.y / n_sub, sub = blockIdx.y % n_sub;
   const int qi = blockIdx.z;
@@ -228,6 +236,13 @@ bool diag_skip_attention() {
   static const bool skip = diag_skip("attn") || diag_skip("attnonly");
   return skip;
 }
+// attnwork: the decode kernel is launched and waits as usual but does nothing (what the launch
+// and its place in the PDL chain cost, against attn).
+int decode_mode() {
+  static const int mode =
+      diag_skip("attnwork") ? kDiagEmptyAttention : (decode_attn::preload_enabled() ? 1 : 0);
+  return mode;
+}
 }  // namespace
 
 void rope_kv_store(const RopeStoreArgs& a, const int32_t* pos0, cudaStream_t s) {
@@ -272,7 +287,7 @@ void attention(const AttentionArgs& args, cudaStream_t s) {
           launch(!a.fuse_rope             ? decode_kernel<T, L, G, false, false, M>
                  : a.out_index != nullptr ? decode_kernel<T, L, G, true, true, M>
                                           : decode_kernel<T, L, G, true, false, M>,
-                 grid, decode_attn::threads_of(M), 0, s, a, n_sub, decode_attn::preload_enabled());
+                 grid, decode_attn::threads_of(M), 0, s, a, n_sub, decode_mode());
         });
   } else {
     const size_t smem = smem_bytes(a.head_dim, a.kv_type);

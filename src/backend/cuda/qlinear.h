@@ -209,13 +209,11 @@ void set_gemv_unroll(int unroll);
 // 0 = 4) set_gemv_depth sets. (Kernels 2 and 3, shared-memory rings, measured slower on H100
 // and were removed in round 5: bench/qlinear_notes.md.) At depth 4, symmetric weights go through
 // a cp.async ring in shared memory instead (session 12: +3.5% decode on H100), of
-// set_gemv_smem_ring slots per warp (2, 4 or 8; 0: the register ring; -1: GYRE_CUDA_GEMV_SMEM,
-// default 4). set_gemv_deep_ring(1): at the default 4, warps of 5 to 8 pieces take 8 slots (-1:
-// GYRE_CUDA_GEMV_DEEP, default off).
+// set_gemv_smem_ring slots per warp (2 or 4; 0: the register ring; -1: GYRE_CUDA_GEMV_SMEM, default
+// 4).
 void set_gemv_kernel(int kernel);
 void set_gemv_depth(int depth);
 void set_gemv_smem_ring(int depth);
-void set_gemv_deep_ring(int mode);
 // The shared-memory ring kernels (4 bits; 5 and 6 bits in place) of symmetric weights: each warp
 // stages the scales of its whole piece range once (1), or takes one scale word per piece with its
 // ring slot (0); -1: GYRE_CUDA_STREAM_SCALES (staged, the default, or ring).

@@ -30,7 +30,7 @@ bool int4_lop3() {
 }
 
 // The shared-memory ring's depth for symmetric weights: GYRE_CUDA_GEMV_SMEM (0: the register
-// ring; 2, 4 (the default) or 8), or set_gemv_smem_ring.
+// ring; 2 or 4, the default), or set_gemv_smem_ring.
 int g_ring = -1;
 int smem_ring() {
   if (g_ring < 0) {
@@ -40,18 +40,6 @@ int smem_ring() {
   return g_ring;
 }
 
-// GYRE_CUDA_GEMV_DEEP=1 (or set_gemv_deep_ring): at the default depth, a warp whose piece range
-// is 5 to 8 pieces (o_proj of the 8B shape: 8) takes the ring of 8, so that its whole range is
-// requested before the PDL wait, during the kernel before (the attention), not half of it.
-int g_deep = -1;
-bool deep_ring() {
-  if (g_deep < 0) {
-    const char* e = std::getenv("GYRE_CUDA_GEMV_DEEP");
-    g_deep = e != nullptr && std::string(e) == "1" ? 1 : 0;
-  }
-  return g_deep == 1;
-}
-
 // Ring depth D (register ring) or the shared-memory ring. The one-LOP3 decode and the
 // shared-memory ring are instantiated for symmetric weights only: the asymmetric g128 kernel at
 // ring 4 spills 48 bytes with the LOP3 decode against 36 without (ptxas, session 11), so
@@ -59,14 +47,7 @@ bool deep_ring() {
 template <int D>
 void launch_depth(const Params& p, int ksplit, cudaStream_t stream) {
   if (int4_lop3() && !p.asym) {
-    int ring = D == 4 ? smem_ring() : 0;
-    if (ring == 4 && deep_ring()) {
-      const int pieces = p.kblocks, ks = stream_ksplit(p, 1, ksplit, 32);
-      const int per = (pieces + ks - 1) / ks;
-      if (per > 4 && per <= 8) ring = 8;
-    }
-    if (ring == 8 && stream_ring_fits<4, 1, true, false>(p, ksplit, 32, 8))
-      return launch_stream_ring<4, 1, 8>(p, ksplit, 32, stream);
+    const int ring = D == 4 ? smem_ring() : 0;
     if ((ring == 2 || ring == 4) && stream_ring_fits<4, 1, true, false>(p, ksplit, 32, ring)) {
       if (ring == 2) return launch_stream_ring<4, 1, 2>(p, ksplit, 32, stream);
       return launch_stream_ring<4, 1, 4>(p, ksplit, 32, stream);
@@ -174,14 +155,9 @@ void set_gemv_depth(int depth) {
 }
 
 void set_gemv_smem_ring(int depth) {
-  GYRE_CHECK(depth == -1 || depth == 0 || depth == 2 || depth == 4 || depth == 8,
-             "qlinear: the shared-memory ring depth must be -1, 0, 2, 4 or 8");
+  GYRE_CHECK(depth == -1 || depth == 0 || depth == 2 || depth == 4,
+             "qlinear: the shared-memory ring depth must be -1, 0, 2 or 4");
   g_ring = depth;
-}
-
-void set_gemv_deep_ring(int mode) {
-  GYRE_CHECK(mode >= -1 && mode <= 1, "qlinear: deep ring mode must be -1, 0 or 1");
-  g_deep = mode;
 }
 
 }  // namespace gyre::qlinear_detail
