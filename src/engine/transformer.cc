@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 #include <optional>
 
@@ -176,9 +177,21 @@ void Transformer::run_ops(const int32_t* tokens, int n, int pos, bool all_logits
 }
 
 namespace {
-// The records of fed decode steps (Backend::fed_steps_begin), by how they pick.
-constexpr int kFedGreedyBucket = -1, kFedSampledBucket = -2;
+// The records of fed decode steps (Backend::fed_steps_begin), by how they pick and how many steps
+// one record runs (1 or Transformer::fed_unroll()): -1, -2 (one step, greedy, sampled), -3, -4.
+int fed_bucket(bool sampled, int steps) {
+  return -(steps > 1 ? 3 : 1) - (sampled ? 1 : 0);
+}
 }  // namespace
+
+// GYRE_FED_UNROLL=N (1..8): steps per fed record (4 by default; 1: one record per step).
+int Transformer::fed_unroll() {
+  static const int unroll = [] {
+    const char* e = std::getenv("GYRE_FED_UNROLL");
+    return e == nullptr ? 4 : std::clamp(std::atoi(e), 1, 8);
+  }();
+  return unroll;
+}
 
 int Transformer::decode_fed(int token, int pos, int max_steps,
                             const std::function<SampleRequest()>& next_request,
@@ -208,20 +221,28 @@ int Transformer::decode_fed(int token, int pos, int max_steps,
     }
     return max_steps;
   }
-  const int bucket = request.temperature > 0.0f ? kFedSampledBucket : kFedGreedyBucket;
+  const bool sampled = request.temperature > 0.0f;
+  const int unroll = fed_unroll();
   int launched = 0, taken = 0;
   try {
     ensure_scratch(1);
     for (bool more = true; more && taken < max_steps;) {
-      for (; launched < max_steps && launched - taken < kFedAhead; ++launched) {
-        const int p = pos + launched;
-        if (launched > 0) request = next_request();
-        backend_.fed_stage(p, request);
-        run_recorded(bucket, [&] {
-          run_ops(&token, 1, p, false);  // the token and position come from the device
-          backend_.fed_pick(logits_.slice_rows(0, 1));
+      // Records of `unroll` steps while that many remain (PDL runs on across their step
+      // boundaries), single steps after.
+      while (launched < max_steps && launched - taken < kFedAhead * unroll) {
+        const int u = max_steps - launched >= unroll ? unroll : 1, p = pos + launched;
+        for (int k = 0; k < u; ++k) {
+          if (launched + k > 0) request = next_request();
+          backend_.fed_stage(p + k, request);
+        }
+        run_recorded(fed_bucket(sampled, u), [&] {
+          for (int k = 0; k < u; ++k) {
+            run_ops(&token, 1, p + k, false);  // the token and position come from the device
+            backend_.fed_pick(logits_.slice_rows(0, 1));
+          }
         });
-        backend_.fed_step_launched(p);
+        for (int k = 0; k < u; ++k) backend_.fed_step_launched(p + k);
+        launched += u;
       }
       more = take(backend_.fed_result(pos + taken++));
     }
