@@ -11,9 +11,10 @@
 #   bench/session26_device.sh knobs    ring and attention settings against the default (NONE=0),
 #       ROUNDS rounds (GYRE_CUDA_GEMV_DEEP and GYRE_CUDA_GEMV_SMEM=8 were a ring of 8 slots, for
 #       o_proj only or for all, tried in calls 1-2 and removed: the lines fall back to the default)
-#   bench/session26_device.sh final    fed records of 4 steps (the default) against 1
-#       (GYRE_FED_UNROLL=1) and step by step (GYRE_CUDA_FED=0), ROUNDS rounds; the 8-bit GEMV with
-#       and without its early weight loads; -p 2048 --long 8192; 2/3/5/6 bits
+#   bench/session26_device.sh final    fed records of one step (the default) against 4
+#       (GYRE_FED_UNROLL=4) and step by step (GYRE_CUDA_FED=0), ROUNDS rounds; the 8-bit GEMV with
+#       and without its early weight loads (GYRE_CUDA_GEMV8_EARLY=1); -p 2048 --long 8192;
+#       2/3/5/6 bits
 #   bench/session26_device.sh tests    session 25's list of CUDA tests (FILTER overrides)
 #   bench/session26_device.sh table    the final table (bench/device_table.sh)
 set -u
@@ -59,13 +60,13 @@ for mode in "$@"; do
     # early loads, 8k context, the narrow widths (then `table`)
     . bench/device_binaries.sh >/dev/null
     for r in $(seq 1 "${ROUNDS:-3}"); do
-      for kv in NONE=0 GYRE_FED_UNROLL=1 GYRE_CUDA_FED=0; do
+      for kv in NONE=0 GYRE_FED_UNROLL=4 GYRE_CUDA_FED=0; do
         (export $kv; bench_line "round $r $kv" $B/gyre --synthetic llama3-8b --bits 4 -p 512 -n 128 --long 0)
       done
     done
     for r in 1 2; do
       bench_line "8-bit r$r" $B/gyre --synthetic llama3-8b --bits 8 -p 512 -n 128 --long 0
-      GYRE_CUDA_GEMV8_EARLY=0 bench_line "8-bit r$r GEMV8_EARLY=0" $B/gyre --synthetic llama3-8b --bits 8 -p 512 -n 128 --long 0
+      GYRE_CUDA_GEMV8_EARLY=1 bench_line "8-bit r$r GEMV8_EARLY=1" $B/gyre --synthetic llama3-8b --bits 8 -p 512 -n 128 --long 0
     done
     for r in 1 2; do
       bench_line "long r$r" $B/gyre --synthetic llama3-8b --bits 4 -p 2048 -n 128 --long 8192

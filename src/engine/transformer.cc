@@ -184,13 +184,21 @@ int fed_bucket(bool sampled, int steps) {
 }
 }  // namespace
 
-// GYRE_FED_UNROLL=N (1..8): steps per fed record (4 by default; 1: one record per step).
+// GYRE_FED_UNROLL=N (1..8) or set_fed_unroll: steps per fed record. 1 by default: records of
+// several steps were written in session 26 and not yet timed on a GPU.
+namespace {
+int g_fed_unroll = 0;  // 0: GYRE_FED_UNROLL
+}  // namespace
 int Transformer::fed_unroll() {
-  static const int unroll = [] {
+  static const int from_env = [] {
     const char* e = std::getenv("GYRE_FED_UNROLL");
-    return e == nullptr ? 4 : std::clamp(std::atoi(e), 1, 8);
+    return e == nullptr ? 1 : std::clamp(std::atoi(e), 1, 8);
   }();
-  return unroll;
+  return g_fed_unroll > 0 ? g_fed_unroll : from_env;
+}
+void Transformer::set_fed_unroll(int steps) {
+  GYRE_CHECK(steps >= 0 && steps <= 8, "fed unroll must be 0 (the environment) to 8");
+  g_fed_unroll = steps;
 }
 
 int Transformer::decode_fed(int token, int pos, int max_steps,

@@ -53,6 +53,7 @@ class Transformer {
   }
   static constexpr int kFedAhead = 2;  // records in flight
   static int fed_unroll();
+  static void set_fed_unroll(int steps);  // 0: GYRE_FED_UNROLL (tests compare settings)
 
   const ModelConfig& config() const { return config_; }
   int max_seq() const { return max_seq_; }
