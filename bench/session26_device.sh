@@ -11,10 +11,10 @@
 #   bench/session26_device.sh knobs    ring and attention settings against the default (NONE=0),
 #       ROUNDS rounds (GYRE_CUDA_GEMV_DEEP and GYRE_CUDA_GEMV_SMEM=8 were a ring of 8 slots, for
 #       o_proj only or for all, tried in calls 1-2 and removed: the lines fall back to the default)
-#   bench/session26_device.sh final    fed records of one step (the default) against 4
-#       (GYRE_FED_UNROLL=4) and step by step (GYRE_CUDA_FED=0), ROUNDS rounds; the 8-bit GEMV with
-#       and without its early weight loads (GYRE_CUDA_GEMV8_EARLY=1); -p 2048 --long 8192;
-#       2/3/5/6 bits
+#   bench/session26_device.sh final    fed decode against step by step (GYRE_CUDA_FED=0), ROUNDS
+#       rounds; -p 2048 --long 8192; 2/3/5/6 bits. In call 3 it also timed fed records of 4 steps
+#       (GYRE_FED_UNROLL=4) and the 8-bit GEMV's early loads (GYRE_CUDA_GEMV8_EARLY=1), both
+#       removed afterwards: those lines now repeat the default
 #   bench/session26_device.sh tests    session 25's list of CUDA tests (FILTER overrides)
 #   bench/session26_device.sh table    the final table (bench/device_table.sh)
 set -u

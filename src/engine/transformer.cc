@@ -177,29 +177,9 @@ void Transformer::run_ops(const int32_t* tokens, int n, int pos, bool all_logits
 }
 
 namespace {
-// The records of fed decode steps (Backend::fed_steps_begin), by how they pick and how many steps
-// one record runs (1 or Transformer::fed_unroll()): -1, -2 (one step, greedy, sampled), -3, -4.
-int fed_bucket(bool sampled, int steps) {
-  return -(steps > 1 ? 3 : 1) - (sampled ? 1 : 0);
-}
+// The records of fed decode steps (Backend::fed_steps_begin), by how they pick.
+constexpr int kFedGreedyBucket = -1, kFedSampledBucket = -2;
 }  // namespace
-
-// GYRE_FED_UNROLL=N (1..8) or set_fed_unroll: steps per fed record. 1 by default: records of
-// several steps were written in session 26 and not yet timed on a GPU.
-namespace {
-int g_fed_unroll = 0;  // 0: GYRE_FED_UNROLL
-}  // namespace
-int Transformer::fed_unroll() {
-  static const int from_env = [] {
-    const char* e = std::getenv("GYRE_FED_UNROLL");
-    return e == nullptr ? 1 : std::clamp(std::atoi(e), 1, 8);
-  }();
-  return g_fed_unroll > 0 ? g_fed_unroll : from_env;
-}
-void Transformer::set_fed_unroll(int steps) {
-  GYRE_CHECK(steps >= 0 && steps <= 8, "fed unroll must be 0 (the environment) to 8");
-  g_fed_unroll = steps;
-}
 
 int Transformer::decode_fed(int token, int pos, int max_steps,
                             const std::function<SampleRequest()>& next_request,
@@ -229,28 +209,20 @@ int Transformer::decode_fed(int token, int pos, int max_steps,
     }
     return max_steps;
   }
-  const bool sampled = request.temperature > 0.0f;
-  const int unroll = fed_unroll();
+  const int bucket = request.temperature > 0.0f ? kFedSampledBucket : kFedGreedyBucket;
   int launched = 0, taken = 0;
   try {
     ensure_scratch(1);
     for (bool more = true; more && taken < max_steps;) {
-      // Records of `unroll` steps while that many remain (PDL runs on across their step
-      // boundaries), single steps after.
-      while (launched < max_steps && launched - taken < kFedAhead * unroll) {
-        const int u = max_steps - launched >= unroll ? unroll : 1, p = pos + launched;
-        for (int k = 0; k < u; ++k) {
-          if (launched + k > 0) request = next_request();
-          backend_.fed_stage(p + k, request);
-        }
-        run_recorded(fed_bucket(sampled, u), [&] {
-          for (int k = 0; k < u; ++k) {
-            run_ops(&token, 1, p + k, false);  // the token and position come from the device
-            backend_.fed_pick(logits_.slice_rows(0, 1));
-          }
+      for (; launched < max_steps && launched - taken < kFedAhead; ++launched) {
+        const int p = pos + launched;
+        if (launched > 0) request = next_request();
+        backend_.fed_stage(p, request);
+        run_recorded(bucket, [&] {
+          run_ops(&token, 1, p, false);  // the token and position come from the device
+          backend_.fed_pick(logits_.slice_rows(0, 1));
         });
-        for (int k = 0; k < u; ++k) backend_.fed_step_launched(p + k);
-        launched += u;
+        backend_.fed_step_launched(p);
       }
       more = take(backend_.fed_result(pos + taken++));
     }

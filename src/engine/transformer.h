@@ -40,9 +40,9 @@ class Transformer {
   // or sampled with the request's own draw, never penalties: those need each pick's history) and
   // take(id) gets the picks in order and returns false to stop. Returns the number taken. Where
   // the backend feeds steps (Backend::fed_steps_begin), each pick becomes the next step's input
-  // on the device, one record runs fed_unroll() steps, and the host keeps up to kFedAhead
-  // records in flight beyond the ids it has taken; steps run past a stop write keys and values
-  // beyond the taken ones, which the next forward pass at those positions overwrites. Elsewhere:
+  // on the device and the host runs up to kFedAhead steps ahead of the ids it has taken; steps
+  // run past a stop write keys and values beyond the taken ones, which the next forward pass at
+  // those positions overwrites. Elsewhere:
   // forward and sample_logits per step. The logits afterwards are the last step's.
   int decode_fed(int token, int pos, int max_steps,
                  const std::function<SampleRequest()>& next_request,
@@ -51,9 +51,7 @@ class Transformer {
     return decode_fed(
         token, pos, max_steps, [] { return SampleRequest{}; }, take);
   }
-  static constexpr int kFedAhead = 2;  // records in flight
-  static int fed_unroll();
-  static void set_fed_unroll(int steps);  // 0: GYRE_FED_UNROLL (tests compare settings)
+  static constexpr int kFedAhead = 2;
 
   const ModelConfig& config() const { return config_; }
   int max_seq() const { return max_seq_; }

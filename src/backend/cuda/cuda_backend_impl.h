@@ -356,7 +356,7 @@ class CudaBackend final : public Backend {
   std::shared_ptr<void> cublas_workspace_;
   StagedInts tokens_, positions_, pos0_;
   // Fed steps: stage() hands out the device copies of the three above without copying.
-  static constexpr int kFedRing = 32;  // ids in flight, at most (a power of two)
+  static constexpr int kFedRing = 16;  // ids in flight, at most (a power of two)
   bool fed_ = false, fed_sampled_ = false;
   // Host-mapped: the picked ids, the sampled picks' parameters; device: the pick's zeroed words
   // and (sampled) its result.

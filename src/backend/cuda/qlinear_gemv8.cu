@@ -4,9 +4,7 @@
 // contiguous bytes per row per step and the columns are split across the group's warps (a split-K
 // inside the block, reduced in shared memory). ksplit is 1 when there are rows enough to fill the
 // GPU, more for short matrices. Each lane keeps U * R chunk loads in flight before using any.
-#include <cstdlib>
 #include <cstring>
-#include <string>
 
 #include "backend/cuda/qlinear_internal.h"
 
@@ -16,11 +14,9 @@ namespace {
 
 constexpr int kGemvWarps = 4;
 
-// EARLY: the first step's weight loads are issued before the PDL wait (launch.h), so that they
-// overlap the previous kernel's tail; else after it.
-template <int BITS, int NT, int R, bool EARLY>
+template <int BITS, int NT, int R>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(Params p) {
-  if constexpr (!EARLY) cuda::pdl_begin();  // launched with PDL (launch.h)
+  cuda::pdl_begin();  // launched with PDL (launch.h)
   using namespace qlinear_detail;
   constexpr int kCols = BITS == 4 ? 32 : 16;  // columns per 16-byte chunk
   constexpr int kPairs = kCols / 2;
@@ -38,9 +34,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(Params p) {
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[t][r] = 0.0f;
 
-  uint4 q[kUnroll][R];
-  // Issues every load of the step at `base` before the first use.
-  auto load_step = [&](int base) {
+  for (int base = (warp % p.ksplit) * 32 + lane; base < chunks; base += kUnroll * kStride) {
+    uint4 q[kUnroll][R];
+    // Issue every load of this step before the first use.
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int ch = min(base + u * kStride, chunks - 1);
@@ -50,14 +46,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(Params p) {
         q[u][r] = load_stream(p.qweight + row * row_bytes + static_cast<int64_t>(ch) * 16);
       }
     }
-  };
-  const int first = (warp % p.ksplit) * 32 + lane;
-  if constexpr (EARLY) {
-    if (first < chunks) load_step(first);
-    cuda::pdl_begin();  // x is the previous kernel's output
-  }
-  for (int base = first; base < chunks; base += kUnroll * kStride) {
-    if (!EARLY || base != first) load_step(base);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int ch = base + u * kStride;
@@ -111,16 +99,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(Params p) {
   }
 }
 
-// GYRE_CUDA_GEMV8_EARLY=1: the first step's weight loads before the PDL wait (written in session
-// 26, not yet measured on a GPU; off until it is).
-bool gemv8_early() {
-  static const bool on = [] {
-    const char* e = std::getenv("GYRE_CUDA_GEMV8_EARLY");
-    return e != nullptr && std::string(e) == "1";
-  }();
-  return on;
-}
-
 template <int BITS, int NT, int R>
 void launch_gemv(const Params& p, cudaStream_t stream) {
   // Enough row groups to give every SM many warps: no split-K; fewer: split the columns.
@@ -129,8 +107,7 @@ void launch_gemv(const Params& p, cudaStream_t stream) {
   q.ksplit = row_groups >= 2048 ? 1 : row_groups >= 1024 ? 2 : 4;
   const int per_block = R * (kGemvWarps / q.ksplit);
   const int blocks = (p.rows + per_block - 1) / per_block;
-  qlaunch(gemv8_early() ? gemv_kernel<BITS, NT, R, true> : gemv_kernel<BITS, NT, R, false>, blocks,
-          kGemvWarps * 32, 0, stream, q);
+  qlaunch(gemv_kernel<BITS, NT, R>, blocks, kGemvWarps * 32, 0, stream, q);
 }
 
 template <int BITS>
