@@ -115,6 +115,9 @@ struct SampleRequest {
   std::vector<std::pair<int, int>> penalty_counts;
   bool logprob = false;  // the chosen id's log-probability under the raw logits (log-softmax)
   int top_logprobs = 0;  // 0..kMaxTopLogprobs: best raw logits as (id, logprob), best first
+  bool has_penalties() const {
+    return repetition_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f;
+  }
 };
 constexpr int kMaxTopLogprobs = 20;
 

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <numeric>
 #include <optional>
 
@@ -192,9 +191,7 @@ int Transformer::decode_fed(int token, int pos, int max_steps,
              " is outside the vocabulary of ", c.vocab_size);
   if (max_steps == 0) return 0;
   SampleRequest request = next_request();
-  GYRE_CHECK(request.repetition_penalty == 1.0f && request.frequency_penalty == 0.0f &&
-                 request.presence_penalty == 0.0f,
-             "decode_fed: penalties need each pick's history");
+  GYRE_CHECK(!request.has_penalties(), "decode_fed: penalties need each pick's history");
   const bool fed = backend_.graph_capable() && c.rope.scaling != RopeScaling::DynamicNtk &&
                    backend_.fed_steps_begin(token, pos, request);
   if (!fed) {

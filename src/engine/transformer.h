@@ -42,8 +42,8 @@ class Transformer {
   // the backend feeds steps (Backend::fed_steps_begin), each pick becomes the next step's input
   // on the device and the host runs up to kFedAhead steps ahead of the ids it has taken; steps
   // run past a stop write keys and values beyond the taken ones, which the next forward pass at
-  // those positions overwrites. Elsewhere:
-  // forward and sample_logits per step. The logits afterwards are the last step's.
+  // those positions overwrites. Elsewhere: forward and sample_logits per step. The logits
+  // afterwards are the last step's.
   int decode_fed(int token, int pos, int max_steps,
                  const std::function<SampleRequest()>& next_request,
                  const std::function<bool(int)>& take);

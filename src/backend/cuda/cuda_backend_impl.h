@@ -161,7 +161,8 @@ class CudaBackend final : public Backend {
   // Powers of two up to kMaxDecodeBucket rows.
   int decode_bucket(int rows) const override;
   void stage_paged_step(const PagedBatch& batch, PagedKvCache& cache) override;
-  // Fed greedy steps (cuda_fed.cc; GYRE_CUDA_FED=0 in the environment: off, for comparisons).
+  // Fed decode steps, greedy or sampled (cuda_fed.cc; GYRE_CUDA_FED=0 in the environment: off,
+  // for comparisons).
   bool fed_steps_begin(int token, int pos, const SampleRequest& first) override;
   void fed_stage(int pos, const SampleRequest& request) override;
   void fed_pick(const Tensor& logits) override;

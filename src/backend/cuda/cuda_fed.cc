@@ -37,9 +37,8 @@ bool CudaBackend::fed_steps_begin(int token, int pos, const SampleRequest& first
   }();
   const bool sampled = first.temperature > 0.0f;
   // The picks return ids only; penalties would need each step's history.
-  const bool servable = first.repetition_penalty == 1.0f && first.frequency_penalty == 0.0f &&
-                        first.presence_penalty == 0.0f && !first.logprob &&
-                        first.top_logprobs == 0 && (!sampled || sample_kernel_serves(first));
+  const bool servable = !first.has_penalties() && !first.logprob && first.top_logprobs == 0 &&
+                        (!sampled || sample_kernel_serves(first));
   if (!enabled || !graphs_enabled_ || !servable) return false;
   if (!fed_ring_) {
     void* dev = nullptr;
@@ -52,18 +51,10 @@ bool CudaBackend::fed_steps_begin(int token, int pos, const SampleRequest& first
     for (cudaEvent_t& e : fed_events_)
       GYRE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
-  const int32_t values[3] = {token, pos, pos};  // token, positions[0], pos0
-  StagedInts* const inputs[3] = {&tokens_, &positions_, &pos0_};
-  for (int i = 0; i < 3; ++i) {
-    StagedInts& s = *inputs[i];
-    reserve_staging(s, 1);
-    GYRE_CUDA_CHECK(cudaEventSynchronize(s.copied));
-    *static_cast<int32_t*>(s.pinned.get()) = values[i];
-    GYRE_CUDA_CHECK(
-        cudaMemcpyAsync(s.device.get(), s.pinned.get(), 4, cudaMemcpyHostToDevice, stream_));
-    GYRE_CUDA_CHECK(cudaEventRecord(s.copied, stream_));
-    s.valid = false;
-  }
+  // The first step's inputs, copied as an eager step's are; the steps advance them from here.
+  stage(tokens_, &token, 1);
+  stage(positions_, &pos, 1);
+  stage(pos0_, &pos, 1);
   fed_ = true;
   fed_sampled_ = sampled;
   return true;

@@ -26,9 +26,7 @@ bool gpu_sampling_enabled() {
 }  // namespace
 
 bool sample_kernel_serves(const SampleRequest& r) {
-  const bool penalties =
-      !r.penalty_counts.empty() &&
-      (r.repetition_penalty != 1.0f || r.frequency_penalty != 0.0f || r.presence_penalty != 0.0f);
+  const bool penalties = !r.penalty_counts.empty() && r.has_penalties();
   return !penalties && r.typical_p >= 1.0f && r.top_logprobs >= 0 &&
          r.top_logprobs <= kSampleMaxTop;
 }
