@@ -1,4 +1,4 @@
-// 2/3/5/6-bit quantized weights on the GPU against the CPU reference dequantizer (qlinear_ref) in
+// 2/3/5/6/8-bit quantized weights on the GPU against the CPU reference dequantizer (qlinear_ref) in
 // float64: GEMV at every n through qlinear_matmul (awkward row and column counts, short tiles), the
 // serving-batch kernel beyond 8 tokens, split outputs, and the FP16 dequantization, in the tiled
 // layout with the stream GEMV
@@ -117,9 +117,12 @@ struct Narrow {
   bool asym, perm;
 };
 
+// 8 bits: tiled in place by default as well (qlinear_bits_stream.cu), the host layout with
+// set_bits_stream(0).
 const Narrow kLayouts[] = {{2, 32, false, false}, {2, 128, true, false},  {3, 64, false, false},
                            {3, 32, true, true},   {5, 128, false, false}, {5, 64, true, false},
-                           {6, 32, false, true},  {6, 128, true, false}};
+                           {6, 32, false, true},  {6, 128, true, false},  {8, 32, false, false},
+                           {8, 64, true, true},   {8, 128, false, true}};
 
 // The 2/3/5/6-bit decodes, in-place (the default) and the split planes' (set_bits_decode(0)), at
 // every group size, symmetric and not, with and without act-order, every piece size (block
@@ -174,6 +177,62 @@ TEST(CudaQbits, OldAndNewDecodeMatchFloat64) {
             if (HasFatalFailure()) return;
           }
         }
+}
+
+// 8-bit weights in the tiled layout (one plane of bytes, decoded in place by a PRMT): every group
+// size, symmetric and not, with and without act-order, at n = 1..4 and 8 on the stream GEMV with
+// the shared-memory ring (staged scales, and one scale word per piece) and the register ring, at
+// 9 and 40 tokens on the serving-batch kernel, the FP16 dequantization; and
+// GYRE_CUDA_BITS8_STREAM=0 (set_bits8_stream(0)): the host layout and its kernels, which the
+// tiled weight's results match to the same tolerance.
+TEST(CudaQbits, EightBitTiledMatchesFloat64) {
+  if (!qtest::have_gpu()) GTEST_SKIP() << "no CUDA device";
+  qlinear_detail::set_bits_batch(0);  // the stream GEMV at n = 8 too (reset by the scope guard)
+  const qtest::AtExit reset([] {
+    qlinear_detail::set_bits_batch(-1);
+    qlinear_detail::set_bits_smem_ring(-1);
+    qlinear_detail::set_stream_staged_scales(-1);
+    qlinear_detail::set_bits8_stream(-1);
+  });
+  uint32_t seed = 4000;
+  const int shapes[][2] = {{77, 1152}, {301, 2560}};
+  for (const int group : {32, 64, 128})
+    for (const bool asym : {false, true})
+      for (const auto& sh : shapes) {
+        const bool perm = (group == 64) != asym;
+        const QWeightHost w = make_weight(8, group, asym, perm, sh[0], sh[1], seed++);
+        const std::vector<double> ref = dequantized(w);
+        for (const int tiled : {1, 0}) {
+          qlinear_detail::set_bits8_stream(tiled);
+          QWeightDevice dw = qweight_upload(w);
+          qlinear_detail::set_bits8_stream(-1);
+          ASSERT_EQ(dw.narrow_tiled, tiled);
+          ASSERT_EQ(dw.narrow_inplace, tiled == 1);
+          // the defaults; the register ring; one scale word per piece in its slot
+          for (const int mode : {0, 1, 2})
+            for (const int n : {1, 2, 3, 4, 8, 9, 40}) {
+              if (mode > 0 && (tiled == 0 || n > 8 || (mode == 2 && asym))) continue;
+              SCOPED_TRACE("8b g" + std::to_string(group) + (asym ? " asym" : " sym") +
+                           (perm ? " perm" : "") + " rows " + std::to_string(sh[0]) + " tiled " +
+                           std::to_string(tiled) + " mode " + std::to_string(mode) + " n " +
+                           std::to_string(n));
+              qlinear_detail::set_bits_batch(n > 8 ? -1 : 0);
+              qlinear_detail::set_bits_smem_ring(mode == 1 ? 0 : -1);
+              qlinear_detail::set_stream_staged_scales(mode == 2 ? 0 : -1);
+              ASSERT_TRUE(qlinear_runs_direct(dw, n));
+              check_uploaded(w, dw, n, seed, &ref);
+              seed += 2;
+              qlinear_detail::set_bits_smem_ring(-1);
+              qlinear_detail::set_stream_staged_scales(-1);
+              if (HasFatalFailure()) {
+                qweight_free(dw);
+                return;
+              }
+            }
+          expect_dequantized(dw, ref, "8b tiled " + std::to_string(tiled));
+          if (HasFatalFailure()) return;
+        }
+      }
 }
 
 // Rows not multiples of 2/16/64; 96 columns (one short tile of 3 units), 1056 (a full tile and a
@@ -343,7 +402,7 @@ TEST(CudaQbits, DequantizeMatchesReference) {
       qlinear_detail::set_bits_stream_pieces(0);
       ASSERT_EQ(dw.narrow_tiled > 0, pieces >= 0);
       if (pieces > 0) {
-        ASSERT_EQ(dw.narrow_tiled, pieces == 8 && l.bits != 2 ? 4 : pieces);
+        ASSERT_EQ(dw.narrow_tiled, l.bits == 8 ? 1 : pieces == 8 && l.bits != 2 ? 4 : pieces);
       }
       expect_dequantized(dw, dequantized(w), std::to_string(l.bits) + "b");
       if (HasFatalFailure()) return;

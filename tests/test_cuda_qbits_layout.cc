@@ -1,4 +1,4 @@
-// The tiled 2/3/5/6-bit layout's words on the host, no GPU needed: the in-place arrangement
+// The tiled 2/3/5/6/8-bit layout's words on the host, no GPU needed: the in-place arrangement
 // (qlinear_inplace.h) through the repack's and the decode's functions, and the upload's repack
 // (tile_bits_on_host) read back as the stream GEMV loads it. The GPU runs are in
 // test_cuda_qbits.cc.
@@ -27,6 +27,8 @@ uint32_t inplace_word_at(int bits, int w, Q&& q) {
       return qlinear_detail::inplace_word<3>(w, q);
     case 5:
       return qlinear_detail::inplace_word<5>(w, q);
+    case 8:
+      return qlinear_detail::inplace_word<8>(w, q);
     default:
       return qlinear_detail::inplace_word<6>(w, q);
   }
@@ -41,6 +43,8 @@ qlinear_detail::InplaceSlot inplace_slot_at(int bits, const uint32_t* lo, const 
       return qlinear_detail::inplace_slot<3>(lo, hi, k);
     case 5:
       return qlinear_detail::inplace_slot<5>(lo, hi, k);
+    case 8:
+      return qlinear_detail::inplace_slot<8>(lo, hi, k);
     default:
       return qlinear_detail::inplace_slot<6>(lo, hi, k);
   }
@@ -50,23 +54,26 @@ qlinear_detail::InplaceSlot inplace_slot_at(int bits, const uint32_t* lo, const 
 // inplace_word, read back by the decode's inplace_slot, is 1024 + q 2^p under the 0x6400
 // exponent (nothing else set), and the HFMA2 constants of inplace_unscale turn it into q - offset
 // exactly (float arithmetic on the FP16 values: the product and the sum are exact). Random and
-// extreme values; at 2 bits the words are the split planes' (pair k at bits 2 (k % 8)).
+// extreme values; at 2 and 8 bits the words are the split planes' (pair k at bits 2 (k % 8), 8
+// (k % 2)). (The device's 8-bit decode is a PRMT; the host's shifts give the same word.)
 TEST(CudaQbits, InplaceArrangementOnTheHost) {
   std::mt19937 rng(11);
-  for (const int bits : {2, 3, 5, 6}) {
-    const int lo_words = bits >= 5 ? 4 : 2;  // the low-plane words: the high plane's follow
+  for (const int bits : {2, 3, 5, 6, 8}) {
+    const int lo_words = bits == 8 ? 8 : bits >= 5 ? 4 : 2;  // the high plane's words follow
     for (int trial = 0; trial < 3000; ++trial) {
       uint32_t q[16][2];
       for (auto& pair : q)
         for (uint32_t& v : pair)
           v = trial == 0 ? 0u : trial == 1 ? (1u << bits) - 1 : rng() % (1u << bits);
       auto value = [&](int k, int c) { return q[k][c]; };
-      uint32_t words[6] = {0, 0, 0, 0, 0, 0};
+      uint32_t words[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (int w = 0; w < bits; ++w) words[w] = inplace_word_at(bits, w, value);
-      if (bits == 2) {
+      if (bits == 2 || bits == 8) {
+        const int per = 16 / bits;  // pairs per word
         for (int k = 0; k < 16; ++k)
           for (int c = 0; c < 2; ++c)
-            ASSERT_EQ((words[k / 8] >> (16 * c + 2 * (k % 8))) & 3u, q[k][c]) << "k " << k;
+            ASSERT_EQ((words[k / per] >> (16 * c + bits * (k % per))) & ((1u << bits) - 1), q[k][c])
+                << bits << "b k " << k;
       }
       for (int k = 0; k < 16; ++k) {
         const qlinear_detail::InplaceSlot s = inplace_slot_at(bits, words, words + lo_words, k);
@@ -95,7 +102,7 @@ TEST(CudaQbits, InplaceArrangementOnTheHost) {
 // counts that pad the block count.
 TEST(CudaQbits, TiledWordsReadBackOnTheHost) {
   std::mt19937 rng(5);
-  for (const int bits : {2, 3, 5, 6})
+  for (const int bits : {2, 3, 5, 6, 8})
     for (const int pieces : {1, 2, 4})
       for (const bool inplace : {false, true}) {
         QWeightDesc d;
@@ -111,7 +118,7 @@ TEST(CudaQbits, TiledWordsReadBackOnTheHost) {
             qweight_set_q(w, r, c, q[size_t(r) * d.cols + c]);
           }
         const std::vector<uint32_t> words = qlinear_detail::tile_bits_on_host(w, pieces, inplace);
-        const int lo_bits = bits >= 5 ? 4 : 2, hi_bits = bits - lo_bits;
+        const int lo_bits = bits == 8 ? 8 : bits >= 5 ? 4 : 2, hi_bits = bits - lo_bits;
         const int kblocks = ((d.cols + 63) / 64 + pieces - 1) / pieces * pieces;
         const int tiles = (d.rows + 15) / 16, npieces = kblocks / pieces;
         ASSERT_EQ(words.size(), size_t(tiles) * kblocks * 32 * bits);

@@ -54,6 +54,12 @@ namespace {
 
 using qlinear_detail::check_cuda;
 
+// Weights that every entry point hands to launch_narrow: the narrow widths (tiled or in the host
+// layout), tiled 8-bit ones and trellis-coded ones.
+bool runs_narrow(const QWeightDevice& w) {
+  return w.desc.trellis || w.desc.narrow() || w.narrow_tiled > 0;
+}
+
 // 8-bit: the CUDA-core GEMV up to this many rows; the tensor-core batch kernel beyond (measured
 // on H100: n = 8 costs 2x n = 1 on CUDA cores, about 1.1x on the batch kernel).
 constexpr int kGemv8MaxRows = 4;
@@ -160,8 +166,8 @@ int narrow_batch_chunk(const QWeightDevice& w, Params p) {
   return 0;
 }
 
-// 2/3/5/6-bit and trellis-coded weights: the serving-batch kernel where it runs, else the GEMV
-// (per 8 tokens beyond 8).
+// 2/3/5/6-bit, tiled 8-bit and trellis-coded weights: the serving-batch kernel where it runs,
+// else the GEMV (per 8 tokens beyond 8).
 void launch_narrow(const QWeightDevice& w, const Params& p, cudaStream_t stream) {
   if (const int chunk = narrow_batch_chunk(w, p); chunk > 0) {
     GYRE_CHECK(p.gate_in == nullptr, "qlinear: a gated output at the serving-batch kernel");
@@ -300,7 +306,7 @@ void qlinear_gemv(const QWeightDevice& w, const __half* x, __half* y, int n, con
   const Params p = fused_params(w, x, y, n, bias, f, stream);
   int rpb = g_rows_per_block;
   if (rpb == 0) rpb = 2;
-  if (w.desc.trellis || w.desc.narrow()) {
+  if (runs_narrow(w)) {
     launch_narrow(w, p, stream);
   } else if (w.desc.bits == 4) {
     qlinear_detail::launch_gemv4(p, stream);
@@ -318,7 +324,7 @@ void qlinear_matmul_split(const QWeightDevice& w, const __half* x, const cuda::O
   GYRE_CHECK(!f.accumulate && f.gate == nullptr, "qlinear: split outputs do not accumulate");
   Params p = fused_params(w, x, outs.out[0], n, bias, f, stream);
   p.split = outs;
-  if (w.desc.trellis || w.desc.narrow()) {
+  if (runs_narrow(w)) {
     launch_narrow(w, p, stream);
   } else if (n <= 8 && (w.desc.bits == 4 || n <= kGemv8MaxRows)) {
     if (w.desc.bits == 4) {
@@ -338,15 +344,16 @@ bool qlinear_gemv_swiglu(const QWeightDevice& w, const __half* x, __half* out, i
                          cudaStream_t stream, const QlinearFusion& f) {
   // 8-bit decode: the CUDA-core GEMV + SwiGLU kernel beats the batch kernel at n <= 4 (28672
   // rows, n = 1: 47 + ~3 us against 72 us on H100).
-  if (n < 1 || n > kQlinearBatchMaxRows || (w.desc.bits == 8 && n <= kGemv8MaxRows) ||
+  if (n < 1 || n > kQlinearBatchMaxRows ||
+      (w.desc.bits == 8 && w.narrow_tiled == 0 && n <= kGemv8MaxRows) ||
       (w.desc.narrow() && w.narrow_tiled == 0) ||  // the host layout's kernel has no epilogue
-      ((w.desc.narrow() || w.desc.trellis) && !qlinear_runs_direct(w, n)))
+      (runs_narrow(w) && !qlinear_runs_direct(w, n)))
     return false;  // the caller's matmul + SwiGLU
   GYRE_CHECK(!f.accumulate, "qlinear: SwiGLU outputs do not accumulate");
   GYRE_CHECK(w.desc.rows == 2 * ((hidden + 7) / 8 * 8), "qlinear swiglu: weight of ", w.desc.rows,
              " rows for a hidden size of ", hidden);
   Params p = fused_params(w, x, out, n, nullptr, f, stream);
-  if (!w.desc.narrow() && !w.desc.trellis && qlinear_detail::batch_prefers_gemm(p))
+  if (!runs_narrow(w) && qlinear_detail::batch_prefers_gemm(p))
     return false;  // the caller's GEMM + SwiGLU path
   p.swiglu_hidden = hidden;
   if (w.narrow_tiled > 0 || w.desc.trellis) {
@@ -393,7 +400,7 @@ void qlinear_gemv_pair(const QWeightDevice& a, const QWeightDevice& b, const Qli
 
 bool qlinear_runs_direct(const QWeightDevice& w, int n) {
   if (n < 1 || n > kQlinearBatchMaxRows) return false;
-  if ((!w.desc.narrow() && !w.desc.trellis) || n <= kQlinearNarrowMaxRows) return true;
+  if (!runs_narrow(w) || n <= kQlinearNarrowMaxRows) return true;
   return narrow_batch_chunk(w, with_rows(w, n)) > 0;
 }
 
@@ -401,7 +408,7 @@ void qlinear_batch(const QWeightDevice& w, const __half* x, __half* y, int n, co
                    cudaStream_t stream) {
   GYRE_CHECK(n >= 1 && n <= kQlinearBatchMaxRows, "qlinear_batch: n must be 1..",
              kQlinearBatchMaxRows, ", got ", n);
-  if (w.desc.trellis || w.desc.narrow()) {
+  if (runs_narrow(w)) {
     launch_narrow(w, make_params(w, x, y, n, bias), stream);
   } else {
     qlinear_detail::launch_batch(make_params(w, x, y, n, bias), stream);
@@ -411,7 +418,7 @@ void qlinear_batch(const QWeightDevice& w, const __half* x, __half* y, int n, co
 
 void qlinear_gemm(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
                   cudaStream_t stream) {
-  if (w.desc.trellis || w.desc.narrow()) {
+  if (runs_narrow(w)) {
     launch_narrow(w, make_params(w, x, y, n, bias), stream);
   } else {
     qlinear_detail::launch_gemm(make_params(w, x, y, n, bias), stream);
@@ -422,7 +429,7 @@ void qlinear_gemm(const QWeightDevice& w, const __half* x, __half* y, int n, con
 void qlinear_matmul(const QWeightDevice& w, const __half* x, __half* y, int n, const __half* bias,
                     cudaStream_t stream, const QlinearFusion& f) {
   const Params p = fused_params(w, x, y, n, bias, f, stream);
-  if (w.desc.trellis || w.desc.narrow()) {
+  if (runs_narrow(w)) {
     launch_narrow(w, p, stream);
     check_cuda(cudaGetLastError(), "qlinear narrow launch");
   } else if (n <= 8 && (w.desc.bits == 4 || n <= kGemv8MaxRows)) {

@@ -19,16 +19,17 @@
 namespace gyre {
 
 // A packed weight in device memory. Views: copying it does not copy the memory.
-// 8-bit weights keep the host layout; 4-bit weights are tiled for the tensor cores at upload
-// (16-row tiles, fragment-ordered nibbles, scales per tile: see qlinear_tiled.cu), and so are
-// 2/3/5/6-bit weights (split planes per 16-row tile: qlinear_stream.cuh) unless
-// GYRE_CUDA_BITS_STREAM=0, scales are f32 or cols > kQlinearTiledBitsMaxCols (then the host
-// layout), so only qweight_upload / qweight_device_view know the byte layout.
+// 4-bit weights are tiled for the tensor cores at upload (16-row tiles, fragment-ordered nibbles,
+// scales per tile: see qlinear_tiled.cu), and so are 2/3/5/6-bit weights (split planes per 16-row
+// tile: qlinear_stream.cuh) and 8-bit ones of groups of 32+ (one plane of bytes in the same
+// tiles) unless GYRE_CUDA_BITS_STREAM=0 (8 bits: GYRE_CUDA_BITS8_STREAM=0), scales are f32 or
+// cols > kQlinearTiledBitsMaxCols (then the host layout), so only qweight_upload /
+// qweight_device_view know the byte layout.
 constexpr int kQlinearTiledBitsMaxCols = 16384;
 struct QWeightDevice {
   QWeightDesc desc;
-  // 2/3/5/6 bits: blocks per piece of the tiled layout (1, 2, 4 or 8; set by the view), 0 = the
-  // host layout.
+  // 2/3/5/6/8 bits: blocks per piece of the tiled layout (1, 2, 4 or 8; 8 bits: 1; set by the
+  // view), 0 = the host layout.
   int narrow_tiled = 0;
   // Tiled 2/3/5/6 bits: the in-place word arrangement and its decode (qlinear_inplace.h; set by the
   // view from GYRE_CUDA_BITS_DECODE / set_bits_decode), false = the split planes'.
@@ -248,6 +249,11 @@ void set_bits_rows(int rows);
 // 4, or 8 at 2 bits (4 at the others); 0 = by width) and the stream GEMV's warp budget per SM
 // (0 = by width and n).
 void set_bits_stream(int mode);
+// 8 bits: the tiled layout (in place) and the stream GEMV / serving-batch kernels for weights
+// viewed or uploaded from now on (1), the host layout and its kernels (qlinear_gemv8.cu,
+// qlinear_batch.cu, qlinear_gemm.cu) (0), or GYRE_CUDA_BITS8_STREAM (-1, the default: on unless
+// "0"). Only with set_bits_stream on.
+void set_bits8_stream(int mode);
 void set_bits_stream_pieces(int pieces);
 void set_bits_stream_warps(int budget);
 // ... and its tokens per pass (1..8, at most what fits one block per SM; 0 = by shape).

@@ -229,16 +229,16 @@ struct Plan {
   bool ok = false;
 };
 
-// Whether an instantiation reads these weights: 4-bit ones; tiled 2/3/5/6-bit ones in the in-place
-// arrangement at the default blocks per piece; trellis-coded ones (pieces_s = kBatchTrellis) with
-// groups of a power of two; f16 scales, no fused norm or rotation for both.
+// Whether an instantiation reads these weights: 4-bit ones; tiled 2/3/5/6/8-bit ones in the
+// in-place arrangement at the default blocks per piece; trellis-coded ones (pieces_s =
+// kBatchTrellis) with groups of a power of two; f16 scales, no fused norm or rotation for both.
 bool instantiated(const Params& p, int pieces_s) {
   const bool plain = !p.scale_f32 && p.norm_w == nullptr && p.had_block == 0;
   if (pieces_s == kBatchTrellis)
     return plain && !p.asym && (1 << p.group_log2) == p.group && p.group >= kTrellisTileDim &&
            (p.bits == 2 || p.bits == 3 || p.bits == 4 || p.bits == 5 || p.bits == 6 || p.bits == 8);
   if (p.bits == 4) return pieces_s == 1;
-  return (p.bits == 2 || p.bits == 3 || p.bits == 5 || p.bits == 6) && p.inplace &&
+  return (p.bits == 2 || p.bits == 3 || p.bits == 5 || p.bits == 6 || p.bits == 8) && p.inplace &&
          pieces_s == narrow_default_pieces(p.bits, p.asym) && plain;
 }
 
@@ -430,6 +430,8 @@ void launch_batch_stream(const Params& p, cudaStream_t stream, int pieces_s) {
       return launch_mt<5, 16, 1>(p, pl, stream);
     case 6:
       return launch_mt<6, 16, 1>(p, pl, stream);
+    case 8:
+      return launch_mt<8, 16, 1>(p, pl, stream);
     default:
       break;
   }
@@ -457,6 +459,7 @@ void prepare_batch_stream() {
   raise_smem_limits_narrow<3>();
   raise_smem_limits_narrow<5>();
   raise_smem_limits_narrow<6>();
+  raise_smem_limits_narrow<8>();
   raise_smem_limits_trellis<2>();
   raise_smem_limits_trellis<3>();
   raise_smem_limits_trellis<4>();

@@ -1,6 +1,7 @@
-// 2/3/5/6-bit weights in the tiled split-plane layout (qlinear_stream.cuh describes it): the
-// repack from the host layout at upload, the decode GEMV (the stream kernel on tensor cores,
-// any n in chunks whose x fits shared memory) and the FP16 dequantization (prefill).
+// 2/3/5/6-bit weights in the tiled split-plane layout (qlinear_stream.cuh describes it), and 8-bit
+// ones in the same layout with one plane of bytes: the repack from the host layout at upload, the
+// decode GEMV (the stream kernel on tensor cores, any n in chunks whose x fits shared memory) and
+// the FP16 dequantization (prefill).
 //
 // Why a second device layout: the host layout (qlinear_bits.cu reads it as it is) keeps a row's
 // units contiguous, which suits CUDA-core dot products but not the m16n8k16 fragments, and
@@ -10,6 +11,10 @@
 // the 4-bit kernel. GYRE_CUDA_BITS_STREAM=0 keeps the host layout and the old kernel (A/B);
 // GYRE_CUDA_BITS_DECODE=old keeps the split planes' bit arrangement at 2/3/5/6 bits instead of
 // the in-place one (qlinear_inplace.h: fewer decode instructions).
+// 8 bits (session 27): the host layout's CUDA-core GEMV (qlinear_gemv8.cu) decoded the Llama-3-8B
+// shape at 66% of its roofline, the 6-bit stream kernel at 78%; in this layout a byte pair
+// becomes an A register by one PRMT. GYRE_CUDA_BITS8_STREAM=0 keeps 8-bit weights in the host
+// layout and its kernels (A/B).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -33,6 +38,15 @@ int g_warp_budget = 0;  // 0 = by width and n
 int g_chunk = 0;        // tokens per pass: 0 = by shape
 int g_decode = -1;      // -1: GYRE_CUDA_BITS_DECODE (default new: the in-place arrangement)
 int g_depth = 0;        // ring depth of the in-place 3-bit kernel at 2 blocks per piece: 0 = 2
+int g_stream8 = -1;     // -1: GYRE_CUDA_BITS8_STREAM (default on)
+
+bool bits8_stream_enabled() {
+  if (g_stream8 < 0) {
+    const char* e = std::getenv("GYRE_CUDA_BITS8_STREAM");
+    g_stream8 = e == nullptr || std::string(e) != "0" ? 1 : 0;
+  }
+  return g_stream8 == 1;
+}
 
 bool bits_decode_new() {
   if (g_decode < 0) {
@@ -42,15 +56,17 @@ bool bits_decode_new() {
   return g_decode == 1;
 }
 
-// Low-plane bits of a width (the host split planes, qlinear_ref.h).
+// Low-plane bits of a width (the host split planes, qlinear_ref.h; 8 bits: one plane).
 __host__ __device__ constexpr int low_bits(int bits) {
-  return bits >= 5 ? 4 : 2;
+  return bits == 8 ? 8 : bits >= 5 ? 4 : 2;
 }
 
-// The P-bit plane part of packed column c of row r in the host layout; 0 for padding.
+// The P-bit plane part of packed column c of row r in the host layout; 0 for padding. 8 bits:
+// the byte (the host layout's bytes in column order).
 __host__ __device__ uint32_t host_plane_value(const uint32_t* src, int rows, int cols, int bits,
                                               bool high, int r, int c) {
   if (r >= rows || c >= cols) return 0;
+  if (bits == 8) return reinterpret_cast<const uint8_t*>(src)[int64_t{r} * cols + c];
   const int lo = low_bits(bits), pbits = high ? bits - lo : lo, per_word = 32 / pbits;
   const int units = cols / 32, unit = c / 32, in_unit = c % 32;
   const int tile = unit / 32, u = unit % 32, m = units - 32 * tile < 32 ? units - 32 * tile : 32;
@@ -77,7 +93,8 @@ __host__ __device__ uint32_t tile_bits_word(const uint32_t* src, int rows, int c
   const int pbits = high ? hi : lo, wl = high ? w - 32 * lo * pieces_s : w;
   const int lane = wl / (pbits * pieces_s), in_lane = wl % (pbits * pieces_s);
   const int b = piece * pieces_s + in_lane / pbits, word = in_lane % pbits, pairs = 16 / pbits;
-  if (inplace && bits != 2) {  // 2 bits: the in-place arrangement is the planes' one
+  if (inplace && bits != 2 && bits != 8) {  // 2, 8 bits: the in-place arrangement is the planes'
+
     const int in_block = high ? lo + word : word;  // the block's word 0..bits-1
     auto q = [&](int k, int second) {
       int row = 0, col = 0;
@@ -223,8 +240,13 @@ void launch_decode(const Params& p, int pieces_s, int budget, cudaStream_t strea
 
 template <int BITS>
 void launch_width(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
-  if (p.inplace) return launch_decode<BITS, true>(p, pieces_s, budget, stream);
-  launch_decode<BITS, false>(p, pieces_s, budget, stream);
+  if constexpr (BITS == 8) {  // always viewed in place (bits_inplace_layout)
+    GYRE_CHECK(p.inplace && pieces_s == 1, "qlinear: tiled 8-bit weights are in place, S = 1");
+    return launch_decode<8, true>(p, 1, budget, stream);
+  } else {
+    if (p.inplace) return launch_decode<BITS, true>(p, pieces_s, budget, stream);
+    launch_decode<BITS, false>(p, pieces_s, budget, stream);
+  }
 }
 
 void launch_chunk(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
@@ -237,6 +259,8 @@ void launch_chunk(const Params& p, int pieces_s, int budget, cudaStream_t stream
       return launch_width<5>(p, pieces_s, budget, stream);
     case 6:
       return launch_width<6>(p, pieces_s, budget, stream);
+    case 8:
+      return launch_width<8>(p, pieces_s, budget, stream);
     default:
       fail("qlinear: no tiled narrow-width kernel for ", p.bits, " bits");
   }
@@ -260,6 +284,11 @@ void set_bits_stream(int mode) {
 void set_bits_smem_ring(int mode) {
   GYRE_CHECK(mode == -1 || mode == 0 || mode == 4, "qlinear: bits ring mode must be -1, 0 or 4");
   g_ring = mode;
+}
+
+void set_bits8_stream(int mode) {
+  GYRE_CHECK(mode >= -1 && mode <= 1, "qlinear: 8-bit stream mode must be -1, 0 or 1");
+  g_stream8 = mode;
 }
 
 void set_bits_decode(int mode) {
@@ -290,8 +319,10 @@ void set_bits_stream_chunk(int tokens) {
 
 int bits_tiled_layout(const QWeightDesc& d) {
   // x of one token (cols halves) must fit next to the reduction space in any sm_80+ block.
-  if (!d.narrow() || d.scale_f32 || d.cols > kQlinearTiledBitsMaxCols || !bits_stream_enabled())
-    return 0;
+  if (d.scale_f32 || d.cols > kQlinearTiledBitsMaxCols || !bits_stream_enabled()) return 0;
+  if (d.bits == 8 && !d.trellis)  // groups of 32+ (the kernels' scale indexing), f16 scales
+    return bits8_stream_enabled() && d.group_size >= 32 ? 1 : 0;
+  if (!d.narrow()) return 0;
   if (g_pieces != 0) return g_pieces == 8 && d.bits != 2 ? 4 : g_pieces;
   // Measured best on the Llama-3-8B shapes at n = 1 (bench/qlinear_notes.md, round 7): the
   // fewest loads per byte where registers allow (2 bits: 4 blocks, one 16-byte load per lane per
@@ -306,7 +337,8 @@ int bits_tiled_layout(const QWeightDesc& d) {
 }
 
 bool bits_inplace_layout(const QWeightDesc& d) {
-  return bits_tiled_layout(d) > 0 && bits_decode_new();
+  // 8 bits: the same words either way; only the PRMT decode is instantiated
+  return bits_tiled_layout(d) > 0 && (bits_decode_new() || d.bits == 8);
 }
 
 void tile_bits_upload(const QWeightHost& w, const Params& p, int pieces_s, uint8_t* dst_q,
@@ -327,7 +359,8 @@ void tile_bits_upload(const QWeightHost& w, const Params& p, int pieces_s, uint8
 
 std::vector<uint32_t> tile_bits_on_host(const QWeightHost& w, int pieces_s, bool inplace) {
   const QWeightDesc& d = w.desc;
-  GYRE_CHECK(d.narrow() && !d.trellis && w.qweight.size() % 4 == 0, "tile_bits_on_host: layout");
+  GYRE_CHECK((d.narrow() || (d.bits == 8 && !d.trellis)) && w.qweight.size() % 4 == 0,
+             "tile_bits_on_host: layout");
   std::vector<uint32_t> src(w.qweight.size() / 4);
   memcpy(src.data(), w.qweight.data(), w.qweight.size());
   const int kblocks = ((d.cols + 63) / 64 + pieces_s - 1) / pieces_s * pieces_s;
@@ -369,9 +402,16 @@ void launch_gemv_bits_stream(const Params& p, int pieces_s, cudaStream_t stream)
   // blocks each staging x: n = 3 on 4096x14336 18.7-29.6 against 23.7-33.2 us; the symmetric
   // 2/3/5-bit kernels were 10-20% slower so).
   const bool long_one_pass = p.n == chunk && chunk > fit3 && chunk <= fit2;
+  // GYRE_CUDA_BITS_WARPS=N: the warp budget of every launch (measurements; set_bits_stream_warps
+  // takes precedence).
+  static const int env_budget = [] {
+    const char* e = std::getenv("GYRE_CUDA_BITS_WARPS");
+    return e == nullptr ? 0 : std::clamp(std::atoi(e), 0, 128);
+  }();
   const int budget = g_warp_budget != 0                         ? g_warp_budget
-                     : p.n <= 2 && p.bits != 6 && !p.asym       ? 64
-                     : long_one_pass && (p.asym || p.bits == 6) ? 16
+                     : env_budget != 0                          ? env_budget
+                     : p.n <= 2 && p.bits < 6 && !p.asym        ? 64
+                     : long_one_pass && (p.asym || p.bits >= 6) ? 16
                                                                 : 32;
   for (int t0 = 0; t0 < p.n; t0 += chunk)
     launch_chunk(token_chunk(p, t0, std::min(chunk, p.n - t0)), pieces_s, budget, stream);
@@ -389,6 +429,8 @@ void launch_dequant_bits_tiled(const Params& p, int pieces_s, __half* out, cudaS
       return dequant_tiled_bits_kernel<5><<<blocks, 256, 0, stream>>>(p, pieces_s, out);
     case 6:
       return dequant_tiled_bits_kernel<6><<<blocks, 256, 0, stream>>>(p, pieces_s, out);
+    case 8:
+      return dequant_tiled_bits_kernel<8><<<blocks, 256, 0, stream>>>(p, pieces_s, out);
     default:
       fail("qlinear: no tiled narrow-width dequantization for ", p.bits, " bits");
   }

@@ -1,4 +1,4 @@
-// The in-place word arrangement of 2/3/5/6-bit weights in the tiled layout (qlinear_stream.cuh):
+// The in-place word arrangement of 2/3/5/6/8-bit weights in the tiled layout (qlinear_stream.cuh):
 // which bits of a lane's words hold which value, on the host and the device (the repack writes
 // it, the decode in qlinear_inplace.cuh reads it, host tests check the two against each other).
 // GYRE_CUDA_BITS_DECODE=new (the default); "old" keeps the split planes' arrangement and
@@ -31,6 +31,9 @@
 //           12, 13 (word 4) and 14, 15 (word 5) at bits 6-7 and 8-9, brought to 4-5 by a shift
 //           of 2 or 4: two LOP3s per pair. A value at any p <= 4 covers bits 4-5, so each of the
 //           four pieces needs a view of its own (10 shifts per block).
+//   8 bits: pair 2w + s of word w (0..7) at bits 8s (first column) and 16 + 8s (second): the
+//           split planes' arrangement of one 8-bit plane. One PRMT puts both bytes of a pair
+//           under the exponent bytes (p = 0): 1 instruction per register, plus the HFMA2.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -95,8 +98,18 @@ __host__ __device__ __forceinline__ InplaceSlot inplace_slot_at(uint32_t w, int 
 template <int BITS>
 __host__ __device__ __forceinline__ InplaceSlot inplace_slot(const uint32_t* lo, const uint32_t* hi,
                                                              int k) {
-  static_assert(BITS == 2 || BITS == 3 || BITS == 5 || BITS == 6, "in-place: 2, 3, 5 or 6 bits");
-  if constexpr (BITS == 2) {
+  static_assert(BITS == 2 || BITS == 3 || BITS == 5 || BITS == 6 || BITS == 8,
+                "in-place: 2, 3, 5, 6 or 8 bits");
+  if constexpr (BITS == 8) {
+    (void)hi;
+    const uint32_t w = lo[k / 2];
+#ifdef __CUDA_ARCH__
+    // bytes (k % 2) and 2 + (k % 2) of w, each under 0x64 (byte 0 of the second operand)
+    return {__byte_perm(w, 0x64u, k % 2 == 0 ? 0x4240u : 0x4341u), 0};
+#else
+    return {((w >> (8 * (k % 2))) & 0x00FF00FFu) | 0x64006400u, 0};
+#endif
+  } else if constexpr (BITS == 2) {
     (void)hi;
     const int w = k / 8, s = k % 8;
     return s < 5 ? inplace_slot_at<2>(lo[w], 2 * s) : inplace_slot_at<2>(lo[w] >> 10, 2 * (s - 5));
@@ -135,8 +148,11 @@ __host__ __device__ __forceinline__ InplaceSlot inplace_slot(const uint32_t* lo,
 // 0..15; c = 0: first column, 1: second), each < 2^BITS (uint32_t).
 template <int BITS, typename Q>
 __host__ __device__ uint32_t inplace_word(int w, Q&& q) {
-  static_assert(BITS == 2 || BITS == 3 || BITS == 5 || BITS == 6, "in-place: 2, 3, 5 or 6 bits");
-  if constexpr (BITS == 5) {
+  static_assert(BITS == 2 || BITS == 3 || BITS == 5 || BITS == 6 || BITS == 8,
+                "in-place: 2, 3, 5, 6 or 8 bits");
+  if constexpr (BITS == 8) {
+    return q(2 * w, 0) | q(2 * w + 1, 0) << 8 | q(2 * w, 1) << 16 | q(2 * w + 1, 1) << 24;
+  } else if constexpr (BITS == 5) {
     uint32_t v = ((q(15, 0) >> w) & 1u) << 15 | ((q(15, 1) >> w) & 1u) << 31;
     for (int s = 0; s < 3; ++s) v |= q(3 * w + s, 0) << (5 * s) | q(3 * w + s, 1) << (16 + 5 * s);
     return v;

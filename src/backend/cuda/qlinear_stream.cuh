@@ -1,11 +1,11 @@
 // The stream decode GEMV (n = 1..8) for the tiled layouts of every width: 4 bits
-// (qlinear_tiled.cu's layout, launched from qlinear_gemv_stream.cu) and 2/3/5/6 bits (the tiled
-// split-plane layout of qlinear_bits_stream.cu). Every warp keeps D column blocks (with their
-// scales) in flight in a register ring, or P pieces in a cp.async ring in shared memory (session
-// 12: 3.5-5% faster decode at 4, 5 and 6 bits), and refills a slot as soon as it has consumed it,
-// while x sits in shared memory, staged once per thread block (gathered through the act-order
-// permutation there, RMS-normalised when the norm is fused, rotated by R^T for a rotated layer:
-// every block stages all columns, so whole Hadamard blocks are always at hand;
+// (qlinear_tiled.cu's layout, launched from qlinear_gemv_stream.cu) and 2/3/5/6/8 bits (the tiled
+// split-plane layout of qlinear_bits_stream.cu; 8 bits: one plane of bytes). Every warp keeps D
+// column blocks (with their scales) in flight in a register ring, or P pieces in a cp.async ring in
+// shared memory (session 12: 3.5-5% faster decode at 4, 5 and 6 bits), and refills a slot as soon
+// as it has consumed it, while x sits in shared memory, staged once per thread block (gathered
+// through the act-order permutation there, RMS-normalised when the norm is fused, rotated by R^T
+// for a rotated layer: every block stages all columns, so whole Hadamard blocks are always at hand;
 // qlinear_stream_stage.cuh).
 //
 // Why: round 4 (bench/qlinear_notes.md) found each warp of the earlier kernels advancing one
@@ -44,14 +44,16 @@ namespace gyre::qlinear_detail {
 // Blocks per piece of a tiled 2/3/5/6-bit weight with the in-place arrangement, as measured best
 // (bits_tiled_layout says where); the serving-batch kernel is instantiated for these only.
 __host__ __device__ constexpr int narrow_default_pieces(int bits, bool asym) {
+  if (bits == 8) return 1;  // 32 bytes a lane per block already (two 16-byte loads)
   if (asym) return bits == 2 ? 8 : bits == 3 ? 4 : 2;
   return bits == 2 ? 4 : bits == 3 ? 2 : 1;
 }
 
 template <int BITS>
 struct StreamPlanes {
-  static constexpr int kLo = BITS == 2 || BITS == 3 ? 2 : 4;  // low-plane bits (and words per lane)
-  static constexpr int kHi = BITS - kLo;                      // high-plane bits (0, 1 or 2)
+  // low-plane bits (and words per lane); 8 bits: one plane
+  static constexpr int kLo = BITS == 2 || BITS == 3 ? 2 : BITS == 8 ? 8 : 4;
+  static constexpr int kHi = BITS - kLo;  // high-plane bits (0, 1 or 2)
 };
 
 // The shared-memory ring's slot of one piece (gemv_stream_kernel with P > 0): each lane's

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Session 27 device runs (carry .device/lead = gyre_tests.xz, .device/lead2 = gyre.xz, .device/libs,
+# .device/shared; see bench/device_binaries.sh).
+#   bench/session27_device.sh tests    the CUDA tests of every 8-bit weight path (the tiled 8-bit
+#       layout is the default now) and of the other stream-GEMV users (FILTER overrides)
+#   bench/session27_device.sh eight    8-bit decode of the Llama-3-8B shape: the tiled layout and
+#       stream GEMV (the default) against the host layout and its CUDA-core GEMV
+#       (GYRE_CUDA_BITS8_STREAM=0), ROUNDS rounds interleaved; warp budgets (GYRE_CUDA_BITS_WARPS);
+#       prefill 2048; serving at 1, 8 and 32 requests both ways; 4-bit once for the machine
+#   bench/session27_device.sh table    the final table (bench/device_table.sh)
+set -u
+bench_line() {  # bench_line LABEL BINARY ARGS...: one gyre bench --json run, one line
+  local label=$1 bin=$2
+  shift 2
+  timeout 60 "$bin" bench "$@" --json >"$O/b.json" 2>"$O/b.err"
+  python3 -c "
+import json; d=json.load(open('$O/b.json'))
+print('$label: prefill %.0f decode@128 %.1f (%.1f%%) stepwise %.1f decode@long %s bw %.0f vram %s' % (
+    d['prefill_tok_s'], d['decode_short_tok_s'], 100*d['decode_short_roofline'],
+    d.get('decode_short_stepwise_tok_s', 0),
+    ('%.1f (%.1f%%)' % (d['decode_long_tok_s'], 100*d['decode_long_roofline'])) if d.get('decode_long_tok_s') else '-',
+    d.get('bandwidth_gb_s', 0), '%.0f MiB' % (d.get('vram_weights_bytes', 0) / 2**20)))" 2>&1 || tail -3 "$O/b.err"
+}
+serve_line() {  # serve_line LABEL BINARY BITS: the serving bench at 1, 8 and 32 requests
+  local label=$1 bin=$2 bits=$3
+  timeout 200 "$bin" bench --synthetic llama3-8b --bits "$bits" -n 128 -p 16 --concurrency 1,8,32 \
+    >"$O/s.log" 2>&1
+  echo "$label serving:"
+  grep -A4 -E "^requests" "$O/s.log" || tail -3 "$O/s.log"
+}
+for mode in "$@"; do
+  case "$mode" in
+  tests)
+    . bench/device_binaries.sh
+    device_tests "${FILTER:-CudaQbits*:CudaQlinear*:QuantFormatsCuda*:QMixedCuda*:Exl2Cuda*:FusedWeights*:CudaFused*:CudaGemv4*:CudaStories*:CudaForward*:CudaDecodeGraphs*:FedDecode*:CudaActOrder*:CudaHadamard*}" 300
+    grep -cE "^\[       OK \]" "$O/tests.log"
+    ;;
+  eight)
+    . bench/device_binaries.sh >/dev/null
+    for r in $(seq 1 "${ROUNDS:-2}"); do
+      bench_line "r$r 8-bit tiled" $B/gyre --synthetic llama3-8b --bits 8 -p 512 -n 128 --long 0
+      GYRE_CUDA_BITS8_STREAM=0 bench_line "r$r 8-bit host layout" $B/gyre --synthetic llama3-8b \
+        --bits 8 -p 512 -n 128 --long 0
+    done
+    for w in 16 32 64; do
+      GYRE_CUDA_BITS_WARPS=$w bench_line "8-bit tiled, warps $w" $B/gyre --synthetic llama3-8b \
+        --bits 8 -p 512 -n 128 --long 0
+    done
+    GYRE_CUDA_BITS_SMEM=0 bench_line "8-bit tiled, register ring" $B/gyre --synthetic llama3-8b \
+      --bits 8 -p 512 -n 128 --long 0
+    bench_line "8-bit tiled long" $B/gyre --synthetic llama3-8b --bits 8 -p 2048 -n 128 --long 8192
+    GYRE_CUDA_BITS8_STREAM=0 bench_line "8-bit host long" $B/gyre --synthetic llama3-8b --bits 8 \
+      -p 2048 -n 128 --long 8192
+    bench_line "4-bit" $B/gyre --synthetic llama3-8b --bits 4 -p 512 -n 128 --long 0
+    serve_line "8-bit tiled" $B/gyre 8
+    GYRE_CUDA_BITS8_STREAM=0 serve_line "8-bit host" $B/gyre 8
+    ;;
+  table)
+    bash bench/session25_device.sh table
+    ;;
+  esac
+done
