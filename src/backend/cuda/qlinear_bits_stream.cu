@@ -214,8 +214,9 @@ bool bits_smem_ring(int bits) {
   return mode < 0 ? bits >= 5 || bits == 3 : mode == 4;
 }
 
+// launch_decode's 2/3/5/6-bit part.
 template <int BITS, bool INPLACE>
-void launch_decode(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
+void launch_narrow_decode(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
   if constexpr (INPLACE) {
     if (bits_smem_ring(BITS) && !p.asym) {
       if (pieces_s == 1 && stream_ring_fits<BITS, 1, true, false>(p, 0, budget, 4))
@@ -236,6 +237,18 @@ void launch_decode(const Params& p, int pieces_s, int budget, cudaStream_t strea
   if (pieces_s == 4) return launch_stream_variant<BITS, 4, 2, INPLACE>(p, 0, budget, stream);
   if (pieces_s == 2) return launch_stream_variant<BITS, 2, 4, INPLACE>(p, 0, budget, stream);
   launch_stream_variant<BITS, 1, 4, INPLACE>(p, 0, budget, stream);
+}
+
+template <int BITS, bool INPLACE>
+void launch_decode(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
+  if constexpr (BITS == 8) {  // one block per piece only (instantiations: build time)
+    (void)pieces_s;
+    if (bits_smem_ring(8) && !p.asym && stream_ring_fits<8, 1, true, false>(p, 0, budget, 4))
+      return launch_stream_ring<8, 1, 4>(p, 0, budget, stream);
+    return launch_stream_variant<8, 1, 4, INPLACE>(p, 0, budget, stream);
+  } else {
+    launch_narrow_decode<BITS, INPLACE>(p, pieces_s, budget, stream);
+  }
 }
 
 template <int BITS>
