@@ -7,6 +7,7 @@
 #       stream GEMV (the default) against the host layout and its CUDA-core GEMV
 #       (GYRE_CUDA_BITS8_STREAM=0), ROUNDS rounds interleaved; warp budgets (GYRE_CUDA_BITS_WARPS);
 #       prefill 2048; serving at 1, 8 and 32 requests both ways; 4-bit once for the machine
+#   bench/session27_device.sh short    `eight`'s A/B (2 rounds) and serving only
 #   bench/session27_device.sh table    the final table (bench/device_table.sh)
 set -u
 bench_line() {  # bench_line LABEL BINARY ARGS...: one gyre bench --json run, one line
@@ -52,6 +53,16 @@ for mode in "$@"; do
     GYRE_CUDA_BITS8_STREAM=0 bench_line "8-bit host long" $B/gyre --synthetic llama3-8b --bits 8 \
       -p 2048 -n 128 --long 8192
     bench_line "4-bit" $B/gyre --synthetic llama3-8b --bits 4 -p 512 -n 128 --long 0
+    serve_line "8-bit tiled" $B/gyre 8
+    GYRE_CUDA_BITS8_STREAM=0 serve_line "8-bit host" $B/gyre 8
+    ;;
+  short)  # the A/B of `eight` alone, for a short call
+    . bench/device_binaries.sh >/dev/null
+    for r in 1 2; do
+      bench_line "r$r 8-bit tiled" $B/gyre --synthetic llama3-8b --bits 8 -p 512 -n 128 --long 0
+      GYRE_CUDA_BITS8_STREAM=0 bench_line "r$r 8-bit host layout" $B/gyre --synthetic llama3-8b \
+        --bits 8 -p 512 -n 128 --long 0
+    done
     serve_line "8-bit tiled" $B/gyre 8
     GYRE_CUDA_BITS8_STREAM=0 serve_line "8-bit host" $B/gyre 8
     ;;
