@@ -112,13 +112,21 @@ void check_matmul(const QWeightHost& w, int n, uint32_t seed) {
   qweight_free(dw);
 }
 
+// The tiled 8-bit layout (opt-in, set_bits8_stream) for weights uploaded while it lives.
+struct Tiled8 {
+  Tiled8() { qlinear_detail::set_bits8_stream(1); }
+  ~Tiled8() { qlinear_detail::set_bits8_stream(-1); }
+  Tiled8(const Tiled8&) = delete;
+  Tiled8& operator=(const Tiled8&) = delete;
+};
+
 struct Narrow {
   int bits, group;
   bool asym, perm;
 };
 
-// 8 bits: tiled in place by default as well (qlinear_bits_stream.cu), the host layout with
-// set_bits_stream(0).
+// 8 bits: tiled in place (qlinear_bits_stream.cu) where a test holds a Tiled8, the host layout
+// with set_bits_stream(0).
 const Narrow kLayouts[] = {{2, 32, false, false}, {2, 128, true, false},  {3, 64, false, false},
                            {3, 32, true, true},   {5, 128, false, false}, {5, 64, true, false},
                            {6, 32, false, true},  {6, 128, true, false},  {8, 32, false, false},
@@ -239,6 +247,7 @@ TEST(CudaQbits, EightBitTiledMatchesFloat64) {
 // short one of 1 unit), 2560 (2.5 tiles, split-K across warps).
 TEST(CudaQbits, MatmulMatchesFloat64AtEveryN) {
   if (!qtest::have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Tiled8 tiled8;
   const int shapes[][2] = {{1, 96}, {77, 1056}, {301, 2560}};
   uint32_t seed = 1;
   for (const Narrow& l : kLayouts)
@@ -391,6 +400,7 @@ TEST(CudaQbits, SplitOutputsMatchTheWholeWeight) {
 // FP16 (the GPU rounds s*q+m once; the reference in float, then to FP16: at most one FP16 ulp).
 TEST(CudaQbits, DequantizeMatchesReference) {
   if (!qtest::have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Tiled8 tiled8;
   uint32_t seed = 300;
   for (const int pieces : {-1, 0, 1, 2, 4, 8})  // host layout, tiled by width, 1/2/4/8 blocks
     for (const Narrow& l : kLayouts) {
@@ -414,6 +424,7 @@ TEST(CudaQbits, DequantizeMatchesReference) {
 // shared memory): they keep the host layout and its kernel.
 TEST(CudaQbits, StreamPiecesAndLongRowsMatchFloat64) {
   if (!qtest::have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Tiled8 tiled8;
   qlinear_detail::set_bits_batch(0);  // the stream GEMV at n = 7 too
   const qtest::AtExit reset([] { qlinear_detail::set_bits_batch(-1); });
   uint32_t seed = 900;
@@ -442,6 +453,7 @@ TEST(CudaQbits, StreamPiecesAndLongRowsMatchFloat64) {
 // weight, x staged per pass).
 TEST(CudaQbits, FusedNormAndAccumulateMatchFloat64) {
   if (!qtest::have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Tiled8 tiled8;
   const float eps = 1e-5f;
   uint32_t seed = 1200;
   const int shapes[][2] = {{50, 1056}, {33, 12288}};
@@ -509,6 +521,7 @@ TEST(CudaQbits, FusedNormAndAccumulateMatchFloat64) {
 // silu(gate_h . x_t) * (up_h . x_t) against float64, hidden sizes not multiples of 8 or 16.
 TEST(CudaQbits, SwigluMatchesFloat64) {
   if (!qtest::have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const Tiled8 tiled8;
   uint32_t seed = 1500;
   for (const Narrow& l : kLayouts)
     for (const int hidden : {13, 40}) {

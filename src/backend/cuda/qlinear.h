@@ -22,7 +22,7 @@ namespace gyre {
 // 4-bit weights are tiled for the tensor cores at upload (16-row tiles, fragment-ordered nibbles,
 // scales per tile: see qlinear_tiled.cu), and so are 2/3/5/6-bit weights (split planes per 16-row
 // tile: qlinear_stream.cuh) and 8-bit ones of groups of 32+ (one plane of bytes in the same
-// tiles) unless GYRE_CUDA_BITS_STREAM=0 (8 bits: GYRE_CUDA_BITS8_STREAM=0), scales are f32 or
+// tiles: opt-in, GYRE_CUDA_BITS8_STREAM=1) unless GYRE_CUDA_BITS_STREAM=0, scales are f32 or
 // cols > kQlinearTiledBitsMaxCols (then the host layout), so only qweight_upload /
 // qweight_device_view know the byte layout.
 constexpr int kQlinearTiledBitsMaxCols = 16384;
@@ -251,8 +251,8 @@ void set_bits_rows(int rows);
 void set_bits_stream(int mode);
 // 8 bits: the tiled layout (in place) and the stream GEMV / serving-batch kernels for weights
 // viewed or uploaded from now on (1), the host layout and its kernels (qlinear_gemv8.cu,
-// qlinear_batch.cu, qlinear_gemm.cu) (0), or GYRE_CUDA_BITS8_STREAM (-1, the default: on unless
-// "0"). Only with set_bits_stream on.
+// qlinear_batch.cu, qlinear_gemm.cu) (0), or GYRE_CUDA_BITS8_STREAM (-1, the default: off unless
+// "1", until the kernels have run on a GPU). Only with set_bits_stream on.
 void set_bits8_stream(int mode);
 void set_bits_stream_pieces(int pieces);
 void set_bits_stream_warps(int budget);

@@ -13,8 +13,9 @@
 // the in-place one (qlinear_inplace.h: fewer decode instructions).
 // 8 bits (session 27): the host layout's CUDA-core GEMV (qlinear_gemv8.cu) decoded the Llama-3-8B
 // shape at 66% of its roofline, the 6-bit stream kernel at 78%; in this layout a byte pair
-// becomes an A register by one PRMT. GYRE_CUDA_BITS8_STREAM=0 keeps 8-bit weights in the host
-// layout and its kernels (A/B).
+// becomes an A register by one PRMT. Opt-in (GYRE_CUDA_BITS8_STREAM=1) until it has run on a GPU:
+// written in session 27, whose device time went to failed machine starts; by default 8-bit
+// weights keep the host layout and its kernels.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -38,12 +39,12 @@ int g_warp_budget = 0;  // 0 = by width and n
 int g_chunk = 0;        // tokens per pass: 0 = by shape
 int g_decode = -1;      // -1: GYRE_CUDA_BITS_DECODE (default new: the in-place arrangement)
 int g_depth = 0;        // ring depth of the in-place 3-bit kernel at 2 blocks per piece: 0 = 2
-int g_stream8 = -1;     // -1: GYRE_CUDA_BITS8_STREAM (default on)
+int g_stream8 = -1;     // -1: GYRE_CUDA_BITS8_STREAM (default off: see below)
 
 bool bits8_stream_enabled() {
   if (g_stream8 < 0) {
     const char* e = std::getenv("GYRE_CUDA_BITS8_STREAM");
-    g_stream8 = e == nullptr || std::string(e) != "0" ? 1 : 0;
+    g_stream8 = e != nullptr && std::string(e) == "1" ? 1 : 0;
   }
   return g_stream8 == 1;
 }
