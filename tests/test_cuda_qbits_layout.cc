@@ -68,6 +68,13 @@ TEST(CudaQbits, InplaceArrangementOnTheHost) {
       auto value = [&](int k, int c) { return q[k][c]; };
       uint32_t words[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (int w = 0; w < bits; ++w) words[w] = inplace_word_at(bits, w, value);
+      if (bits == 8) {  // the device's PRMT selectors give the host decode's words
+        for (int k = 0; k < 16; ++k) {
+          const uint32_t v =
+              qlinear_detail::byte_perm_ref(words[k / 2], 0x64u, qlinear_detail::prmt_pair8(k));
+          ASSERT_EQ(v, inplace_slot_at(8, words, words + 8, k).v) << "k " << k;
+        }
+      }
       if (bits == 2 || bits == 8) {
         const int per = 16 / bits;  // pairs per word
         for (int k = 0; k < 16; ++k)

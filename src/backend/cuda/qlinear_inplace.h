@@ -81,6 +81,27 @@ __host__ __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint
 #endif
 }
 
+// The 8-bit decode's PRMT selectors of pair k % 2: bytes k % 2 and 2 + k % 2 of the word, each
+// under byte 0 of the second operand (0x64). The host's tests check them through byte_perm_ref.
+__host__ __device__ constexpr uint32_t prmt_pair8(int k) {
+  return k % 2 == 0 ? 0x4240u : 0x4341u;
+}
+
+// PTX prmt (__byte_perm) in its default mode, for the host: byte i of the result is byte
+// (s >> 4 i) & 7 of the eight bytes {x, y} (x's bytes 0-3, then y's), that byte's sign replicated
+// where bit 3 of the nibble is set.
+__host__ __device__ constexpr uint32_t byte_perm_ref(uint32_t x, uint32_t y, uint32_t s) {
+  const uint64_t bytes = uint64_t{y} << 32 | x;
+  uint32_t out = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t c = (s >> (4 * i)) & 0xFu;
+    uint32_t b = static_cast<uint32_t>(bytes >> (8 * (c & 7u))) & 0xFFu;
+    if ((c & 8u) != 0) b = (b & 0x80u) != 0 ? 0xFFu : 0u;
+    out |= b << (8 * i);
+  }
+  return out;
+}
+
 // A register before its HFMA2: v = the half pair 1024 + q 2^p (exponent bits 0x6400, the value
 // at bits p.., nothing else).
 struct InplaceSlot {
@@ -104,8 +125,7 @@ __host__ __device__ __forceinline__ InplaceSlot inplace_slot(const uint32_t* lo,
     (void)hi;
     const uint32_t w = lo[k / 2];
 #ifdef __CUDA_ARCH__
-    // bytes (k % 2) and 2 + (k % 2) of w, each under 0x64 (byte 0 of the second operand)
-    return {__byte_perm(w, 0x64u, k % 2 == 0 ? 0x4240u : 0x4341u), 0};
+    return {__byte_perm(w, 0x64u, prmt_pair8(k)), 0};
 #else
     return {((w >> (8 * (k % 2))) & 0x00FF00FFu) | 0x64006400u, 0};
 #endif
