@@ -22,3 +22,20 @@ device_tests() {
   echo "tests rc=$?"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED  \]|Failure|Expected|Which is" "$O/tests.log" | head -30
 }
+
+# bench_line LABEL BINARY ARGS...: one gyre bench --json run, one line (session 27 on; the
+# graph-only figure where the bench printed one).
+bench_line() {
+  local label=$1 bin=$2
+  shift 2
+  timeout 60 "$bin" bench "$@" --json >"$O/b.json" 2>"$O/b.err"
+  python3 -c "
+import json; d=json.load(open('$O/b.json'))
+g = d.get('decode_short_graph_only_tok_s')
+print('$label: prefill %.0f decode@128 %.1f (%.1f%%) stepwise %.1f graph-only %s decode@long %s bw %.0f weights %.0f MiB' % (
+    d['prefill_tok_s'], d['decode_short_tok_s'], 100*d['decode_short_roofline'],
+    d.get('decode_short_stepwise_tok_s', 0),
+    ('%.1f' % g) if g else '-',
+    ('%.1f (%.1f%%)' % (d['decode_long_tok_s'], 100*d['decode_long_roofline'])) if d.get('decode_long_tok_s') else '-',
+    d.get('bandwidth_gb_s', 0), d.get('vram_weights_bytes', 0) / 2**20))" 2>&1 || tail -3 "$O/b.err"
+}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 26 device runs (carry .device/lead = gyre_tests.xz, .device/lead2 = gyre.xz, .device/lead3 =
 # gyre_old.xz where an A/B needs it, .device/lead4 = gyre_tests_bug.xz, .device/libs,
-# .device/shared; see bench/device_binaries.sh).
+# .device/shared; see bench/device_binaries.sh, which has bench_line).
 #   bench/session26_device.sh busy     session 25's: CudaGemv4.MatchesFloat64WhileDramIsBusy with the
 #       staged-scale race put back (gyre_tests_bug), three times, then the fixed binary
 #   bench/session26_device.sh diag     where the 4-bit decode step's time goes: gyre bench with
@@ -18,20 +18,6 @@
 #   bench/session26_device.sh tests    session 25's list of CUDA tests (FILTER overrides)
 #   bench/session26_device.sh table    the final table (bench/device_table.sh)
 set -u
-bench_line() {  # bench_line LABEL BINARY ARGS...: one gyre bench --json run, one line
-  local label=$1 bin=$2
-  shift 2
-  timeout 60 "$bin" bench "$@" --json >"$O/b.json" 2>"$O/b.err"
-  python3 -c "
-import json; d=json.load(open('$O/b.json'))
-g = d.get('decode_short_graph_only_tok_s')
-print('$label: prefill %.0f decode@128 %.1f (%.1f%%) stepwise %.1f graph-only %s decode@long %s bw %.0f' % (
-    d['prefill_tok_s'], d['decode_short_tok_s'], 100*d['decode_short_roofline'],
-    d.get('decode_short_stepwise_tok_s', 0),
-    ('%.1f (%.1f%%)' % (g, 100*d['decode_short_graph_only_roofline'])) if g else '-',
-    ('%.1f (%.1f%%)' % (d['decode_long_tok_s'], 100*d['decode_long_roofline'])) if d.get('decode_long_tok_s') else '-',
-    d.get('bandwidth_gb_s', 0)))" 2>&1 || tail -3 "$O/b.err"
-}
 for mode in "$@"; do
   case "$mode" in
   busy | tests | table)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 27 device runs (carry .device/lead = gyre_tests.xz, .device/lead2 = gyre.xz, .device/libs,
-# .device/shared; see bench/device_binaries.sh).
+# .device/shared; see bench/device_binaries.sh, which also has bench_line).
 #   bench/session27_device.sh tests    the CUDA tests of every 8-bit weight path with the tiled 8-bit
 #       layout (opt-in: GYRE_CUDA_BITS8_STREAM=1 for the whole run, so that the loaders' and mixed
 #       weights' tests take it too) and of the other stream-GEMV users (FILTER overrides)
@@ -11,18 +11,6 @@
 #   bench/session27_device.sh short    `eight`'s A/B (2 rounds) and serving only
 #   bench/session27_device.sh table    the final table (bench/device_table.sh)
 set -u
-bench_line() {  # bench_line LABEL BINARY ARGS...: one gyre bench --json run, one line
-  local label=$1 bin=$2
-  shift 2
-  timeout 60 "$bin" bench "$@" --json >"$O/b.json" 2>"$O/b.err"
-  python3 -c "
-import json; d=json.load(open('$O/b.json'))
-print('$label: prefill %.0f decode@128 %.1f (%.1f%%) stepwise %.1f decode@long %s bw %.0f vram %s' % (
-    d['prefill_tok_s'], d['decode_short_tok_s'], 100*d['decode_short_roofline'],
-    d.get('decode_short_stepwise_tok_s', 0),
-    ('%.1f (%.1f%%)' % (d['decode_long_tok_s'], 100*d['decode_long_roofline'])) if d.get('decode_long_tok_s') else '-',
-    d.get('bandwidth_gb_s', 0), '%.0f MiB' % (d.get('vram_weights_bytes', 0) / 2**20)))" 2>&1 || tail -3 "$O/b.err"
-}
 serve_line() {  # serve_line LABEL BINARY BITS: the serving bench at 1, 8 and 32 requests
   local label=$1 bin=$2 bits=$3
   timeout 200 "$bin" bench --synthetic llama3-8b --bits "$bits" -n 128 -p 16 --concurrency 1,8,32 \

@@ -215,9 +215,8 @@ bool bits_smem_ring(int bits) {
   return mode < 0 ? bits >= 5 || bits == 3 : mode == 4;
 }
 
-// launch_decode's 2/3/5/6-bit part.
 template <int BITS, bool INPLACE>
-void launch_narrow_decode(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
+void launch_decode(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
   if constexpr (INPLACE) {
     if (bits_smem_ring(BITS) && !p.asym) {
       if (pieces_s == 1 && stream_ring_fits<BITS, 1, true, false>(p, 0, budget, 4))
@@ -240,23 +239,13 @@ void launch_narrow_decode(const Params& p, int pieces_s, int budget, cudaStream_
   launch_stream_variant<BITS, 1, 4, INPLACE>(p, 0, budget, stream);
 }
 
-template <int BITS, bool INPLACE>
-void launch_decode(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
-  if constexpr (BITS == 8) {  // one block per piece only (instantiations: build time)
-    (void)pieces_s;
-    if (bits_smem_ring(8) && !p.asym && stream_ring_fits<8, 1, true, false>(p, 0, budget, 4))
-      return launch_stream_ring<8, 1, 4>(p, 0, budget, stream);
-    return launch_stream_variant<8, 1, 4, INPLACE>(p, 0, budget, stream);
-  } else {
-    launch_narrow_decode<BITS, INPLACE>(p, pieces_s, budget, stream);
-  }
-}
-
 template <int BITS>
 void launch_width(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
-  if constexpr (BITS == 8) {  // always viewed in place (bits_inplace_layout)
+  if constexpr (BITS == 8) {  // in place, one block per piece (bits_tiled_layout) only
     GYRE_CHECK(p.inplace && pieces_s == 1, "qlinear: tiled 8-bit weights are in place, S = 1");
-    return launch_decode<8, true>(p, 1, budget, stream);
+    if (bits_smem_ring(8) && !p.asym && stream_ring_fits<8, 1, true, false>(p, 0, budget, 4))
+      return launch_stream_ring<8, 1, 4>(p, 0, budget, stream);
+    return launch_stream_variant<8, 1, 4, true>(p, 0, budget, stream);
   } else {
     if (p.inplace) return launch_decode<BITS, true>(p, pieces_s, budget, stream);
     launch_decode<BITS, false>(p, pieces_s, budget, stream);
