@@ -243,8 +243,10 @@ template <int BITS>
 void launch_width(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
   if constexpr (BITS == 8) {  // in place, one block per piece (bits_tiled_layout) only
     GYRE_CHECK(p.inplace && pieces_s == 1, "qlinear: tiled 8-bit weights are in place, S = 1");
-    if (bits_smem_ring(8) && !p.asym && stream_ring_fits<8, 1, true, false>(p, 0, budget, 4))
+    if (bits_smem_ring(8) && !p.asym && stream_ring_fits<8, 1, true, false>(p, 0, budget, 4)) {
+      if (raw_fragments()) return launch_stream_ring<8, 1, 4, true>(p, 0, budget, stream);
       return launch_stream_ring<8, 1, 4>(p, 0, budget, stream);
+    }
     return launch_stream_variant<8, 1, 4, true>(p, 0, budget, stream);
   } else {
     if (p.inplace) return launch_decode<BITS, true>(p, pieces_s, budget, stream);

@@ -200,11 +200,13 @@ struct StreamSlot {
 // shared-memory ring (P > 0) are the warp's own. The one-weight kernel below and the two-part
 // kernel of a mixed weight (qlinear_mixed_stream.cu, whose warps take one part each) share it.
 template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P, bool SS = false,
-          class Stage>
+          bool RAW = false, class Stage>
 __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int i_begin, int i_end,
                                                  int stride, unsigned char* slots, Stage&& stage,
                                                  float (&acc)[4]) {
   static_assert(!SS || P > 0, "staged scales need the shared-memory ring");
+  static_assert(!RAW || ((BITS == 4 || BITS == 8) && INPLACE && !ASYM),
+                "undecoded fragments: 4- and 8-bit symmetric");
   constexpr int kLo = StreamPlanes<BITS>::kLo, kHi = StreamPlanes<BITS>::kHi;
   constexpr int kPieceBytes = 128 * BITS * S, kGroupsPerBlock = G32 ? 2 : 1;
   const int lane = threadIdx.x & 31;
@@ -334,8 +336,12 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
   for (int i = 0; i < 4; ++i) acc[i] = 0.f;
   float cg[4] = {0.f, 0.f, 0.f, 0.f}, cx[4] = {0.f, 0.f, 0.f, 0.f};
   auto flush = [&](uint32_t sr, uint32_t mr) {
-    const float2 m = ASYM ? __half22float2(as_half2(mr)) : make_float2(0.f, 0.f);
-    flush_group(acc, cg, cx, __half22float2(as_half2(sr)), m, ASYM);
+    if constexpr (RAW) {
+      flush_group_raw<0, BITS == 4 ? 4 : 0, kOffset>(acc, cg, cx, __half22float2(as_half2(sr)));
+    } else {
+      const float2 m = ASYM ? __half22float2(as_half2(mr)) : make_float2(0.f, 0.f);
+      flush_group(acc, cg, cx, __half22float2(as_half2(sr)), m, ASYM);
+    }
   };
   // Block b from its lane words (lo, hi), its staged x (xb) and scales (mins) of its group(s);
   // flushes its group(s) where they end, unless the caller's loop flushes whole groups
@@ -348,7 +354,11 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       uint32_t a[4];
-      if constexpr (BITS == 4 && INPLACE)
+      if constexpr (RAW && BITS == 4)
+        int4_word_to_raw_fragment(lo[j], a);
+      else if constexpr (RAW)
+        inplace_to_raw_fragment<BITS>(lo, hi, j, a);
+      else if constexpr (BITS == 4 && INPLACE)
         int4_word_to_fragment_lop3(lo[j], lo_base, hi_base, a);
       else if constexpr (BITS == 4)
         int4_word_to_fragment(lo[j], lo_base, hi_base, a);
@@ -357,7 +367,7 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
       else
         narrow_to_fragment<BITS>(lo, hi, j, lo_base, a);
       mma_16816(cg, a, xv[2 * j], xv[2 * j + 1]);
-      if constexpr (ASYM) mma_16816(cx, ones, xv[2 * j], xv[2 * j + 1]);
+      if constexpr (ASYM || RAW) mma_16816(cx, ones, xv[2 * j], xv[2 * j + 1]);
       if (G32 && j == 1) flush(sc[0], ASYM ? mn[0] : 0u);
     }
     if constexpr (G32) {
@@ -449,7 +459,7 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
 }
 
 template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P = 0, int AO = 0,
-          bool SS = false>
+          bool SS = false, bool RAW = false>
 __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __half* xs = reinterpret_cast<__half*>(smem_raw);
@@ -465,7 +475,7 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
   float acc[4];
   const int pieces = p.kblocks / S;
   const int i_begin = min(ks * per, pieces), i_end = min(i_begin + per, pieces);
-  stream_warp_tile<BITS, S, D, G32, ASYM, INPLACE, P, SS>(
+  stream_warp_tile<BITS, S, D, G32, ASYM, INPLACE, P, SS, RAW>(
       p, tile, i_begin, i_end, stride, slots,
       [&] {
         int8_t* signs = reinterpret_cast<int8_t*>(xs + p.n * stride);
