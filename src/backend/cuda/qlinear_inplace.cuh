@@ -29,7 +29,7 @@ __device__ __forceinline__ void inplace_to_fragment(const uint32_t* lo, const ui
   for (int r = 0; r < 4; ++r) a[r] = inplace_unscale<OFFSET>(inplace_slot<BITS>(lo, hi, 4 * j + r));
 }
 
-// inplace_to_fragment without the HFMA2 (8 bits: every value at p = 0), for flush_group_raw.
+// inplace_to_fragment without the HFMA2 (8 bits: every value at p = 0), for the stream GEMV's RAW.
 template <int BITS>
 __device__ __forceinline__ void inplace_to_raw_fragment(const uint32_t* lo, const uint32_t* hi,
                                                         int j, uint32_t a[4]) {
@@ -57,8 +57,9 @@ __device__ __forceinline__ void int4_word_to_fragment_lop3(uint32_t w, __half2 l
 }
 
 // The 4-bit word as an A fragment left undecoded: the halves 1024 + q (row g: low nibbles, p = 0)
-// and 1024 + 16 q (row g + 8: high nibbles, p = 4), one LOP3 each; flush_group_raw<0, 4, 8>
-// takes the offsets and 1/16 out of the group's sums instead of an HADD2/HFMA2 per register.
+// and 1024 + 16 q (row g + 8: high nibbles, p = 4), one LOP3 each; the stream GEMV (RAW) takes
+// the offsets out of the group's sums by one mma a step and the 16 at the group's flush, instead
+// of an HADD2/HFMA2 per register.
 __device__ __forceinline__ void int4_word_to_raw_fragment(uint32_t w, uint32_t a[4]) {
   const uint32_t w8 = w >> 8;
   a[0] = and_or(w, 0x000F000Fu, 0x64006400u);

@@ -286,27 +286,6 @@ __device__ __forceinline__ void flush_group(float (&acc)[4], float (&cg)[4], flo
   for (int i = 0; i < 4; ++i) cg[i] = cx[i] = 0.f;
 }
 
-// flush_group for fragments left undecoded (the 4-bit stream GEMV with GYRE_CUDA_RAW_FRAGMENTS): cg
-// holds sums of (1024 + q 2^P) x, row g's values at bits P_LO and row g + 8's at bits P_HI of their
-// halves, cx the sums of x (an mma with ones). Since sum (q - OFFSET) x = (cg - (1024 + OFFSET
-// 2^P) cx) 2^-P, acc += s 2^-P (cg - (1024 + OFFSET 2^P) cx): the cancellation first, in fp32,
-// where cg and cx are both near 1024 cx (about 7 of 24 bits lost against a 4-bit value's sum, far
-// below the f16 inputs' precision). Symmetric weights only.
-template <int P_LO, int P_HI, uint32_t OFFSET>
-__device__ __forceinline__ void flush_group_raw(float (&acc)[4], float (&cg)[4], float (&cx)[4],
-                                                float2 s) {
-  constexpr float kLo = -(1024.f + static_cast<float>(OFFSET << P_LO));
-  constexpr float kHi = -(1024.f + static_cast<float>(OFFSET << P_HI));
-  const float s_lo = s.x * (1.f / static_cast<float>(1 << P_LO));
-  const float s_hi = s.y * (1.f / static_cast<float>(1 << P_HI));
-  acc[0] = fmaf(s_lo, fmaf(kLo, cx[0], cg[0]), acc[0]);
-  acc[1] = fmaf(s_lo, fmaf(kLo, cx[1], cg[1]), acc[1]);
-  acc[2] = fmaf(s_hi, fmaf(kHi, cx[2], cg[2]), acc[2]);
-  acc[3] = fmaf(s_hi, fmaf(kHi, cx[3], cg[3]), acc[3]);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) cg[i] = cx[i] = 0.f;
-}
-
 // c += A (16x16, row) * B (16x8, col), FP16 inputs, float accumulators (sm_80+).
 __device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], uint32_t b0,
                                           uint32_t b1) {

@@ -332,12 +332,21 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
   const __half2 lo_base = __float2half2_rn(1024.f + kOffset);
   const __half2 hi_base = __float2half2_rn(-64.f - kOffset);  // 4 bits: the 16q registers
   const uint32_t ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
+  // RAW: the A fragment that subtracts what undecoded fragments add beyond q - offset: rows g (p =
+  // 0) hold 1024 + q, rows g + 8 (4-bit: p = 4) 1024 + 16 q; one mma with -(1024 + offset 2^p)
+  // leaves (q - offset) 2^p x in the group's sums, the 2^p going with the scale at the flush.
+  constexpr uint32_t kRawLo = half2_int_bits(-(1024 + static_cast<int>(kOffset)));
+  constexpr uint32_t kRawHi =
+      half2_int_bits(-(1024 + (static_cast<int>(kOffset) << (BITS == 4 ? 4 : 0))));
+  [[maybe_unused]] const uint32_t raw_offsets[4] = {kRawLo, kRawHi, kRawLo, kRawHi};
 #pragma unroll
   for (int i = 0; i < 4; ++i) acc[i] = 0.f;
   float cg[4] = {0.f, 0.f, 0.f, 0.f}, cx[4] = {0.f, 0.f, 0.f, 0.f};
   auto flush = [&](uint32_t sr, uint32_t mr) {
-    if constexpr (RAW) {
-      flush_group_raw<0, BITS == 4 ? 4 : 0, kOffset>(acc, cg, cx, __half22float2(as_half2(sr)));
+    if constexpr (RAW && BITS == 4) {  // rows g + 8 summed 16 (q - offset) x
+      float2 sf = __half22float2(as_half2(sr));
+      sf.y *= 0.0625f;
+      flush_group(acc, cg, cx, sf, make_float2(0.f, 0.f), false);
     } else {
       const float2 m = ASYM ? __half22float2(as_half2(mr)) : make_float2(0.f, 0.f);
       flush_group(acc, cg, cx, __half22float2(as_half2(sr)), m, ASYM);
@@ -367,7 +376,8 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
       else
         narrow_to_fragment<BITS>(lo, hi, j, lo_base, a);
       mma_16816(cg, a, xv[2 * j], xv[2 * j + 1]);
-      if constexpr (ASYM || RAW) mma_16816(cx, ones, xv[2 * j], xv[2 * j + 1]);
+      if constexpr (ASYM) mma_16816(cx, ones, xv[2 * j], xv[2 * j + 1]);
+      if constexpr (RAW) mma_16816(cg, raw_offsets, xv[2 * j], xv[2 * j + 1]);
       if (G32 && j == 1) flush(sc[0], ASYM ? mn[0] : 0u);
     }
     if constexpr (G32) {

@@ -171,7 +171,7 @@ void launch_stream_kernel(const Params& p, int ksplit, int warp_budget, cudaStre
 
 // The shared-memory-ring kernel (P slots) for symmetric in-place weights, by group size, with
 // staged scales where they are on and fit (the callers check that p is symmetric and that
-// stream_ring_fits holds). RAW: 4-bit fragments left undecoded (flush_group_raw).
+// stream_ring_fits holds). RAW: 4- and 8-bit fragments left undecoded (stream_warp_tile).
 template <int BITS, int S, int P, bool G32, bool RAW>
 void launch_stream_ring_g(const Params& p, int ksplit, int warp_budget, cudaStream_t stream) {
   if (stream_staged_scales() && stream_staged_fits<BITS, S, G32>(p, P))
