@@ -3,10 +3,10 @@
 # .device/shared; see bench/device_binaries.sh).
 #   bench/session28_device.sh tests   the CUDA tests of the stream-GEMV users with the tiled 8-bit
 #       layout on for the whole run (GYRE_CUDA_BITS8_STREAM=1), then those of the 4- and 8-bit
-#       ring kernels again with undecoded fragments on for the whole run (GYRE_CUDA_RAW_FRAGMENTS=1)
+#       ring kernels (and 6-bit's) again with undecoded fragments on for the whole run (GYRE_CUDA_RAW_FRAGMENTS=1)
 #   bench/session28_device.sh ab      decode of the Llama-3-8B shape, ROUNDS (2) rounds
-#       interleaved: 4-bit as today and with undecoded fragments; 8-bit on the host layout, tiled,
-#       tiled with undecoded fragments
+#       interleaved: 4- and 6-bit as today and with undecoded fragments; 8-bit on the host layout,
+#       tiled, tiled with undecoded fragments
 #   bench/session28_device.sh more    8-bit long context and serving, tiled against the host layout
 #   bench/session28_device.sh table   the final table (bench/device_table.sh)
 set -u
@@ -28,6 +28,9 @@ for mode in "$@"; do
     for r in $(seq 1 "${ROUNDS:-2}"); do
       bench_line "r$r 4-bit" $B/gyre --synthetic llama3-8b --bits 4 -p 512 -n 128 --long 0
       GYRE_CUDA_RAW_FRAGMENTS=1 bench_line "r$r 4-bit raw" $B/gyre --synthetic llama3-8b --bits 4 \
+        -p 512 -n 128 --long 0
+      bench_line "r$r 6-bit" $B/gyre --synthetic llama3-8b --bits 6 -p 512 -n 128 --long 0
+      GYRE_CUDA_RAW_FRAGMENTS=1 bench_line "r$r 6-bit raw" $B/gyre --synthetic llama3-8b --bits 6 \
         -p 512 -n 128 --long 0
       GYRE_CUDA_BITS8_STREAM=0 bench_line "r$r 8-bit host layout" $B/gyre --synthetic llama3-8b \
         --bits 8 -p 512 -n 128 --long 0

@@ -162,19 +162,23 @@ TEST(CudaQbits, OldAndNewDecodeMatchFloat64) {
             ASSERT_EQ(dw.narrow_inplace, decode == 1);
             // The defaults; 3 bits, 2 blocks per piece: the register ring of 4 (in-place only);
             // the shared-memory ring on at every width (in-place, 1 or 2 blocks per piece), off,
-            // on with one scale word per piece in its slot instead of staged scales.
-            for (const int mode : {0, 1, 2, 3, 4})
+            // on with one scale word per piece in its slot instead of staged scales; 6 bits, one
+            // block per piece: the ring with undecoded fragments (set_raw_fragments).
+            for (const int mode : {0, 1, 2, 3, 4, 5})
               for (const int n : {1, 2, 8}) {
                 if (mode == 1 && (bits != 3 || decode != 1)) continue;
                 if (mode >= 2 && (decode != 1 || asym || pieces > 2)) continue;
+                if (mode == 5 && (bits != 6 || pieces > 1)) continue;
                 qlinear_detail::set_bits_stream_depth(mode == 1 ? 4 : 0);
-                qlinear_detail::set_bits_smem_ring(mode == 2 || mode == 4 ? 4 : mode == 3 ? 0 : -1);
+                qlinear_detail::set_bits_smem_ring(mode == 2 || mode >= 4 ? 4 : mode == 3 ? 0 : -1);
                 qlinear_detail::set_stream_staged_scales(mode == 4 ? 0 : -1);
+                qlinear_detail::set_raw_fragments(mode == 5 ? 1 : -1);
                 check_uploaded(w, dw, n, seed, &ref);
                 seed += 2;
                 qlinear_detail::set_bits_stream_depth(0);
                 qlinear_detail::set_bits_smem_ring(-1);
                 qlinear_detail::set_stream_staged_scales(-1);
+                qlinear_detail::set_raw_fragments(-1);
                 if (HasFatalFailure()) break;
               }
             if (HasFatalFailure()) {

@@ -219,8 +219,11 @@ template <int BITS, bool INPLACE>
 void launch_decode(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
   if constexpr (INPLACE) {
     if (bits_smem_ring(BITS) && !p.asym) {
-      if (pieces_s == 1 && stream_ring_fits<BITS, 1, true, false>(p, 0, budget, 4))
+      if (pieces_s == 1 && stream_ring_fits<BITS, 1, true, false>(p, 0, budget, 4)) {
+        if constexpr (BITS == 6)
+          if (raw_fragments()) return launch_stream_ring<6, 1, 4, true>(p, 0, budget, stream);
         return launch_stream_ring<BITS, 1, 4>(p, 0, budget, stream);
+      }
       if (pieces_s == 2 && stream_ring_fits<BITS, 2, true, false>(p, 0, budget, 4))
         return launch_stream_ring<BITS, 2, 4>(p, 0, budget, stream);
     }

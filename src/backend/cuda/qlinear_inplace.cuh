@@ -29,13 +29,12 @@ __device__ __forceinline__ void inplace_to_fragment(const uint32_t* lo, const ui
   for (int r = 0; r < 4; ++r) a[r] = inplace_unscale<OFFSET>(inplace_slot<BITS>(lo, hi, 4 * j + r));
 }
 
-// inplace_to_fragment without the HFMA2 (8 bits: every value at p = 0), for the stream GEMV's RAW.
+// inplace_to_fragment without the HFMA2 (raw_slot, qlinear_inplace.h), for the stream GEMV's RAW.
 template <int BITS>
 __device__ __forceinline__ void inplace_to_raw_fragment(const uint32_t* lo, const uint32_t* hi,
                                                         int j, uint32_t a[4]) {
-  static_assert(BITS == 8, "undecoded in-place fragments: 8 bits (one position for every value)");
 #pragma unroll
-  for (int r = 0; r < 4; ++r) a[r] = inplace_slot<BITS>(lo, hi, 4 * j + r).v;
+  for (int r = 0; r < 4; ++r) a[r] = raw_slot<BITS>(lo, hi, 4 * j + r);
 }
 
 // int4_word_to_fragment (qlinear_kernels.cuh) with each (w & mask) | 0x6400 as one LOP3 (and_or:

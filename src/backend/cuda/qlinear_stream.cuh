@@ -205,8 +205,8 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
                                                  int stride, unsigned char* slots, Stage&& stage,
                                                  float (&acc)[4]) {
   static_assert(!SS || P > 0, "staged scales need the shared-memory ring");
-  static_assert(!RAW || ((BITS == 4 || BITS == 8) && INPLACE && !ASYM),
-                "undecoded fragments: 4- and 8-bit symmetric");
+  static_assert(!RAW || ((BITS == 4 || BITS == 6 || BITS == 8) && INPLACE && !ASYM),
+                "undecoded fragments: 4-, 6- and 8-bit symmetric");
   constexpr int kLo = StreamPlanes<BITS>::kLo, kHi = StreamPlanes<BITS>::kHi;
   constexpr int kPieceBytes = 128 * BITS * S, kGroupsPerBlock = G32 ? 2 : 1;
   const int lane = threadIdx.x & 31;
@@ -333,19 +333,20 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
   const __half2 hi_base = __float2half2_rn(-64.f - kOffset);  // 4 bits: the 16q registers
   const uint32_t ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
   // RAW: the A fragment that subtracts what undecoded fragments add beyond q - offset: rows g (p =
-  // 0) hold 1024 + q, rows g + 8 (4-bit: p = 4) 1024 + 16 q; one mma with -(1024 + offset 2^p)
-  // leaves (q - offset) 2^p x in the group's sums, the 2^p going with the scale at the flush.
+  // 0) hold 1024 + q, rows g + 8 1024 + 2^p q (p = 4 at 4 and 6 bits, 0 at 8); one mma with
+  // -(1024 + offset 2^p) leaves 2^p (q - offset) x in the group's sums, the 2^-p going with the
+  // scale at the flush.
+  constexpr int kRawHiP = raw_high_position(BITS);
   constexpr uint32_t kRawLo = half2_int_bits(-(1024 + static_cast<int>(kOffset)));
-  constexpr uint32_t kRawHi =
-      half2_int_bits(-(1024 + (static_cast<int>(kOffset) << (BITS == 4 ? 4 : 0))));
+  constexpr uint32_t kRawHi = half2_int_bits(-(1024 + (static_cast<int>(kOffset) << kRawHiP)));
   [[maybe_unused]] const uint32_t raw_offsets[4] = {kRawLo, kRawHi, kRawLo, kRawHi};
 #pragma unroll
   for (int i = 0; i < 4; ++i) acc[i] = 0.f;
   float cg[4] = {0.f, 0.f, 0.f, 0.f}, cx[4] = {0.f, 0.f, 0.f, 0.f};
   auto flush = [&](uint32_t sr, uint32_t mr) {
-    if constexpr (RAW && BITS == 4) {  // rows g + 8 summed 16 (q - offset) x
+    if constexpr (RAW && kRawHiP > 0) {  // rows g + 8 summed 2^p (q - offset) x
       float2 sf = __half22float2(as_half2(sr));
-      sf.y *= 0.0625f;
+      sf.y *= 1.f / (1 << kRawHiP);
       flush_group(acc, cg, cx, sf, make_float2(0.f, 0.f), false);
     } else {
       const float2 m = ASYM ? __half22float2(as_half2(mr)) : make_float2(0.f, 0.f);
