@@ -3,7 +3,9 @@
 # .device/shared; see bench/device_binaries.sh).
 #   bench/session28_device.sh tests   the CUDA tests of the stream-GEMV users with the tiled 8-bit
 #       layout on for the whole run (GYRE_CUDA_BITS8_STREAM=1), then those of the 4- and 8-bit
-#       ring kernels (and 6-bit's) again with undecoded fragments on for the whole run (GYRE_CUDA_RAW_FRAGMENTS=1)
+#       ring kernels (and 6-bit's) again with undecoded fragments on for the whole run
+#       (GYRE_CUDA_RAW_FRAGMENTS=1)
+#   bench/session28_device.sh quick   the kernels' and engine's tests once, both switches on
 #   bench/session28_device.sh ab      decode of the Llama-3-8B shape, ROUNDS (2) rounds
 #       interleaved: 4- and 6-bit as today and with undecoded fragments; 8-bit on the host layout,
 #       tiled, tiled with undecoded fragments
@@ -23,6 +25,10 @@ for mode in "$@"; do
     GYRE_CUDA_BITS8_STREAM=1 device_tests "${FILTER:-CudaQbits*:CudaQlinear*:QuantFormatsCuda*:QMixedCuda*:Exl2Cuda*:FusedWeights*:CudaFused*:CudaGemv4*:CudaStories*:CudaForward*:CudaDecodeGraphs*:FedDecode*:CudaActOrder*:CudaHadamard*}" 240
     cp "$O/tests.log" "$O/tests_bits8.log"
     GYRE_CUDA_BITS8_STREAM=1 GYRE_CUDA_RAW_FRAGMENTS=1 device_tests "${FILTER_RAW:-CudaGemv4*:CudaQbits*:CudaFused*:FusedWeights*:QuantFormatsCuda*:CudaStories*:CudaForward*:FedDecode*}" 200
+    ;;
+  quick)  # one test run with both switches on (the kernels' own tests set each way themselves)
+    GYRE_CUDA_BITS8_STREAM=1 GYRE_CUDA_RAW_FRAGMENTS=1 device_tests "${FILTER:-CudaGemv4*:CudaQbits*:CudaStories*:CudaForward*:FedDecode*:CudaFused*:QuantFormatsCuda*}" 200
+    grep -cE "^\[       OK \]" "$O/tests.log"
     ;;
   ab)
     for r in $(seq 1 "${ROUNDS:-2}"); do
