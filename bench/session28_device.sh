@@ -7,7 +7,8 @@
 #       (GYRE_CUDA_RAW_FRAGMENTS=1)
 #   bench/session28_device.sh quick   the kernels' and engine's tests once, both switches on
 #   bench/session28_device.sh ab      decode of the Llama-3-8B shape, ROUNDS (2) rounds
-#       interleaved: 4- and 6-bit as today and with undecoded fragments; 8-bit on the host layout,
+#       interleaved: 4- and 6-bit as today and with undecoded fragments (4-bit: both ways, 1 and 2);
+#       8-bit on the host layout,
 #       tiled, tiled with undecoded fragments
 #   bench/session28_device.sh more    8-bit long context and serving, tiled against the host layout
 #   bench/session28_device.sh table   the final table (bench/device_table.sh)
@@ -34,6 +35,8 @@ for mode in "$@"; do
     for r in $(seq 1 "${ROUNDS:-2}"); do
       bench_line "r$r 4-bit" $B/gyre --synthetic llama3-8b --bits 4 -p 512 -n 128 --long 0
       GYRE_CUDA_RAW_FRAGMENTS=1 bench_line "r$r 4-bit raw" $B/gyre --synthetic llama3-8b --bits 4 \
+        -p 512 -n 128 --long 0
+      GYRE_CUDA_RAW_FRAGMENTS=2 bench_line "r$r 4-bit raw2" $B/gyre --synthetic llama3-8b --bits 4 \
         -p 512 -n 128 --long 0
       bench_line "r$r 6-bit" $B/gyre --synthetic llama3-8b --bits 6 -p 512 -n 128 --long 0
       GYRE_CUDA_RAW_FRAGMENTS=1 bench_line "r$r 6-bit raw" $B/gyre --synthetic llama3-8b --bits 6 \

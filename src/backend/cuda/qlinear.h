@@ -219,10 +219,11 @@ void set_gemv_smem_ring(int depth);
 // stages the scales of its whole piece range once (1), or takes one scale word per piece with its
 // ring slot (0); -1: GYRE_CUDA_STREAM_SCALES (staged, the default, or ring).
 void set_stream_staged_scales(int mode);
-// The 4- and 8-bit shared-memory ring kernels of symmetric weights: A fragments left undecoded
-// (halves 1024 + q; 1024 + 16 q for 4-bit high nibbles) and the offsets taken out of each group's
-// sums (1), or each register decoded by an HADD2/HFMA2 (0); -1: GYRE_CUDA_RAW_FRAGMENTS (default 0,
-// until measured on a GPU).
+// The 4-, 6- and 8-bit shared-memory ring kernels of symmetric weights: A fragments left undecoded
+// (halves 1024 + q; 1024 + 16 q for rows g + 8 at 4 and 6 bits) and the offsets taken out of each
+// group's sums by one mma a step (1; 2: at 4 bits into separate sums, added at the group's flush),
+// or each register decoded by an HADD2/HFMA2 (0); -1: GYRE_CUDA_RAW_FRAGMENTS (default 0, until
+// measured on a GPU).
 void set_raw_fragments(int mode);
 // Batch kernel: warps splitting the columns (1, 2, 4, 8; 0 = auto) and 16-row tiles per warp
 // (1 or 2; 0 = auto).

@@ -221,7 +221,7 @@ void launch_decode(const Params& p, int pieces_s, int budget, cudaStream_t strea
     if (bits_smem_ring(BITS) && !p.asym) {
       if (pieces_s == 1 && stream_ring_fits<BITS, 1, true, false>(p, 0, budget, 4)) {
         if constexpr (BITS == 6)
-          if (raw_fragments()) return launch_stream_ring<6, 1, 4, true>(p, 0, budget, stream);
+          if (raw_fragments() != 0) return launch_stream_ring<6, 1, 4, 1>(p, 0, budget, stream);
         return launch_stream_ring<BITS, 1, 4>(p, 0, budget, stream);
       }
       if (pieces_s == 2 && stream_ring_fits<BITS, 2, true, false>(p, 0, budget, 4))
@@ -247,7 +247,7 @@ void launch_width(const Params& p, int pieces_s, int budget, cudaStream_t stream
   if constexpr (BITS == 8) {  // in place, one block per piece (bits_tiled_layout) only
     GYRE_CHECK(p.inplace && pieces_s == 1, "qlinear: tiled 8-bit weights are in place, S = 1");
     if (bits_smem_ring(8) && !p.asym && stream_ring_fits<8, 1, true, false>(p, 0, budget, 4)) {
-      if (raw_fragments()) return launch_stream_ring<8, 1, 4, true>(p, 0, budget, stream);
+      if (raw_fragments() != 0) return launch_stream_ring<8, 1, 4, 1>(p, 0, budget, stream);
       return launch_stream_ring<8, 1, 4>(p, 0, budget, stream);
     }
     return launch_stream_variant<8, 1, 4, true>(p, 0, budget, stream);

@@ -200,7 +200,7 @@ struct StreamSlot {
 // shared-memory ring (P > 0) are the warp's own. The one-weight kernel below and the two-part
 // kernel of a mixed weight (qlinear_mixed_stream.cu, whose warps take one part each) share it.
 template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P, bool SS = false,
-          bool RAW = false, class Stage>
+          int RAW = 0, class Stage>
 __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int i_begin, int i_end,
                                                  int stride, unsigned char* slots, Stage&& stage,
                                                  float (&acc)[4]) {
@@ -334,8 +334,8 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
   const uint32_t ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
   // RAW: the A fragment that subtracts what undecoded fragments add beyond q - offset: rows g (p =
   // 0) hold 1024 + q, rows g + 8 1024 + 2^p q (p = 4 at 4 and 6 bits, 0 at 8); one mma with
-  // -(1024 + offset 2^p) leaves 2^p (q - offset) x in the group's sums, the 2^-p going with the
-  // scale at the flush.
+  // -(1024 + offset 2^p) leaves 2^p (q - offset) x in the group's sums (RAW 1: into them; 2, 4 bits
+  // only: into cx, added at the flush), the 2^-p going with the scale at the flush.
   constexpr int kRawHiP = raw_high_position(BITS);
   constexpr uint32_t kRawLo = half2_int_bits(-(1024 + static_cast<int>(kOffset)));
   constexpr uint32_t kRawHi = half2_int_bits(-(1024 + (static_cast<int>(kOffset) << kRawHiP)));
@@ -344,6 +344,10 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
   for (int i = 0; i < 4; ++i) acc[i] = 0.f;
   float cg[4] = {0.f, 0.f, 0.f, 0.f}, cx[4] = {0.f, 0.f, 0.f, 0.f};
   auto flush = [&](uint32_t sr, uint32_t mr) {
+    if constexpr (RAW == 2) {  // the offsets' sums apart, so that the mma steps do not chain
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cg[i] += cx[i];
+    }
     if constexpr (RAW && kRawHiP > 0) {  // rows g + 8 summed 2^p (q - offset) x
       float2 sf = __half22float2(as_half2(sr));
       sf.y *= 1.f / (1 << kRawHiP);
@@ -378,7 +382,8 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
         narrow_to_fragment<BITS>(lo, hi, j, lo_base, a);
       mma_16816(cg, a, xv[2 * j], xv[2 * j + 1]);
       if constexpr (ASYM) mma_16816(cx, ones, xv[2 * j], xv[2 * j + 1]);
-      if constexpr (RAW) mma_16816(cg, raw_offsets, xv[2 * j], xv[2 * j + 1]);
+      if constexpr (RAW == 1) mma_16816(cg, raw_offsets, xv[2 * j], xv[2 * j + 1]);
+      if constexpr (RAW == 2) mma_16816(cx, raw_offsets, xv[2 * j], xv[2 * j + 1]);
       if (G32 && j == 1) flush(sc[0], ASYM ? mn[0] : 0u);
     }
     if constexpr (G32) {
@@ -470,7 +475,7 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
 }
 
 template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P = 0, int AO = 0,
-          bool SS = false, bool RAW = false>
+          bool SS = false, int RAW = 0>
 __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __half* xs = reinterpret_cast<__half*>(smem_raw);

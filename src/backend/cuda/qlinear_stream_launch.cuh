@@ -112,10 +112,10 @@ bool stream_staged_fits(const Params& p, int P) {
   return true;
 }
 
-// GYRE_CUDA_RAW_FRAGMENTS (default off) or set_raw_fragments (qlinear.h): whether the symmetric
-// 4- and 8-bit shared-memory ring kernels leave their A fragments undecoded
+// GYRE_CUDA_RAW_FRAGMENTS (0, the default, 1 or 2) or set_raw_fragments (qlinear.h): whether the
+// symmetric 4- and 8-bit shared-memory ring kernels leave their A fragments undecoded
 // (qlinear_gemv_stream.cu).
-bool raw_fragments();
+int raw_fragments();
 
 // GYRE_CUDA_NORM_AHEAD (default on): whether the stream GEMV loads a fused norm's weights before
 // its PDL wait (norm_ahead, qlinear_stream_stage.cuh); qlinear_gemv_stream.cu.
@@ -127,7 +127,7 @@ bool stream_staged_scales();
 
 // gemv_stream_kernel<...> with the opt-in shared memory allowed (once per instantiation).
 template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P, int AO, bool SS,
-          bool RAW = false>
+          int RAW = 0>
 auto raised_stream_kernel(int optin) {
   auto kernel = gemv_stream_kernel<BITS, S, D, G32, ASYM, INPLACE, P, AO, SS, RAW>;
   static const bool raised = allow_optin_shared(kernel, optin, "gemv stream");
@@ -140,7 +140,7 @@ auto raised_stream_kernel(int optin) {
 // tiles x ksplit within warp_budget warps per SM on average (32 measured best at 4 bits on
 // every Llama shape, round 5: one resident wave of 64-register warps).
 template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P = 0, bool SS = false,
-          bool RAW = false>
+          int RAW = 0>
 void launch_stream_kernel(const Params& p, int ksplit, int warp_budget, cudaStream_t stream) {
   int sms = 0, optin = 0;
   stream_device_limits(sms, optin);
@@ -172,14 +172,14 @@ void launch_stream_kernel(const Params& p, int ksplit, int warp_budget, cudaStre
 // The shared-memory-ring kernel (P slots) for symmetric in-place weights, by group size, with
 // staged scales where they are on and fit (the callers check that p is symmetric and that
 // stream_ring_fits holds). RAW: 4- and 8-bit fragments left undecoded (stream_warp_tile).
-template <int BITS, int S, int P, bool G32, bool RAW>
+template <int BITS, int S, int P, bool G32, int RAW>
 void launch_stream_ring_g(const Params& p, int ksplit, int warp_budget, cudaStream_t stream) {
   if (stream_staged_scales() && stream_staged_fits<BITS, S, G32>(p, P))
     return launch_stream_kernel<BITS, S, 1, G32, false, true, P, true, RAW>(p, ksplit, warp_budget,
                                                                             stream);
   launch_stream_kernel<BITS, S, 1, G32, false, true, P, false, RAW>(p, ksplit, warp_budget, stream);
 }
-template <int BITS, int S, int P, bool RAW = false>
+template <int BITS, int S, int P, int RAW = 0>
 void launch_stream_ring(const Params& p, int ksplit, int warp_budget, cudaStream_t stream) {
   if (p.group == 32)
     return launch_stream_ring_g<BITS, S, P, true, RAW>(p, ksplit, warp_budget, stream);
