@@ -6,6 +6,7 @@
 #       ring kernels (and 6-bit's) again with undecoded fragments on for the whole run
 #       (GYRE_CUDA_RAW_FRAGMENTS=1)
 #   bench/session28_device.sh quick   the kernels' and engine's tests once, both switches on
+#   bench/session28_device.sh mini    a short call: the kernels' tests, one round of 4- and 8-bit
 #   bench/session28_device.sh ab      decode of the Llama-3-8B shape, ROUNDS (2) rounds
 #       interleaved: 4- and 6-bit as today and with undecoded fragments (4-bit: both ways, 1 and 2);
 #       8-bit on the host layout,
@@ -30,6 +31,15 @@ for mode in "$@"; do
   quick)  # one test run with both switches on (the kernels' own tests set each way themselves)
     GYRE_CUDA_BITS8_STREAM=1 GYRE_CUDA_RAW_FRAGMENTS=1 device_tests "${FILTER:-CudaGemv4*:CudaQbits*:CudaStories*:CudaForward*:FedDecode*:CudaFused*:QuantFormatsCuda*}" 200
     grep -cE "^\[       OK \]" "$O/tests.log"
+    ;;
+  mini)  # a short call: the kernels' tests (both switches on), then one round of the main A/B
+    GYRE_CUDA_BITS8_STREAM=1 GYRE_CUDA_RAW_FRAGMENTS=1 device_tests "CudaGemv4.MatchesFloat64:CudaQbits.EightBitTiledMatchesFloat64:CudaQbits.OldAndNewDecodeMatchFloat64:CudaStories*" 100
+    bench_line "4-bit" $B/gyre --synthetic llama3-8b --bits 4 -p 512 -n 128 --long 0
+    GYRE_CUDA_RAW_FRAGMENTS=1 bench_line "4-bit raw" $B/gyre --synthetic llama3-8b --bits 4 -p 512 -n 128 --long 0
+    GYRE_CUDA_RAW_FRAGMENTS=2 bench_line "4-bit raw2" $B/gyre --synthetic llama3-8b --bits 4 -p 512 -n 128 --long 0
+    GYRE_CUDA_BITS8_STREAM=1 GYRE_CUDA_RAW_FRAGMENTS=1 bench_line "8-bit tiled raw" $B/gyre --synthetic llama3-8b --bits 8 -p 512 -n 128 --long 0
+    GYRE_CUDA_BITS8_STREAM=0 bench_line "8-bit host" $B/gyre --synthetic llama3-8b --bits 8 -p 512 -n 128 --long 0
+    GYRE_CUDA_BITS8_STREAM=1 bench_line "8-bit tiled" $B/gyre --synthetic llama3-8b --bits 8 -p 512 -n 128 --long 0
     ;;
   ab)
     for r in $(seq 1 "${ROUNDS:-2}"); do
