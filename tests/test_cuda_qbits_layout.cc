@@ -51,6 +51,20 @@ qlinear_detail::InplaceSlot inplace_slot_at(int bits, const uint32_t* lo, const 
   }
 }
 
+// One lane's block of 16 value pairs (trial 0: all zero, 1: all at the maximum, else random) and
+// its words from the repack's inplace_word.
+struct InplaceBlock {
+  uint32_t q[16][2];
+  uint32_t words[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  InplaceBlock(int bits, int trial, std::mt19937& rng) {
+    for (auto& pair : q)
+      for (uint32_t& v : pair)
+        v = trial == 0 ? 0u : trial == 1 ? (1u << bits) - 1 : rng() % (1u << bits);
+    auto value = [&](int k, int c) { return q[k][c]; };
+    for (int w = 0; w < bits; ++w) words[w] = inplace_word_at(bits, w, value);
+  }
+};
+
 // The in-place arrangement on the host (no GPU): every pair's word from the repack's
 // inplace_word, read back by the decode's inplace_slot, is 1024 + q 2^p under the 0x6400
 // exponent (nothing else set), and the HFMA2 constants of inplace_unscale turn it into q - offset
@@ -62,13 +76,9 @@ TEST(CudaQbits, InplaceArrangementOnTheHost) {
   for (const int bits : {2, 3, 5, 6, 8}) {
     const int lo_words = bits == 8 ? 8 : bits >= 5 ? 4 : 2;  // the high plane's words follow
     for (int trial = 0; trial < 3000; ++trial) {
-      uint32_t q[16][2];
-      for (auto& pair : q)
-        for (uint32_t& v : pair)
-          v = trial == 0 ? 0u : trial == 1 ? (1u << bits) - 1 : rng() % (1u << bits);
-      auto value = [&](int k, int c) { return q[k][c]; };
-      uint32_t words[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int w = 0; w < bits; ++w) words[w] = inplace_word_at(bits, w, value);
+      const InplaceBlock blk(bits, trial, rng);
+      const auto& q = blk.q;
+      const uint32_t* words = blk.words;
       if (bits == 8) {  // the device's PRMT selectors give the host decode's words
         for (int k = 0; k < 16; ++k) {
           const uint32_t v =
@@ -111,13 +121,9 @@ TEST(CudaQbits, RawSlotsOnTheHost) {
   for (const int bits : {6, 8}) {
     const int lo_words = bits == 8 ? 8 : 4;
     for (int trial = 0; trial < 3000; ++trial) {
-      uint32_t q[16][2];
-      for (auto& pair : q)
-        for (uint32_t& v : pair)
-          v = trial == 0 ? 0u : trial == 1 ? (1u << bits) - 1 : rng() % (1u << bits);
-      auto value = [&](int k, int c) { return q[k][c]; };
-      uint32_t words[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int w = 0; w < bits; ++w) words[w] = inplace_word_at(bits, w, value);
+      const InplaceBlock blk(bits, trial, rng);
+      const auto& q = blk.q;
+      const uint32_t* words = blk.words;
       for (int k = 0; k < 16; ++k) {
         const uint32_t v = bits == 8 ? qlinear_detail::raw_slot<8>(words, words + lo_words, k)
                                      : qlinear_detail::raw_slot<6>(words, words + lo_words, k);

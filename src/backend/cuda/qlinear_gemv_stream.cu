@@ -51,8 +51,9 @@ void launch_depth(const Params& p, int ksplit, cudaStream_t stream) {
     const int ring = D == 4 ? smem_ring() : 0;
     if ((ring == 2 || ring == 4) && stream_ring_fits<4, 1, true, false>(p, ksplit, 32, ring)) {
       if (ring == 2) return launch_stream_ring<4, 1, 2>(p, ksplit, 32, stream);
-      if (raw_fragments() == 1) return launch_stream_ring<4, 1, 4, 1>(p, ksplit, 32, stream);
-      if (raw_fragments() == 2) return launch_stream_ring<4, 1, 4, 2>(p, ksplit, 32, stream);
+      const int raw = raw_fragments();
+      if (raw == 1) return launch_stream_ring<4, 1, 4, 1>(p, ksplit, 32, stream);
+      if (raw == 2) return launch_stream_ring<4, 1, 4, 2>(p, ksplit, 32, stream);
       return launch_stream_ring<4, 1, 4>(p, ksplit, 32, stream);
     }
     if (p.group == 32)

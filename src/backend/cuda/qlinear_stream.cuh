@@ -207,6 +207,7 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
   static_assert(!SS || P > 0, "staged scales need the shared-memory ring");
   static_assert(!RAW || ((BITS == 4 || BITS == 6 || BITS == 8) && INPLACE && !ASYM),
                 "undecoded fragments: 4-, 6- and 8-bit symmetric");
+  static_assert(RAW != 2 || BITS == 4, "undecoded fragments, separate offset sums: 4 bits");
   constexpr int kLo = StreamPlanes<BITS>::kLo, kHi = StreamPlanes<BITS>::kHi;
   constexpr int kPieceBytes = 128 * BITS * S, kGroupsPerBlock = G32 ? 2 : 1;
   const int lane = threadIdx.x & 31;
