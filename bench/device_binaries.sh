@@ -1,11 +1,20 @@
 # Sourced by the session device scripts (bench/session*_device.sh), run from the repository root
-# on the device: unpacks the carried binaries (.device/lead*/NAME.xz, newer than .device/bin/NAME)
+# on the device: unpacks the carried binaries (.device/lead*/NAME.xz, newer than .device/bin/NAME,
+# or .device/lead*/*.tar.xz)
 # and libraries into .device/bin, links the carried fixtures to /work/shared, and sets B (the
 # binaries), O (the output folder) and LD_LIBRARY_PATH; prints the GPU.
 [ -e /work/shared ] || { mkdir -p /work && ln -s "$PWD/.device/shared" /work/shared 2>/dev/null; }
 mkdir -p .device/bin
+# Binaries that share most of their bytes (the CUDA kernels) travel as one tar.xz with a large
+# dictionary (bench/pack_binaries.sh): about half the size of two .xz files.
+for f in .device/lead*/*.tar.xz; do
+  [ -e "$f" ] || continue
+  [ "$f" -nt .device/bin/.unpacked ] || continue
+  xz -dc "$f" | tar xf - -C .device/bin && touch .device/bin/.unpacked
+done
 for f in .device/lead*/*.xz; do
   [ -e "$f" ] || continue
+  case "$f" in *.tar.xz) continue ;; esac
   b=.device/bin/$(basename "$f" .xz)
   [ "$f" -nt "$b" ] || continue
   xz -dc "$f" >"$b" && chmod +x "$b"
