@@ -3,10 +3,12 @@
 // and one-line errors for hostile inputs.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "backend/backend.h"
 #include "core/error.h"
@@ -15,7 +17,9 @@
 #include "engine/transformer.h"
 #include "error_test_util.h"
 #include "model/loader.h"
+#include "model/safetensors.h"
 #include "quant/convert.h"
+#include "quant/st_writer.h"
 
 namespace gyre::quant {
 namespace {
@@ -153,6 +157,95 @@ TEST(QuantConvert, MeasurementIsReusable) {
   convert_model(o);
   EXPECT_EQ(config_of(a)["quantization_config"]["layers"],
             config_of(b)["quantization_config"]["layers"]);
+}
+
+// Shards as transformers writes them: tensors in order, a new shard when the next would pass the
+// limit, one of its own for a tensor over it; the index maps every tensor and sums their bytes.
+// A single shard is model.safetensors, and files of an earlier write are removed.
+TEST(QuantConvert, ShardedWriterSplitsAndIndexes) {
+  const std::string d = fresh_dir("shards");
+  std::vector<std::vector<uint8_t>> data;
+  std::vector<StSource> ts;
+  const std::vector<size_t> sizes = {40, 40, 28, 200, 8, 8};
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    data.emplace_back(sizes[i]);
+    for (size_t j = 0; j < sizes[i]; ++j) data[i][j] = static_cast<uint8_t>(7 * i + j);
+  }
+  for (size_t i = 0; i < sizes.size(); ++i)
+    ts.push_back({"t" + std::to_string(i),
+                  "I32",
+                  {static_cast<int64_t>(sizes[i] / 4)},
+                  data[i].data(),
+                  sizes[i]});
+  fs::create_directories(d);
+  std::ofstream(d + "/model.safetensors") << "stale";
+  const auto names = write_safetensors_shards(d, ts, 100);
+  // [t0 t1] [t2] [t3 (over the limit: alone)] [t4 t5]
+  ASSERT_EQ(names.size(), 4u);
+  EXPECT_EQ(names[0], "model-00001-of-00004.safetensors");
+  EXPECT_EQ(names[3], "model-00004-of-00004.safetensors");
+  EXPECT_FALSE(fs::exists(d + "/model.safetensors"));
+  const nlohmann::json idx =
+      nlohmann::json::parse(read_text_file(d + "/model.safetensors.index.json"));
+  EXPECT_EQ(idx["metadata"]["total_size"].get<uint64_t>(), 40u + 40 + 28 + 200 + 8 + 8);
+  const std::vector<size_t> shard_of = {0, 0, 1, 2, 3, 3};
+  for (size_t i = 0; i < ts.size(); ++i) {
+    EXPECT_EQ(idx["weight_map"][ts[i].name], names[shard_of[i]]);
+    WeightSet w;
+    safetensors_load(d + "/" + names[shard_of[i]], w);
+    const TensorView& t = w.get(ts[i].name);
+    ASSERT_EQ(t.nbytes, sizes[i]);
+    EXPECT_EQ(std::memcmp(t.data, data[i].data(), sizes[i]), 0);
+  }
+  // Written again as one file: the shards and the index go.
+  EXPECT_EQ(write_safetensors_shards(d, ts, 1000).size(), 1u);
+  EXPECT_TRUE(fs::exists(d + "/model.safetensors"));
+  EXPECT_FALSE(fs::exists(d + "/model.safetensors.index.json"));
+  EXPECT_FALSE(fs::exists(d + "/" + names[0]));
+}
+
+// A conversion written in shards loads through the normal loader to the same tensors as the
+// same conversion in one file.
+TEST(QuantConvert, ShardedOutputHoldsTheSameModel) {
+  const std::string a = fresh_dir("one_file"), b = fresh_dir("sharded");
+  ConvertOptions o = small_options(a);
+  o.uniform = "4:64";
+  convert_model(o);
+  o.out = b;
+  o.shard_bytes = 100000;
+  convert_model(o);
+  EXPECT_FALSE(fs::exists(b + "/model.safetensors"));
+  const nlohmann::json idx =
+      nlohmann::json::parse(read_text_file(b + "/model.safetensors.index.json"));
+  EXPECT_GE(idx["weight_map"].size(), 30u);
+  WeightSet one;
+  safetensors_load(a + "/model.safetensors", one);
+  std::set<std::string> files;
+  size_t n = 0;
+  for (const auto& [name, file] : idx["weight_map"].items()) {
+    files.insert(file.get<std::string>());
+    ++n;
+    const TensorView& x = one.get(name);
+    WeightSet w;
+    safetensors_load(b + "/" + file.get<std::string>(), w);
+    const TensorView& y = w.get(name);
+    EXPECT_EQ(x.shape, y.shape) << name;
+    ASSERT_EQ(x.nbytes, y.nbytes) << name;
+    EXPECT_EQ(std::memcmp(x.data, y.data, x.nbytes), 0) << name;
+  }
+  EXPECT_EQ(n, one.all().size());
+  EXPECT_GE(files.size(), 3u);
+  auto q = load_model(b);
+  auto backend = backend_create("cpu", 2);
+  auto r = load_model(a);
+  Transformer tb(q->config, q->weights, *backend, 32);
+  Transformer ta(r->config, r->weights, *backend, 32);
+  const std::vector<int32_t> toks = {1, 200, 300, 17};
+  const int vocab = q->config.vocab_size;
+  std::vector<float> la(toks.size() * vocab), lb(toks.size() * vocab);
+  ta.forward(toks.data(), static_cast<int>(toks.size()), 0, la.data(), true);
+  tb.forward(toks.data(), static_cast<int>(toks.size()), 0, lb.data(), true);
+  EXPECT_EQ(la, lb);
 }
 
 TEST(QuantConvert, HostileInputsGiveOneLineErrors) {

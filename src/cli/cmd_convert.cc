@@ -38,6 +38,12 @@ void add_convert_command(CLI::App& app) {
                   "LM head bits: 2-6 or 8, 0 keeps it unquantized, -1: 8 at targets of 6 bits or "
                   "more, else 6")
       ->capture_default_str();
+  auto shard_mb = std::make_shared<int64_t>(4096);
+  cmd->add_option("--shard-mb", *shard_mb,
+                  "largest safetensors shard of the output, MiB (one model.safetensors when the "
+                  "model fits in one)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
+      ->capture_default_str();
   cmd->add_option("--calibration", o->calibration, "calibration text file (default: built in)");
   cmd->add_option("--rows", o->rows, "calibration rows")->capture_default_str();
   cmd->add_option("--length", o->length, "tokens per calibration row")->capture_default_str();
@@ -86,8 +92,9 @@ void add_convert_command(CLI::App& app) {
   cmd->add_flag("!--no-act-order", o->act_order, "visit columns in their stored order");
   cmd->add_option("-t,--threads", o->threads, "CPU threads (default: all cores)");
   cmd->add_flag("!--no-progress", o->progress, "no progress bar on stderr");
-  cmd->callback([o, synthetic, synthetic_layers, dequantize_only] {
+  cmd->callback([o, synthetic, synthetic_layers, dequantize_only, shard_mb] {
     GYRE_CHECK(o->model.empty() != synthetic->empty(), "give either -m MODEL or --synthetic NAME");
+    o->shard_bytes = static_cast<uint64_t>(*shard_mb) << 20;
     if (*dequantize_only) {
       GYRE_CHECK(quant::is_gguf_file(o->model), "--dequantize-only needs a .gguf model");
       GYRE_CHECK(!std::filesystem::exists(o->out + "/config.json"), "'", o->out,

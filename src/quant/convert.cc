@@ -237,6 +237,7 @@ void convert_model(const ConvertOptions& o_in) {
   GYRE_CHECK(o.sensitivity_rows >= 1, "--sensitivity-rows must be at least 1");
   GYRE_CHECK(o.damp >= 0.0 && o.damp <= 1.0, "--damp must be in [0, 1], got ", o.damp);
   GYRE_CHECK(!o.out.empty(), "convert needs an output folder (-o)");
+  GYRE_CHECK(o.shard_bytes > 0, "the output's shard size must be positive");
   const bool from_gguf = is_gguf_file(o.model);
   GYRE_CHECK(from_gguf || (fs::is_directory(o.model) && file_exists(o.model + "/config.json")), "'",
              o.model,

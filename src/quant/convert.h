@@ -1,11 +1,12 @@
 // `gyre convert`: a Hugging Face model folder in, a Gyre-quantized folder out (config.json with
-// a quantization_config block, model.safetensors in the model/gyre_qformat.h layout, the
-// tokenizer files, measurement.json). Steps: calibration rows; measurement of every layer at
-// every candidate setting (measure.h); the per-layer choice under the bits-per-weight target
-// (optimizer.h); the quantization pass, block by block, each block fed the outputs of the
-// already-quantized blocks before it. Job state lives in OUT/.gyre-job, so an interrupted
-// conversion started again with the same options resumes where it stopped.
+// a quantization_config block, model.safetensors or shards of it with their index in the
+// model/gyre_qformat.h layout, the tokenizer files, measurement.json). Steps: calibration rows;
+// measurement of every layer at every candidate setting (measure.h); the per-layer choice under the
+// bits-per-weight target (optimizer.h); the quantization pass, block by block, each block fed the
+// outputs of the already-quantized blocks before it. Job state lives in OUT/.gyre-job, so an
+// interrupted conversion started again with the same options resumes where it stopped.
 #pragma once
+#include <cstdint>
 #include <string>
 
 namespace gyre::quant {
@@ -50,6 +51,9 @@ struct ConvertOptions {
   bool rtn = false;
   bool mixes = true;  // false: measure one-width candidates only (a shorter measurement)
   int threads = 0;    // <= 0: all cores
+  // The output's safetensors shards hold at most this many bytes of tensors each (one file,
+  // model.safetensors, when the whole model fits in one; `--shard-mb`).
+  uint64_t shard_bytes = uint64_t{4096} << 20;
   // "cpu", "cuda" or "cuda:N": where the block forward, Hessians and GPTQ run; empty: the GPU
   // when Gyre has CUDA and one is present (gptq_device.h), else the CPU.
   std::string device;

@@ -316,42 +316,39 @@ void write_output(const QuantContext& ctx, const ConvertOptions& o, const Plan& 
                   const Measurement* measurement) {
   const LoadedModel& m = *ctx.model;
   const bool head_q = plan.count(kHead) != 0;
-  std::vector<StTensor> tensors;
+  // Views into the mapped source and job files: the model is streamed to disk, never held whole.
+  std::vector<StSource> tensors;
+  auto add = [&](const std::string& name, const TensorView& t) {
+    tensors.push_back(
+        {name, dtype_name(t.dtype), t.shape, static_cast<const uint8_t*>(t.data), t.nbytes});
+  };
   // Unquantized tensors keep their dtype and bytes (the embedding, norms, biases, and layers
   // whose width fits no group size).
   for (const auto& [name, t] : m.weights.all()) {
     const std::string base = name.size() > 7 ? name.substr(0, name.size() - 7) : name;
     if (plan.count(base) && name.ends_with(".weight")) continue;
     if (name == "lm_head.weight" && (head_q || m.config.tie_embeddings)) continue;
-    StTensor s{name, dtype_name(t.dtype), t.shape, {}};
-    s.bytes.assign(static_cast<const uint8_t*>(t.data),
-                   static_cast<const uint8_t*>(t.data) + t.nbytes);
-    tensors.push_back(std::move(s));
+    add(name, t);
   }
   std::vector<std::string> files;
   for (int b = 0; b < m.config.n_layers; ++b)
     files.push_back(job + "/block_" + std::to_string(b) + ".safetensors");
   if (head_q) files.push_back(job + "/head.safetensors");
-  double qbits = 0, qnumel = 0;
-  for (const std::string& f : files) {
-    WeightSet raw;
-    safetensors_load(f, raw);
-    for (const auto& [name, t] : raw.all()) {
-      StTensor s{name, dtype_name(t.dtype), t.shape, {}};
-      s.bytes.assign(static_cast<const uint8_t*>(t.data),
-                     static_cast<const uint8_t*>(t.data) + t.nbytes);
-      tensors.push_back(std::move(s));
-    }
+  std::vector<WeightSet> quantized(files.size());
+  for (size_t i = 0; i < files.size(); ++i) {
+    safetensors_load(files[i], quantized[i]);
+    for (const auto& [name, t] : quantized[i].all()) add(name, t);
   }
+  double qbits = 0, qnumel = 0;
   for (const auto& [name, st] : plan) {
     if (name == kHead) continue;
     const TensorView& t = m.weights.get(name + ".weight");
     qbits += st.stored_bits(t.rows(), t.cols());
     qnumel += static_cast<double>(t.numel());
   }
-  std::error_code ec;
-  fs::create_directories(o.out, ec);
-  write_safetensors(o.out + "/model.safetensors", tensors);
+  const std::vector<std::string> shards = write_safetensors_shards(o.out, tensors, o.shard_bytes);
+  uint64_t out_bytes = 0;
+  for (const std::string& f : shards) out_bytes += fs::file_size(o.out + "/" + f);
   nlohmann::json cfg = in_config;
   if (head_q || !m.config.tie_embeddings) cfg["tie_word_embeddings"] = false;  // --rotate unties
   nlohmann::json qc = {{"quant_method", "gyre"},
@@ -375,6 +372,7 @@ void write_output(const QuantContext& ctx, const ConvertOptions& o, const Plan& 
                        {"layers", plan_layers_json(plan, m, ctx.hadamard)}};
   cfg["quantization_config"] = qc;
   write_file_atomic(o.out + "/config.json", cfg.dump(2));
+  std::error_code ec;
   for (const char* f : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model",
                         "special_tokens_map.json", "generation_config.json", "added_tokens.json"})
     if (file_exists(o.model + "/" + f)) {
@@ -385,9 +383,10 @@ void write_output(const QuantContext& ctx, const ConvertOptions& o, const Plan& 
     write_file_atomic(o.out + "/measurement.json", measurement->to_json().dump(1));
   load_model(o.out);  // the folder must load: throws here rather than at first use
   std::fprintf(stderr,
-               "convert: wrote %s (%.3f bits per weight over %zu quantized layers, %.2f MB)\n",
+               "convert: wrote %s (%.3f bits per weight over %zu quantized layers, %.2f MB in %zu "
+               "file%s)\n",
                o.out.c_str(), qnumel > 0 ? qbits / qnumel : 16.0, plan.size() - (head_q ? 1 : 0),
-               static_cast<double>(fs::file_size(o.out + "/model.safetensors")) / 1e6);
+               static_cast<double>(out_bytes) / 1e6, shards.size(), shards.size() == 1 ? "" : "s");
 }
 
 }  // namespace gyre::quant

@@ -9,10 +9,13 @@
 
 namespace gyre::quant {
 
+namespace fs = std::filesystem;
+
 namespace {
 
-void write_bytes_atomic(const std::string& path,
-                        const std::vector<std::pair<const uint8_t*, size_t>>& pieces) {
+using Pieces = std::vector<std::pair<const uint8_t*, size_t>>;
+
+void write_bytes_atomic(const std::string& path, const Pieces& pieces) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
@@ -23,31 +26,91 @@ void write_bytes_atomic(const std::string& path,
     GYRE_CHECK(f.good(), "writing '", tmp, "' failed (disk full?)");
   }
   std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
+  fs::rename(tmp, path, ec);
   GYRE_CHECK(!ec, "cannot rename '", tmp, "' to '", path, "': ", ec.message());
+}
+
+std::string shard_name(size_t i, size_t n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i + 1, n);
+  return buf;
 }
 
 }  // namespace
 
-void write_safetensors(const std::string& path, const std::vector<StTensor>& tensors) {
+void write_safetensors(const std::string& path, const std::vector<StSource>& tensors) {
   nlohmann::ordered_json header;
   header["__metadata__"] = {{"format", "pt"}, {"producer", "gyre convert"}};
   uint64_t offset = 0;
-  for (const StTensor& t : tensors) {
-    header[t.name] = {{"dtype", t.dtype},
-                      {"shape", t.shape},
-                      {"data_offsets", {offset, offset + t.bytes.size()}}};
-    offset += t.bytes.size();
+  for (const StSource& t : tensors) {
+    header[t.name] = {
+        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.nbytes}}};
+    offset += t.nbytes;
   }
   std::string h = header.dump();
   while ((h.size() + 8) % 8 != 0) h.push_back(' ');  // data starts 8-byte aligned
   uint8_t len[8];
   for (int i = 0; i < 8; ++i)
     len[i] = static_cast<uint8_t>(static_cast<uint64_t>(h.size()) >> (8 * i));
-  std::vector<std::pair<const uint8_t*, size_t>> pieces = {
-      {len, 8}, {reinterpret_cast<const uint8_t*>(h.data()), h.size()}};
-  for (const StTensor& t : tensors) pieces.emplace_back(t.bytes.data(), t.bytes.size());
+  Pieces pieces = {{len, 8}, {reinterpret_cast<const uint8_t*>(h.data()), h.size()}};
+  for (const StSource& t : tensors) pieces.emplace_back(t.data, t.nbytes);
   write_bytes_atomic(path, pieces);
+}
+
+void write_safetensors(const std::string& path, const std::vector<StTensor>& tensors) {
+  std::vector<StSource> views;
+  views.reserve(tensors.size());
+  for (const StTensor& t : tensors)
+    views.push_back({t.name, t.dtype, t.shape, t.bytes.data(), t.bytes.size()});
+  write_safetensors(path, views);
+}
+
+std::vector<std::string> write_safetensors_shards(const std::string& dir,
+                                                  const std::vector<StSource>& tensors,
+                                                  uint64_t max_shard_bytes) {
+  GYRE_CHECK(max_shard_bytes > 0, "the shard size must be positive");
+  std::vector<std::vector<StSource>> shards(1);
+  uint64_t in_shard = 0;
+  for (const StSource& t : tensors) {
+    if (!shards.back().empty() && in_shard + t.nbytes > max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(t);
+    in_shard += t.nbytes;
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  GYRE_CHECK(!ec, "cannot create '", dir, "': ", ec.message());
+  // Files of an earlier write into this folder would be stale: the loader reads the index when
+  // there is one, else model.safetensors.
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n == "model.safetensors.index.json" ||
+        (n.starts_with("model") && n.ends_with(".safetensors") && e.is_regular_file()))
+      fs::remove(e.path(), ec);
+  }
+  std::vector<std::string> names;
+  if (shards.size() == 1) {
+    names.push_back("model.safetensors");
+    write_safetensors(dir + "/" + names[0], shards[0]);
+    return names;
+  }
+  nlohmann::ordered_json map = nlohmann::ordered_json::object();
+  uint64_t total = 0;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    names.push_back(shard_name(i, shards.size()));
+    write_safetensors(dir + "/" + names[i], shards[i]);
+    for (const StSource& t : shards[i]) {
+      map[t.name] = names[i];
+      total += t.nbytes;
+    }
+  }
+  nlohmann::ordered_json index;
+  index["metadata"] = {{"total_size", total}};
+  index["weight_map"] = map;
+  write_file_atomic(dir + "/model.safetensors.index.json", index.dump(2));
+  return names;
 }
 
 void write_file_atomic(const std::string& path, const std::string& text) {
