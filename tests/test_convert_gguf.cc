@@ -176,6 +176,12 @@ TEST(ConvertGguf, TinyDequantizedTwinMatchesTheGgufModel) {
     EXPECT_EQ(h->tokenizer->id_to_token(id), g->tokenizer->id_to_token(id));
   const auto lg = logits_of(*g, kTinyIds), lh = logits_of(*h, kTinyIds);
   EXPECT_LT(max_diff(lg, lh), 2e-3 * max_abs(lg)) << "max |logit| " << max_abs(lg);
+  // Written in shards of 4 KiB (each tensor made when the writer reaches it): the same model.
+  const std::string sharded = fresh_dir("tiny_twin_shards");
+  export_gguf_as_hf(kTiny, sharded, 4096);
+  EXPECT_TRUE(std::filesystem::exists(sharded + "/model.safetensors.index.json"));
+  EXPECT_FALSE(std::filesystem::exists(sharded + "/model.safetensors"));
+  EXPECT_EQ(logits_of(*load_model(sharded), kTinyIds), lh);
 }
 
 // tiny_llama.gguf converted on the CPU into out, every layer at `uniform`, from a short

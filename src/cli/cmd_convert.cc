@@ -99,7 +99,7 @@ void add_convert_command(CLI::App& app) {
       GYRE_CHECK(quant::is_gguf_file(o->model), "--dequantize-only needs a .gguf model");
       GYRE_CHECK(!std::filesystem::exists(o->out + "/config.json"), "'", o->out,
                  "' already holds a model; choose a new output folder");
-      quant::export_gguf_as_hf(o->model, o->out);
+      quant::export_gguf_as_hf(o->model, o->out, o->shard_bytes);
     } else if (synthetic->empty())
       quant::convert_model(*o);
     else {

@@ -258,7 +258,7 @@ void convert_model(const ConvertOptions& o_in) {
   ConvertOptions src = o;
   if (from_gguf) {
     src.model = job + "/gguf-source";
-    export_gguf_as_hf(o.model, src.model);
+    export_gguf_as_hf(o.model, src.model, o.shard_bytes);
   }
   const nlohmann::json in_config = read_json_file(src.model + "/config.json");
   GYRE_CHECK(in_config.is_object() && !in_config.contains("quantization_config"), "'", o.model,

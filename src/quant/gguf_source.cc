@@ -38,22 +38,20 @@ std::vector<float> unpermute_rows(const std::vector<float>& w, int64_t rows, int
   return out;
 }
 
-StTensor to_st(const std::string& name, const std::vector<int64_t>& shape,
-               const std::vector<float>& v, bool f32) {
-  StTensor s{name, f32 ? "F32" : "F16", shape, {}};
+std::vector<uint8_t> to_bytes(const std::vector<float>& v, bool f32) {
+  std::vector<uint8_t> b;
   if (f32) {
-    s.bytes.resize(v.size() * sizeof(float));
-    std::memcpy(s.bytes.data(), v.data(), s.bytes.size());
-    return s;
+    b.resize(v.size() * sizeof(float));
+    std::memcpy(b.data(), v.data(), b.size());
+    return b;
   }
-  s.bytes.resize(v.size() * sizeof(uint16_t));
+  b.resize(v.size() * sizeof(uint16_t));
   for (size_t k = 0; k < v.size(); ++k) {
     const uint16_t h = f32_to_f16(v[k]);
-    std::memcpy(s.bytes.data() + 2 * k, &h, sizeof h);
+    std::memcpy(b.data() + 2 * k, &h, sizeof h);
   }
-  return s;
+  return b;
 }
-
 // A float as the shortest decimal that reads back as it (1e-05, not 9.999999747378752e-06).
 json short_float(float f) {
   char buf[32];
@@ -128,7 +126,8 @@ json hf_config_from(const ModelConfig& c) {
   return j;
 }
 
-void export_gguf_as_hf(const std::string& gguf_path, const std::string& out_dir) {
+void export_gguf_as_hf(const std::string& gguf_path, const std::string& out_dir,
+                       uint64_t shard_bytes) {
   GYRE_CHECK(is_gguf_file(gguf_path), "'", gguf_path, "' is not a .gguf file");
   const auto m = load_model(gguf_path);
   const ModelConfig& c = m->config;
@@ -145,25 +144,30 @@ void export_gguf_as_hf(const std::string& gguf_path, const std::string& out_dir)
       fail("'", gguf_path, "': the tokenizer metadata cannot be written as JSON (", e.what(), ")");
     }
   }
-  std::vector<StTensor> tensors;
+  // Each tensor is dequantized when the writer reaches it: one at a time in memory.
+  std::vector<StSource> tensors;
   for (const auto& [name, t] : m->weights.all()) {
-    std::vector<float> v = tensor_to_f32(t);
     const bool is_q = name.find("self_attn.q_proj.") != std::string::npos;
     const bool is_k = name.find("self_attn.k_proj.") != std::string::npos;
-    if (c.rope.interleaved && (is_q || is_k)) {
-      const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
+    const bool unpermute = c.rope.interleaved && (is_q || is_k);
+    const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
+    if (unpermute)
       GYRE_CHECK(
           rows == int64_t{is_q ? c.n_heads : c.n_kv_heads} * c.head_dim && c.head_dim % 2 == 0,
           "tensor ", name, " does not hold whole heads");
-      v = unpermute_rows(v, rows, static_cast<int64_t>(v.size()) / rows, c.head_dim);
-    }
     const bool f32 = t.dtype == DType::F32 || t.dtype == DType::BF16;
-    tensors.push_back(to_st(name, t.shape, v, f32));
+    const TensorView* view = &t;
+    const int head_dim = c.head_dim;
+    tensors.push_back({name, f32 ? "F32" : "F16", t.shape, nullptr,
+                       static_cast<size_t>(t.numel()) * (f32 ? 4 : 2), [=] {
+                         std::vector<float> v = tensor_to_f32(*view);
+                         if (unpermute)
+                           v = unpermute_rows(v, rows, static_cast<int64_t>(v.size()) / rows,
+                                              head_dim);
+                         return to_bytes(v, f32);
+                       }});
   }
-  std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  GYRE_CHECK(!ec, "cannot create '", out_dir, "': ", ec.message());
-  write_safetensors(out_dir + "/model.safetensors", tensors);
+  write_safetensors_shards(out_dir, tensors, shard_bytes);
   write_file_atomic(out_dir + "/tokenizer.json", tokenizer_text);
   write_file_atomic(out_dir + "/tokenizer_config.json", tokenizer_config_text);
   write_file_atomic(out_dir + "/config.json", config.dump(2));

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -13,21 +14,23 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using Pieces = std::vector<std::pair<const uint8_t*, size_t>>;
-
-void write_bytes_atomic(const std::string& path, const Pieces& pieces) {
+// Writes path via path.tmp (filled by `fill`) and a rename.
+void write_atomic(const std::string& path, const std::function<void(std::ofstream&)>& fill) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     GYRE_CHECK(f.good(), "cannot write '", tmp, "'");
-    for (const auto& [p, n] : pieces)
-      f.write(reinterpret_cast<const char*>(p), static_cast<std::streamsize>(n));
+    fill(f);
     f.flush();
     GYRE_CHECK(f.good(), "writing '", tmp, "' failed (disk full?)");
   }
   std::error_code ec;
   fs::rename(tmp, path, ec);
   GYRE_CHECK(!ec, "cannot rename '", tmp, "' to '", path, "': ", ec.message());
+}
+
+void put(std::ofstream& f, const void* p, size_t n) {
+  f.write(static_cast<const char*>(p), static_cast<std::streamsize>(n));
 }
 
 std::string shard_name(size_t i, size_t n) {
@@ -52,9 +55,20 @@ void write_safetensors(const std::string& path, const std::vector<StSource>& ten
   uint8_t len[8];
   for (int i = 0; i < 8; ++i)
     len[i] = static_cast<uint8_t>(static_cast<uint64_t>(h.size()) >> (8 * i));
-  Pieces pieces = {{len, 8}, {reinterpret_cast<const uint8_t*>(h.data()), h.size()}};
-  for (const StSource& t : tensors) pieces.emplace_back(t.data, t.nbytes);
-  write_bytes_atomic(path, pieces);
+  write_atomic(path, [&](std::ofstream& f) {
+    put(f, len, 8);
+    put(f, h.data(), h.size());
+    for (const StSource& t : tensors) {
+      if (t.data != nullptr || !t.make) {
+        put(f, t.data, t.nbytes);
+        continue;
+      }
+      const std::vector<uint8_t> bytes = t.make();
+      GYRE_CHECK(bytes.size() == t.nbytes, "tensor ", t.name, ": ", bytes.size(),
+                 " bytes made where ", t.nbytes, " were announced");
+      put(f, bytes.data(), bytes.size());
+    }
+  });
 }
 
 void write_safetensors(const std::string& path, const std::vector<StTensor>& tensors) {
@@ -114,7 +128,7 @@ std::vector<std::string> write_safetensors_shards(const std::string& dir,
 }
 
 void write_file_atomic(const std::string& path, const std::string& text) {
-  write_bytes_atomic(path, {{reinterpret_cast<const uint8_t*>(text.data()), text.size()}});
+  write_atomic(path, [&](std::ofstream& f) { put(f, text.data(), text.size()); });
 }
 
 }  // namespace gyre::quant

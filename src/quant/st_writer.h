@@ -5,6 +5,7 @@
 // folders are (model-0000i-of-0000n.safetensors + model.safetensors.index.json).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -17,13 +18,15 @@ struct StTensor {
   std::vector<uint8_t> bytes;
 };
 
-// A tensor whose bytes live elsewhere and outlive the write.
+// A tensor whose bytes live elsewhere and outlive the write, or, where data is null, are made by
+// `make` when the writer reaches it (nbytes of them), so that only one such tensor is in memory.
 struct StSource {
   std::string name;
   std::string dtype;
   std::vector<int64_t> shape;
   const uint8_t* data = nullptr;
   size_t nbytes = 0;
+  std::function<std::vector<uint8_t>()> make = {};
 };
 
 void write_safetensors(const std::string& path, const std::vector<StTensor>& tensors);
