@@ -20,7 +20,8 @@ nlohmann::json hf_config_from(const ModelConfig& c);
 
 // Writes the dequantized model into out_dir (created; files replaced), one tensor at a time, in
 // shards of at most shard_bytes (st_writer.h): quantized GGUF tensors become F16, F32/F16/BF16
-// ones keep their precision (BF16 as F32). Checks that the folder loads. Throws gyre::Error with one line for a GGUF Gyre cannot convert.
+// ones keep their precision (BF16 as F32). Checks that the folder loads. Throws gyre::Error
+// with one line for a GGUF Gyre cannot convert.
 void export_gguf_as_hf(const std::string& gguf_path, const std::string& out_dir,
                        uint64_t shard_bytes = uint64_t{4096} << 20);
 
