@@ -5,7 +5,7 @@
 #   bench/session29_device.sh first   the kernels' tests with undecoded fragments and tiled 8-bit
 #       weights on (GYRE_CUDA_RAW_FRAGMENTS=1, GYRE_CUDA_BITS8_STREAM=1), then decode of the
 #       Llama-3-8B shape: 4-bit as today / undecoded (modes 1 and 2), 8-bit host layout / tiled /
-#       tiled undecoded, 6-bit as today / undecoded, and the 4-bit three again (a second round)
+#       tiled undecoded, 6-bit as today / undecoded (ROUNDS=2: the 4-bit three again)
 #   bench/session29_device.sh tests   the full CUDA test filters both ways (session 28's `tests`)
 set -u
 . bench/device_binaries.sh
@@ -21,11 +21,11 @@ for mode in "$@"; do
   case "$mode" in
   first)
     GYRE_CUDA_BITS8_STREAM=1 GYRE_CUDA_RAW_FRAGMENTS=1 device_tests "CudaGemv4.MatchesFloat64:CudaQbits.EightBitTiledMatchesFloat64:CudaQbits.OldAndNewDecodeMatchFloat64:CudaStories*" 100
-    for r in 1 2; do
+    for r in $(seq 1 "${ROUNDS:-1}"); do
       dec "r$r 4-bit" 4 X=0
       dec "r$r 4-bit raw1" 4 GYRE_CUDA_RAW_FRAGMENTS=1
       dec "r$r 4-bit raw2" 4 GYRE_CUDA_RAW_FRAGMENTS=2
-      [ "$r" = 2 ] && break
+      [ "$r" -ge 2 ] && continue
       dec "8-bit host" 8 GYRE_CUDA_BITS8_STREAM=0
       dec "8-bit tiled" 8 GYRE_CUDA_BITS8_STREAM=1
       dec "8-bit tiled raw" 8 GYRE_CUDA_BITS8_STREAM=1 GYRE_CUDA_RAW_FRAGMENTS=1
