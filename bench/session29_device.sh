@@ -6,6 +6,9 @@
 #       weights on (GYRE_CUDA_RAW_FRAGMENTS=1, GYRE_CUDA_BITS8_STREAM=1), then decode of the
 #       Llama-3-8B shape: 4-bit as today / undecoded (modes 1 and 2), 8-bit host layout / tiled /
 #       tiled undecoded, 6-bit as today / undecoded (ROUNDS=2: the 4-bit three again)
+#   bench/session29_device.sh budget  4-bit decode with undecoded fragments (RAW, default 1) at
+#       the warp budgets BUDGETS ("0 24 48 64"; 0: the plan's own) (GYRE_CUDA_STREAM_BUDGET: the
+#       k-split at n <= 2): fewer instructions per byte may move the best split
 #   bench/session29_device.sh tests   the full CUDA test filters both ways (session 28's `tests`)
 set -u
 . bench/device_binaries.sh
@@ -31,6 +34,12 @@ for mode in "$@"; do
       dec "8-bit tiled raw" 8 GYRE_CUDA_BITS8_STREAM=1 GYRE_CUDA_RAW_FRAGMENTS=1
       dec "6-bit" 6 X=0
       dec "6-bit raw" 6 GYRE_CUDA_RAW_FRAGMENTS=1
+    done
+    ;;
+  budget)
+    for b in ${BUDGETS:-0 24 48 64}; do
+      dec "4-bit raw${RAW:-1} budget $b" 4 GYRE_CUDA_RAW_FRAGMENTS="${RAW:-1}" GYRE_CUDA_STREAM_BUDGET="$b"
+      dec "4-bit budget $b" 4 GYRE_CUDA_STREAM_BUDGET="$b"
     done
     ;;
   tests)
