@@ -2,11 +2,16 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/mapped_file.h"
+#include "error_test_util.h"
 #include "model/config.h"
+#include "model/loader.h"
 #include "model/safetensors.h"
 
 namespace gyre {
@@ -87,6 +92,49 @@ TEST(Config, Llama3RopeScalingMatchesFormula) {
   // Highest frequency untouched, lowest divided by the factor.
   EXPECT_FLOAT_EQ(inv[0], 1.0f);
   EXPECT_NEAR(inv[63], 1.0 / std::pow(500000.0, 126.0 / 128) / 8.0, 1e-12);
+}
+
+// A sharded folder whose model.safetensors.index.json is broken or hostile gets one line naming
+// what is wrong; the intact index over the same shard loads (the control).
+TEST(Safetensors, HostileShardIndexesGiveOneLineErrors) {
+  namespace fs = std::filesystem;
+  const std::string d = ::testing::TempDir() + "/gyre_hostile_index";
+  fs::remove_all(d);
+  fs::create_directories(d);
+  for (const char* f : {"config.json", "tokenizer.json", "tokenizer_config.json"})
+    if (fs::exists(kStories + "/" + f)) fs::copy_file(kStories + "/" + f, d + "/" + f);
+  fs::copy_file(kStories + "/model.safetensors", d + "/a.safetensors");
+  WeightSet w;
+  safetensors_load(kStories + "/model.safetensors", w);
+  auto index_with = [&](const std::function<std::string(const std::string&)>& file_of) {
+    nlohmann::json map = nlohmann::json::object();
+    for (const auto& [name, t] : w.all()) map[name] = file_of(name);
+    return nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", map}}.dump();
+  };
+  auto with_index = [&](const std::string& text) {
+    std::ofstream(d + "/model.safetensors.index.json", std::ios::trunc) << text;
+    return [&] { load_model(d); };
+  };
+  with_index(index_with([](const std::string&) { return "a.safetensors"; }))();  // control
+  using testutil::expect_one_line_error;
+  expect_one_line_error(with_index("{\"weight_map\": "), "index.json");
+  expect_one_line_error(with_index("{\"weight_map\": []}"), "no weight_map object");
+  expect_one_line_error(with_index("{\"weight_map\": {}}"), "names no shards");
+  expect_one_line_error(with_index("{\"weight_map\": {\"x\": 5}}"), "not a string");
+  expect_one_line_error(
+      with_index(index_with([](const std::string&) { return "../a.safetensors"; })),
+      "not a plain file name");
+  expect_one_line_error(
+      with_index(index_with([](const std::string&) { return "missing.safetensors"; })),
+      "missing.safetensors");
+  // Two shards that both hold every tensor: a duplicate, not a silent choice of one.
+  fs::copy_file(kStories + "/model.safetensors", d + "/b.safetensors");
+  bool first = true;
+  expect_one_line_error(with_index(index_with([&](const std::string&) {
+                          first = !first;
+                          return first ? "a.safetensors" : "b.safetensors";
+                        })),
+                        "appears twice");
 }
 
 }  // namespace
