@@ -31,25 +31,20 @@ using Buf = DeviceHalves;
 // {kernel (0 auto, 1 register-fed, 4 stream), the stream kernel's shared-memory ring at depth 4
 // (-1 default, 0 the register ring, 2 or 4 slots), blocks in flight per warp (stream), split-K,
 // the ring's scales (-1 default: staged once per warp; 0 one word per piece in the slot; 1
-// staged), the ring's fragments (-1 default; 1 undecoded, offsets out by one mma a step; 2 the
-// same into separate sums: set_raw_fragments)}; 0 = auto.
+// staged)}; 0 = auto.
 struct Config {
-  int kernel, ring, depth, ksplit, staged = -1, raw = -1;
+  int kernel, ring, depth, ksplit, staged = -1;
   std::string name() const {
     return std::to_string(kernel) + "/" + std::to_string(ring) + "/" + std::to_string(depth) + "/" +
-           std::to_string(ksplit) + "/" + std::to_string(staged) + "/" + std::to_string(raw);
+           std::to_string(ksplit) + "/" + std::to_string(staged);
   }
 };
-const Config kConfigs[] = {
-    {0, -1, 0, 0},       {1, -1, 0, 0},      {1, -1, 0, 16},      {4, -1, 8, 0},
-    {4, -1, 4, 1},       {4, -1, 16, 16},    {4, -1, 8, 2},       {4, -1, 4, 8},
-    {4, 0, 4, 0},        {4, 0, 4, 8},       {4, 2, 4, 0},        {4, 2, 4, 16},
-    {4, -1, 4, 0, 0},    {4, 2, 4, 16, 0},   {4, -1, 4, 1, 1},    {4, 2, 4, 2, 1},
-    {4, 4, 4, 0, -1, 1}, {4, 4, 4, 1, 0, 1}, {4, 4, 4, 16, 1, 1}, {4, 4, 4, 8, 0, 0},
-    {4, 4, 4, 0, -1, 2}, {4, 4, 4, 2, 0, 2}};
+const Config kConfigs[] = {{0, -1, 0, 0},    {1, -1, 0, 0},    {1, -1, 0, 16},   {4, -1, 8, 0},
+                           {4, -1, 4, 1},    {4, -1, 16, 16},  {4, -1, 8, 2},    {4, -1, 4, 8},
+                           {4, 0, 4, 0},     {4, 0, 4, 8},     {4, 2, 4, 0},     {4, 2, 4, 16},
+                           {4, -1, 4, 0, 0}, {4, 2, 4, 16, 0}, {4, -1, 4, 1, 1}, {4, 2, 4, 2, 1}};
 
 void set_config(const Config& c) {
-  qlinear_detail::set_raw_fragments(c.raw);
   qlinear_detail::set_stream_staged_scales(c.staged);
   qlinear_detail::set_gemv_smem_ring(c.ring);
   qlinear_detail::set_gemv_kernel(c.kernel);
@@ -146,8 +141,7 @@ TEST(CudaGemv4, MatchesFloat64WhileDramIsBusy) {
     });
     Buf x(cols), y(size_t(launches) * rows);
     x.upload(xh);
-    for (const Config& c : {Config{0, -1, 0, 0}, Config{4, 2, 4, 0}, Config{4, 4, 4, 0, -1, 1},
-                            Config{4, 4, 4, 0, -1, 2}}) {
+    for (const Config& c : {Config{0, -1, 0, 0}, Config{4, 2, 4, 0}}) {
       set_config(c);
       SCOPED_TRACE(std::string(l.name) + " cfg " + c.name());
       y.poison();

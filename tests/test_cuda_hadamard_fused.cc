@@ -1,5 +1,5 @@
 // Rotated layers whose decode GEMV rotates x in its shared-memory staging (qlinear_stream.cuh,
-// qlinear_fuses_rotation): 4-bit at n = 1, 2 and the tiled 2/3/5/6-bit widths at n = 1, 2, 8,
+// qlinear_fuses_rotation): 4-bit at n = 1, 2 and the tiled 2/3/5/6/8-bit widths at n = 1, 2, 8,
 // with and without the fused RMSNorm (norm, then rotate), B = 32, 64, 128, awkward row counts and
 // a column count that leaves a half 64-column block. Each is checked against the unfused path
 // (rmsnorm kernel -> hadamard_rotate -> the same GEMV on the unrotated weight view) and against a
@@ -76,8 +76,8 @@ struct Width {
   int bits, group;
   bool asym;
 };
-const Width kWidths[] = {{4, 128, false}, {4, 32, true}, {2, 64, false},
-                         {3, 128, false}, {5, 32, true}, {6, 64, false}};
+const Width kWidths[] = {{4, 128, false}, {4, 32, true},  {2, 64, false},  {3, 128, false},
+                         {5, 32, true},   {6, 64, false}, {8, 128, false}, {8, 32, true}};
 const int kShapes[][2] = {{45, 384}, {300, 2560}, {130, 1056}};  // 1056: a half 64-block
 constexpr int kMaxN = 8;
 constexpr float kEps = 1e-5f;
@@ -248,7 +248,8 @@ TEST(CudaHadamardFused, SwigluAndAccumulateMatchUnfused) {
 }
 
 // No fusion where the staging cannot rotate: act-order weights, blocks beyond the warp transform,
-// 8-bit weights, 4-bit beyond n = 2, and the narrow widths beyond n = 4.
+// 4-bit beyond n = 2, the narrow widths and tiled 8-bit beyond n = 4, and 8-bit weights in the
+// host layout.
 TEST(CudaHadamardFused, DeclinesWhereTheStagingCannotRotate) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const FusedRotationOn on;
@@ -273,7 +274,12 @@ TEST(CudaHadamardFused, DeclinesWhereTheStagingCannotRotate) {
   check(q4, 0, 1, false);
   check(q3, 128, 4, true);
   check(q3, 128, 8, false);  // the serving-batch kernel from 5 rows, which does not rotate
-  check(qweight_pack_from_f32(f.data(), rows, cols, 8, 128, false), 128, 1, false);
+  const QWeightHost q8 = qweight_pack_from_f32(f.data(), rows, cols, 8, 128, false);
+  check(q8, 128, 1, true);  // tiled (the default)
+  check(q8, 128, 8, false);
+  qlinear_detail::set_bits8_stream(0);  // the host layout
+  check(q8, 128, 1, false);
+  qlinear_detail::set_bits8_stream(-1);
   check(qweight_pack_from_f32(f.data(), rows, cols, 4, 128, false, perm.data()), 128, 1, false);
   check(qweight_pack_from_f32(f.data(), rows, cols, 3, 128, false, perm.data()), 128, 1, false);
   qlinear_detail::set_fused_rotation(0);  // the A/B knob

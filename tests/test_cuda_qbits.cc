@@ -162,23 +162,19 @@ TEST(CudaQbits, OldAndNewDecodeMatchFloat64) {
             ASSERT_EQ(dw.narrow_inplace, decode == 1);
             // The defaults; 3 bits, 2 blocks per piece: the register ring of 4 (in-place only);
             // the shared-memory ring on at every width (in-place, 1 or 2 blocks per piece), off,
-            // on with one scale word per piece in its slot instead of staged scales; 6 bits, one
-            // block per piece: the ring with undecoded fragments (set_raw_fragments).
-            for (const int mode : {0, 1, 2, 3, 4, 5})
+            // on with one scale word per piece in its slot instead of staged scales.
+            for (const int mode : {0, 1, 2, 3, 4})
               for (const int n : {1, 2, 8}) {
                 if (mode == 1 && (bits != 3 || decode != 1)) continue;
                 if (mode >= 2 && (decode != 1 || asym || pieces > 2)) continue;
-                if (mode == 5 && (bits != 6 || pieces > 1)) continue;
                 qlinear_detail::set_bits_stream_depth(mode == 1 ? 4 : 0);
-                qlinear_detail::set_bits_smem_ring(mode == 2 || mode >= 4 ? 4 : mode == 3 ? 0 : -1);
+                qlinear_detail::set_bits_smem_ring(mode == 2 || mode == 4 ? 4 : mode == 3 ? 0 : -1);
                 qlinear_detail::set_stream_staged_scales(mode == 4 ? 0 : -1);
-                qlinear_detail::set_raw_fragments(mode == 5 ? 1 : -1);
                 check_uploaded(w, dw, n, seed, &ref);
                 seed += 2;
                 qlinear_detail::set_bits_stream_depth(0);
                 qlinear_detail::set_bits_smem_ring(-1);
                 qlinear_detail::set_stream_staged_scales(-1);
-                qlinear_detail::set_raw_fragments(-1);
                 if (HasFatalFailure()) break;
               }
             if (HasFatalFailure()) {
@@ -194,8 +190,7 @@ TEST(CudaQbits, OldAndNewDecodeMatchFloat64) {
 // 8-bit weights in the tiled layout (one plane of bytes, decoded in place by a PRMT): every group
 // size, symmetric and not, with and without act-order, at n = 1..4 and 8 on the stream GEMV with
 // the shared-memory ring (staged scales, and one scale word per piece) and the register ring, at
-// 9 and 40 tokens on the serving-batch kernel, the FP16 dequantization, the ring with its fragments
-// left undecoded (set_raw_fragments: symmetric weights, scales staged and per piece); and
+// 9 and 40 tokens on the serving-batch kernel, the FP16 dequantization; and
 // GYRE_CUDA_BITS8_STREAM=0 (set_bits8_stream(0)): the host layout and its kernels, which the
 // tiled weight's results match to the same tolerance.
 TEST(CudaQbits, EightBitTiledMatchesFloat64) {
@@ -206,7 +201,6 @@ TEST(CudaQbits, EightBitTiledMatchesFloat64) {
     qlinear_detail::set_bits_smem_ring(-1);
     qlinear_detail::set_stream_staged_scales(-1);
     qlinear_detail::set_bits8_stream(-1);
-    qlinear_detail::set_raw_fragments(-1);
   });
   uint32_t seed = 4000;
   const int shapes[][2] = {{77, 1152}, {301, 2560}};
@@ -222,25 +216,22 @@ TEST(CudaQbits, EightBitTiledMatchesFloat64) {
           qlinear_detail::set_bits8_stream(-1);
           ASSERT_EQ(dw.narrow_tiled, tiled);
           ASSERT_EQ(dw.narrow_inplace, tiled == 1);
-          // the defaults; the register ring; one scale word per piece in its slot; undecoded
-          // fragments with staged scales (3) and with one scale word per piece (4)
-          for (const int mode : {0, 1, 2, 3, 4})
+          // the defaults; the register ring; one scale word per piece in its slot
+          for (const int mode : {0, 1, 2})
             for (const int n : {1, 2, 3, 4, 8, 9, 40}) {
-              if (mode > 0 && (tiled == 0 || n > 8 || (mode >= 2 && asym))) continue;
+              if (mode > 0 && (tiled == 0 || n > 8 || (mode == 2 && asym))) continue;
               SCOPED_TRACE("8b g" + std::to_string(group) + (asym ? " asym" : " sym") +
                            (perm ? " perm" : "") + " rows " + std::to_string(sh[0]) + " tiled " +
                            std::to_string(tiled) + " mode " + std::to_string(mode) + " n " +
                            std::to_string(n));
               qlinear_detail::set_bits_batch(n > 8 ? -1 : 0);
               qlinear_detail::set_bits_smem_ring(mode == 1 ? 0 : -1);
-              qlinear_detail::set_stream_staged_scales(mode == 2 || mode == 4 ? 0 : -1);
-              qlinear_detail::set_raw_fragments(mode >= 3 ? 1 : -1);
+              qlinear_detail::set_stream_staged_scales(mode == 2 ? 0 : -1);
               ASSERT_TRUE(qlinear_runs_direct(dw, n));
               check_uploaded(w, dw, n, seed, &ref);
               seed += 2;
               qlinear_detail::set_bits_smem_ring(-1);
               qlinear_detail::set_stream_staged_scales(-1);
-              qlinear_detail::set_raw_fragments(-1);
               if (HasFatalFailure()) {
                 qweight_free(dw);
                 return;

@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #ifdef GYRE_HAVE_CUDA
-#include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -51,20 +50,6 @@ qlinear_detail::InplaceSlot inplace_slot_at(int bits, const uint32_t* lo, const 
   }
 }
 
-// One lane's block of 16 value pairs (trial 0: all zero, 1: all at the maximum, else random) and
-// its words from the repack's inplace_word.
-struct InplaceBlock {
-  uint32_t q[16][2];
-  uint32_t words[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  InplaceBlock(int bits, int trial, std::mt19937& rng) {
-    for (auto& pair : q)
-      for (uint32_t& v : pair)
-        v = trial == 0 ? 0u : trial == 1 ? (1u << bits) - 1 : rng() % (1u << bits);
-    auto value = [&](int k, int c) { return q[k][c]; };
-    for (int w = 0; w < bits; ++w) words[w] = inplace_word_at(bits, w, value);
-  }
-};
-
 // The in-place arrangement on the host (no GPU): every pair's word from the repack's
 // inplace_word, read back by the decode's inplace_slot, is 1024 + q 2^p under the 0x6400
 // exponent (nothing else set), and the HFMA2 constants of inplace_unscale turn it into q - offset
@@ -76,9 +61,13 @@ TEST(CudaQbits, InplaceArrangementOnTheHost) {
   for (const int bits : {2, 3, 5, 6, 8}) {
     const int lo_words = bits == 8 ? 8 : bits >= 5 ? 4 : 2;  // the high plane's words follow
     for (int trial = 0; trial < 3000; ++trial) {
-      const InplaceBlock blk(bits, trial, rng);
-      const auto& q = blk.q;
-      const uint32_t* words = blk.words;
+      uint32_t q[16][2];
+      for (auto& pair : q)
+        for (uint32_t& v : pair)
+          v = trial == 0 ? 0u : trial == 1 ? (1u << bits) - 1 : rng() % (1u << bits);
+      auto value = [&](int k, int c) { return q[k][c]; };
+      uint32_t words[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int w = 0; w < bits; ++w) words[w] = inplace_word_at(bits, w, value);
       if (bits == 8) {  // the device's PRMT selectors give the host decode's words
         for (int k = 0; k < 16; ++k) {
           const uint32_t v =
@@ -106,35 +95,6 @@ TEST(CudaQbits, InplaceArrangementOnTheHost) {
                 static_cast<uint16_t>(qlinear_detail::half2_int_bits(-((1024 >> s.p) + offset))));
             ASSERT_EQ(f16_to_f32(h) * f + m, static_cast<float>(q[k][c]) - offset);
           }
-        }
-      }
-    }
-  }
-}
-
-// Undecoded slots (raw_slot, the stream GEMV's RAW) on the host: every pair of a 6- or 8-bit block
-// is 1024 + q 2^p under the 0x6400 exponent with p = 0 for even pairs (row g) and
-// raw_high_position for odd ones (row g + 8), and adding the constant -(1024 + offset 2^p) (the
-// RAW mma's A fragment) leaves 2^p (q - offset) exactly.
-TEST(CudaQbits, RawSlotsOnTheHost) {
-  std::mt19937 rng(12);
-  for (const int bits : {6, 8}) {
-    const int lo_words = bits == 8 ? 8 : 4;
-    for (int trial = 0; trial < 3000; ++trial) {
-      const InplaceBlock blk(bits, trial, rng);
-      const auto& q = blk.q;
-      const uint32_t* words = blk.words;
-      for (int k = 0; k < 16; ++k) {
-        const uint32_t v = bits == 8 ? qlinear_detail::raw_slot<8>(words, words + lo_words, k)
-                                     : qlinear_detail::raw_slot<6>(words, words + lo_words, k);
-        const int p = k % 2 == 0 ? 0 : qlinear_detail::raw_high_position(bits);
-        for (int c = 0; c < 2; ++c) {
-          const auto h = static_cast<uint16_t>(v >> (16 * c));
-          ASSERT_EQ(h, 0x6400u | (q[k][c] << p)) << bits << "b k " << k << " half " << c;
-          const int offset = 1 << (bits - 1);
-          const float m = f16_to_f32(
-              static_cast<uint16_t>(qlinear_detail::half2_int_bits(-(1024 + (offset << p)))));
-          ASSERT_EQ(f16_to_f32(h) + m, std::ldexp(static_cast<float>(q[k][c]) - offset, p));
         }
       }
     }

@@ -22,8 +22,8 @@ namespace gyre {
 // 4-bit weights are tiled for the tensor cores at upload (16-row tiles, fragment-ordered nibbles,
 // scales per tile: see qlinear_tiled.cu), and so are 2/3/5/6-bit weights (split planes per 16-row
 // tile: qlinear_stream.cuh) and 8-bit ones of groups of 32+ (one plane of bytes in the same
-// tiles: opt-in, GYRE_CUDA_BITS8_STREAM=1) unless GYRE_CUDA_BITS_STREAM=0, scales are f32 or
-// cols > kQlinearTiledBitsMaxCols (then the host layout), so only qweight_upload /
+// tiles; GYRE_CUDA_BITS8_STREAM=0: the host layout) unless GYRE_CUDA_BITS_STREAM=0, scales are f32
+// or cols > kQlinearTiledBitsMaxCols (then the host layout), so only qweight_upload /
 // qweight_device_view know the byte layout.
 constexpr int kQlinearTiledBitsMaxCols = 16384;
 struct QWeightDevice {
@@ -219,12 +219,6 @@ void set_gemv_smem_ring(int depth);
 // stages the scales of its whole piece range once (1), or takes one scale word per piece with its
 // ring slot (0); -1: GYRE_CUDA_STREAM_SCALES (staged, the default, or ring).
 void set_stream_staged_scales(int mode);
-// The 4-, 6- and 8-bit shared-memory ring kernels of symmetric weights: A fragments left undecoded
-// (halves 1024 + q; 1024 + 16 q for rows g + 8 at 4 and 6 bits) and the offsets taken out of each
-// group's sums by one mma a step (1; 2: at 4 bits into separate sums, added at the group's flush),
-// or each register decoded by an HADD2/HFMA2 (0); -1: GYRE_CUDA_RAW_FRAGMENTS (default 0, until
-// measured on a GPU).
-void set_raw_fragments(int mode);
 // Batch kernel: warps splitting the columns (1, 2, 4, 8; 0 = auto) and 16-row tiles per warp
 // (1 or 2; 0 = auto).
 void set_batch_ksplit(int ksplit);
@@ -257,8 +251,8 @@ void set_bits_rows(int rows);
 void set_bits_stream(int mode);
 // 8 bits: the tiled layout (in place) and the stream GEMV / serving-batch kernels for weights
 // viewed or uploaded from now on (1), the host layout and its kernels (qlinear_gemv8.cu,
-// qlinear_batch.cu, qlinear_gemm.cu) (0), or GYRE_CUDA_BITS8_STREAM (-1, the default: off unless
-// "1", until the kernels have run on a GPU). Only with set_bits_stream on.
+// qlinear_batch.cu, qlinear_gemm.cu) (0), or GYRE_CUDA_BITS8_STREAM (-1, the default: on unless
+// "0"). Only with set_bits_stream on.
 void set_bits8_stream(int mode);
 void set_bits_stream_pieces(int pieces);
 void set_bits_stream_warps(int budget);

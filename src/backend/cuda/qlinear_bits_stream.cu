@@ -13,9 +13,9 @@
 // the in-place one (qlinear_inplace.h: fewer decode instructions).
 // 8 bits (session 27): the host layout's CUDA-core GEMV (qlinear_gemv8.cu) decoded the Llama-3-8B
 // shape at 66% of its roofline, the 6-bit stream kernel at 78%; in this layout a byte pair
-// becomes an A register by one PRMT. Opt-in (GYRE_CUDA_BITS8_STREAM=1) until it has run on a GPU:
-// written in session 27, whose device time went to failed machine starts; by default 8-bit
-// weights keep the host layout and its kernels.
+// becomes an A register by one PRMT. On by default since session 30 (H100: 8-bit decode 262 ->
+// 311 tok/s, 66% -> 78% of the roofline; bench/NOTES.md); GYRE_CUDA_BITS8_STREAM=0 keeps the
+// host layout and its kernels (A/B).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -39,12 +39,12 @@ int g_warp_budget = 0;  // 0 = by width and n
 int g_chunk = 0;        // tokens per pass: 0 = by shape
 int g_decode = -1;      // -1: GYRE_CUDA_BITS_DECODE (default new: the in-place arrangement)
 int g_depth = 0;        // ring depth of the in-place 3-bit kernel at 2 blocks per piece: 0 = 2
-int g_stream8 = -1;     // -1: GYRE_CUDA_BITS8_STREAM (default off: see below)
+int g_stream8 = -1;     // -1: GYRE_CUDA_BITS8_STREAM (default on: see above)
 
 bool bits8_stream_enabled() {
   if (g_stream8 < 0) {
     const char* e = std::getenv("GYRE_CUDA_BITS8_STREAM");
-    g_stream8 = e != nullptr && std::string(e) == "1" ? 1 : 0;
+    g_stream8 = e != nullptr && std::string(e) == "0" ? 0 : 1;
   }
   return g_stream8 == 1;
 }
@@ -219,11 +219,8 @@ template <int BITS, bool INPLACE>
 void launch_decode(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
   if constexpr (INPLACE) {
     if (bits_smem_ring(BITS) && !p.asym) {
-      if (pieces_s == 1 && stream_ring_fits<BITS, 1, true, false>(p, 0, budget, 4)) {
-        if constexpr (BITS == 6)
-          if (raw_fragments() != 0) return launch_stream_ring<6, 1, 4, 1>(p, 0, budget, stream);
+      if (pieces_s == 1 && stream_ring_fits<BITS, 1, true, false>(p, 0, budget, 4))
         return launch_stream_ring<BITS, 1, 4>(p, 0, budget, stream);
-      }
       if (pieces_s == 2 && stream_ring_fits<BITS, 2, true, false>(p, 0, budget, 4))
         return launch_stream_ring<BITS, 2, 4>(p, 0, budget, stream);
     }
@@ -246,10 +243,8 @@ template <int BITS>
 void launch_width(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
   if constexpr (BITS == 8) {  // in place, one block per piece (bits_tiled_layout) only
     GYRE_CHECK(p.inplace && pieces_s == 1, "qlinear: tiled 8-bit weights are in place, S = 1");
-    if (bits_smem_ring(8) && !p.asym && stream_ring_fits<8, 1, true, false>(p, 0, budget, 4)) {
-      if (raw_fragments() != 0) return launch_stream_ring<8, 1, 4, 1>(p, 0, budget, stream);
+    if (bits_smem_ring(8) && !p.asym && stream_ring_fits<8, 1, true, false>(p, 0, budget, 4))
       return launch_stream_ring<8, 1, 4>(p, 0, budget, stream);
-    }
     return launch_stream_variant<8, 1, 4, true>(p, 0, budget, stream);
   } else {
     if (p.inplace) return launch_decode<BITS, true>(p, pieces_s, budget, stream);

@@ -20,7 +20,6 @@ namespace gyre::qlinear_detail {
 namespace {
 int g_depth = 0, g_sms = 0, g_smem_optin = 0;
 int g_lop3 = -1;  // -1: GYRE_CUDA_INT4_LOP3 (default on)
-int g_raw = -1;   // -1: GYRE_CUDA_RAW_FRAGMENTS (default 0: off)
 
 bool int4_lop3() {
   if (g_lop3 < 0) {
@@ -51,9 +50,6 @@ void launch_depth(const Params& p, int ksplit, cudaStream_t stream) {
     const int ring = D == 4 ? smem_ring() : 0;
     if ((ring == 2 || ring == 4) && stream_ring_fits<4, 1, true, false>(p, ksplit, 32, ring)) {
       if (ring == 2) return launch_stream_ring<4, 1, 2>(p, ksplit, 32, stream);
-      const int raw = raw_fragments();
-      if (raw == 1) return launch_stream_ring<4, 1, 4, 1>(p, ksplit, 32, stream);
-      if (raw == 2) return launch_stream_ring<4, 1, 4, 2>(p, ksplit, 32, stream);
       return launch_stream_ring<4, 1, 4>(p, ksplit, 32, stream);
     }
     if (p.group == 32)
@@ -126,20 +122,6 @@ void set_stream_staged_scales(int mode) {
 void set_int4_lop3(int mode) {
   GYRE_CHECK(mode >= -1 && mode <= 1, "qlinear: int4 LOP3 mode must be -1, 0 or 1");
   g_lop3 = mode;
-}
-
-int raw_fragments() {
-  if (g_raw < 0) {
-    const char* e = std::getenv("GYRE_CUDA_RAW_FRAGMENTS");
-    const std::string v = e != nullptr ? e : "";
-    g_raw = v == "1" ? 1 : v == "2" ? 2 : 0;
-  }
-  return g_raw;
-}
-
-void set_raw_fragments(int mode) {
-  GYRE_CHECK(mode >= -1 && mode <= 2, "qlinear: raw fragments mode must be -1, 0, 1 or 2");
-  g_raw = mode;
 }
 
 void stream_device_limits(int& sms, int& smem_optin) {

@@ -29,14 +29,6 @@ __device__ __forceinline__ void inplace_to_fragment(const uint32_t* lo, const ui
   for (int r = 0; r < 4; ++r) a[r] = inplace_unscale<OFFSET>(inplace_slot<BITS>(lo, hi, 4 * j + r));
 }
 
-// inplace_to_fragment without the HFMA2 (raw_slot, qlinear_inplace.h), for the stream GEMV's RAW.
-template <int BITS>
-__device__ __forceinline__ void inplace_to_raw_fragment(const uint32_t* lo, const uint32_t* hi,
-                                                        int j, uint32_t a[4]) {
-#pragma unroll
-  for (int r = 0; r < 4; ++r) a[r] = raw_slot<BITS>(lo, hi, 4 * j + r);
-}
-
 // int4_word_to_fragment (qlinear_kernels.cuh) with each (w & mask) | 0x6400 as one LOP3 (and_or:
 // the exponent in a register) where the C expression compiles to two; the same bits, so the
 // same results. The 4-bit stream GEMV takes it by default (GYRE_CUDA_INT4_LOP3=0: the old one,
@@ -53,18 +45,6 @@ __device__ __forceinline__ void int4_word_to_fragment_lop3(uint32_t w, __half2 l
   memcpy(&a[1], &r1, 4);
   memcpy(&a[2], &r2, 4);
   memcpy(&a[3], &r3, 4);
-}
-
-// The 4-bit word as an A fragment left undecoded: the halves 1024 + q (row g: low nibbles, p = 0)
-// and 1024 + 16 q (row g + 8: high nibbles, p = 4), one LOP3 each; the stream GEMV (RAW) takes
-// the offsets out of the group's sums by one mma a step and the 16 at the group's flush, instead
-// of an HADD2/HFMA2 per register.
-__device__ __forceinline__ void int4_word_to_raw_fragment(uint32_t w, uint32_t a[4]) {
-  const uint32_t w8 = w >> 8;
-  a[0] = and_or(w, 0x000F000Fu, 0x64006400u);
-  a[1] = and_or(w, 0x00F000F0u, 0x64006400u);
-  a[2] = and_or(w8, 0x000F000Fu, 0x64006400u);
-  a[3] = and_or(w8, 0x00F000F0u, 0x64006400u);
 }
 
 }  // namespace gyre::qlinear_detail

@@ -164,26 +164,6 @@ __host__ __device__ __forceinline__ InplaceSlot inplace_slot(const uint32_t* lo,
   }
 }
 
-// Undecoded fragments (the stream GEMV's RAW: no HFMA2 per register, the offsets subtracted by
-// one mma per step, 2^p divided out with the scale) need one position for all of row g's values
-// (even pairs, p = 0) and one for row g + 8's (odd pairs, raw_high_position). 8 bits have p = 0
-// everywhere; 6 bits have p = 0 for even pairs and p = 4 for odd ones except pairs 12 and 14,
-// which raw_slot assembles at p = 0 (one more shift each): value bits 2-5 at 6-9 of word k - 12,
-// 0-1 at 6-7 of word 4 + (k - 12) / 2.
-__host__ __device__ constexpr int raw_high_position(int bits) {
-  return bits == 4 || bits == 6 ? 4 : 0;
-}
-template <int BITS>
-__host__ __device__ __forceinline__ uint32_t raw_slot(const uint32_t* lo, const uint32_t* hi,
-                                                      int k) {
-  static_assert(BITS == 6 || BITS == 8, "undecoded in-place slots: 6 or 8 bits");
-  if (BITS == 6 && k >= 12 && k % 2 == 0) {
-    const uint32_t v = and_or(lo[k - 12] >> 4, 0x003C003Cu, 0x64006400u);
-    return and_or(hi[(k - 12) / 2] >> 6, 0x00030003u, v);
-  }
-  return inplace_slot<BITS>(lo, hi, k).v;
-}
-
 // The repack: word w (0..BITS-1) of a lane's block from the values q(k, c) of its pairs (k
 // 0..15; c = 0: first column, 1: second), each < 2^BITS (uint32_t).
 template <int BITS, typename Q>

@@ -200,14 +200,11 @@ struct StreamSlot {
 // shared-memory ring (P > 0) are the warp's own. The one-weight kernel below and the two-part
 // kernel of a mixed weight (qlinear_mixed_stream.cu, whose warps take one part each) share it.
 template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P, bool SS = false,
-          int RAW = 0, class Stage>
+          class Stage>
 __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int i_begin, int i_end,
                                                  int stride, unsigned char* slots, Stage&& stage,
                                                  float (&acc)[4]) {
   static_assert(!SS || P > 0, "staged scales need the shared-memory ring");
-  static_assert(!RAW || ((BITS == 4 || BITS == 6 || BITS == 8) && INPLACE && !ASYM),
-                "undecoded fragments: 4-, 6- and 8-bit symmetric");
-  static_assert(RAW != 2 || BITS == 4, "undecoded fragments, separate offset sums: 4 bits");
   constexpr int kLo = StreamPlanes<BITS>::kLo, kHi = StreamPlanes<BITS>::kHi;
   constexpr int kPieceBytes = 128 * BITS * S, kGroupsPerBlock = G32 ? 2 : 1;
   const int lane = threadIdx.x & 31;
@@ -333,30 +330,12 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
   const __half2 lo_base = __float2half2_rn(1024.f + kOffset);
   const __half2 hi_base = __float2half2_rn(-64.f - kOffset);  // 4 bits: the 16q registers
   const uint32_t ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
-  // RAW: the A fragment that subtracts what undecoded fragments add beyond q - offset: rows g (p =
-  // 0) hold 1024 + q, rows g + 8 1024 + 2^p q (p = 4 at 4 and 6 bits, 0 at 8); one mma with
-  // -(1024 + offset 2^p) leaves 2^p (q - offset) x in the group's sums (RAW 1: into them; 2, 4 bits
-  // only: into cx, added at the flush), the 2^-p going with the scale at the flush.
-  constexpr int kRawHiP = raw_high_position(BITS);
-  constexpr uint32_t kRawLo = half2_int_bits(-(1024 + static_cast<int>(kOffset)));
-  constexpr uint32_t kRawHi = half2_int_bits(-(1024 + (static_cast<int>(kOffset) << kRawHiP)));
-  [[maybe_unused]] const uint32_t raw_offsets[4] = {kRawLo, kRawHi, kRawLo, kRawHi};
 #pragma unroll
   for (int i = 0; i < 4; ++i) acc[i] = 0.f;
   float cg[4] = {0.f, 0.f, 0.f, 0.f}, cx[4] = {0.f, 0.f, 0.f, 0.f};
   auto flush = [&](uint32_t sr, uint32_t mr) {
-    if constexpr (RAW == 2) {  // the offsets' sums apart, so that the mma steps do not chain
-#pragma unroll
-      for (int i = 0; i < 4; ++i) cg[i] += cx[i];
-    }
-    if constexpr (RAW && kRawHiP > 0) {  // rows g + 8 summed 2^p (q - offset) x
-      float2 sf = __half22float2(as_half2(sr));
-      sf.y *= 1.f / (1 << kRawHiP);
-      flush_group(acc, cg, cx, sf, make_float2(0.f, 0.f), false);
-    } else {
-      const float2 m = ASYM ? __half22float2(as_half2(mr)) : make_float2(0.f, 0.f);
-      flush_group(acc, cg, cx, __half22float2(as_half2(sr)), m, ASYM);
-    }
+    const float2 m = ASYM ? __half22float2(as_half2(mr)) : make_float2(0.f, 0.f);
+    flush_group(acc, cg, cx, __half22float2(as_half2(sr)), m, ASYM);
   };
   // Block b from its lane words (lo, hi), its staged x (xb) and scales (mins) of its group(s);
   // flushes its group(s) where they end, unless the caller's loop flushes whole groups
@@ -369,11 +348,7 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       uint32_t a[4];
-      if constexpr (RAW && BITS == 4)
-        int4_word_to_raw_fragment(lo[j], a);
-      else if constexpr (RAW)
-        inplace_to_raw_fragment<BITS>(lo, hi, j, a);
-      else if constexpr (BITS == 4 && INPLACE)
+      if constexpr (BITS == 4 && INPLACE)
         int4_word_to_fragment_lop3(lo[j], lo_base, hi_base, a);
       else if constexpr (BITS == 4)
         int4_word_to_fragment(lo[j], lo_base, hi_base, a);
@@ -383,8 +358,6 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
         narrow_to_fragment<BITS>(lo, hi, j, lo_base, a);
       mma_16816(cg, a, xv[2 * j], xv[2 * j + 1]);
       if constexpr (ASYM) mma_16816(cx, ones, xv[2 * j], xv[2 * j + 1]);
-      if constexpr (RAW == 1) mma_16816(cg, raw_offsets, xv[2 * j], xv[2 * j + 1]);
-      if constexpr (RAW == 2) mma_16816(cx, raw_offsets, xv[2 * j], xv[2 * j + 1]);
       if (G32 && j == 1) flush(sc[0], ASYM ? mn[0] : 0u);
     }
     if constexpr (G32) {
@@ -476,7 +449,7 @@ __device__ __forceinline__ void stream_warp_tile(const Params& p, int tile, int 
 }
 
 template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P = 0, int AO = 0,
-          bool SS = false, int RAW = 0>
+          bool SS = false>
 __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __half* xs = reinterpret_cast<__half*>(smem_raw);
@@ -492,7 +465,7 @@ __global__ void __launch_bounds__(512) gemv_stream_kernel(Params p, int per) {
   float acc[4];
   const int pieces = p.kblocks / S;
   const int i_begin = min(ks * per, pieces), i_end = min(i_begin + per, pieces);
-  stream_warp_tile<BITS, S, D, G32, ASYM, INPLACE, P, SS, RAW>(
+  stream_warp_tile<BITS, S, D, G32, ASYM, INPLACE, P, SS>(
       p, tile, i_begin, i_end, stride, slots,
       [&] {
         int8_t* signs = reinterpret_cast<int8_t*>(xs + p.n * stride);

@@ -112,11 +112,6 @@ bool stream_staged_fits(const Params& p, int P) {
   return true;
 }
 
-// GYRE_CUDA_RAW_FRAGMENTS (0, the default, 1 or 2) or set_raw_fragments (qlinear.h): whether the
-// symmetric 4- and 8-bit shared-memory ring kernels leave their A fragments undecoded
-// (qlinear_gemv_stream.cu).
-int raw_fragments();
-
 // GYRE_CUDA_NORM_AHEAD (default on): whether the stream GEMV loads a fused norm's weights before
 // its PDL wait (norm_ahead, qlinear_stream_stage.cuh); qlinear_gemv_stream.cu.
 bool stream_norm_ahead();
@@ -126,10 +121,9 @@ bool stream_norm_ahead();
 bool stream_staged_scales();
 
 // gemv_stream_kernel<...> with the opt-in shared memory allowed (once per instantiation).
-template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P, int AO, bool SS,
-          int RAW = 0>
+template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P, int AO, bool SS>
 auto raised_stream_kernel(int optin) {
-  auto kernel = gemv_stream_kernel<BITS, S, D, G32, ASYM, INPLACE, P, AO, SS, RAW>;
+  auto kernel = gemv_stream_kernel<BITS, S, D, G32, ASYM, INPLACE, P, AO, SS>;
   static const bool raised = allow_optin_shared(kernel, optin, "gemv stream");
   (void)raised;
   return kernel;
@@ -139,8 +133,7 @@ auto raised_stream_kernel(int optin) {
 // opt-in limit, kblocks a multiple of S). ksplit 0 = auto: the largest split-K that keeps
 // tiles x ksplit within warp_budget warps per SM on average (32 measured best at 4 bits on
 // every Llama shape, round 5: one resident wave of 64-register warps).
-template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P = 0, bool SS = false,
-          int RAW = 0>
+template <int BITS, int S, int D, bool G32, bool ASYM, bool INPLACE, int P = 0, bool SS = false>
 void launch_stream_kernel(const Params& p, int ksplit, int warp_budget, cudaStream_t stream) {
   int sms = 0, optin = 0;
   stream_device_limits(sms, optin);
@@ -149,10 +142,10 @@ void launch_stream_kernel(const Params& p, int ksplit, int warp_budget, cudaStre
   void (*kernel)(Params, int) = nullptr;
   if constexpr (stream_act_order_scatters(BITS))  // one instantiation each: act-order, others
     kernel = q.perm != nullptr
-                 ? raised_stream_kernel<BITS, S, D, G32, ASYM, INPLACE, P, 2, SS, RAW>(optin)
-                 : raised_stream_kernel<BITS, S, D, G32, ASYM, INPLACE, P, 1, SS, RAW>(optin);
+                 ? raised_stream_kernel<BITS, S, D, G32, ASYM, INPLACE, P, 2, SS>(optin)
+                 : raised_stream_kernel<BITS, S, D, G32, ASYM, INPLACE, P, 1, SS>(optin);
   else
-    kernel = raised_stream_kernel<BITS, S, D, G32, ASYM, INPLACE, P, 0, SS, RAW>(optin);
+    kernel = raised_stream_kernel<BITS, S, D, G32, ASYM, INPLACE, P, 0, SS>(optin);
   const StreamGrid g =
       stream_grid(reinterpret_cast<const void*>(kernel), q.tiles,
                   stream_ksplit(p, S, ksplit, warp_budget), 1, ksplit == 0, [&](int ks, int warps) {
@@ -171,19 +164,18 @@ void launch_stream_kernel(const Params& p, int ksplit, int warp_budget, cudaStre
 
 // The shared-memory-ring kernel (P slots) for symmetric in-place weights, by group size, with
 // staged scales where they are on and fit (the callers check that p is symmetric and that
-// stream_ring_fits holds). RAW: 4- and 8-bit fragments left undecoded (stream_warp_tile).
-template <int BITS, int S, int P, bool G32, int RAW>
+// stream_ring_fits holds).
+template <int BITS, int S, int P, bool G32>
 void launch_stream_ring_g(const Params& p, int ksplit, int warp_budget, cudaStream_t stream) {
   if (stream_staged_scales() && stream_staged_fits<BITS, S, G32>(p, P))
-    return launch_stream_kernel<BITS, S, 1, G32, false, true, P, true, RAW>(p, ksplit, warp_budget,
-                                                                            stream);
-  launch_stream_kernel<BITS, S, 1, G32, false, true, P, false, RAW>(p, ksplit, warp_budget, stream);
+    return launch_stream_kernel<BITS, S, 1, G32, false, true, P, true>(p, ksplit, warp_budget,
+                                                                       stream);
+  launch_stream_kernel<BITS, S, 1, G32, false, true, P>(p, ksplit, warp_budget, stream);
 }
-template <int BITS, int S, int P, int RAW = 0>
+template <int BITS, int S, int P>
 void launch_stream_ring(const Params& p, int ksplit, int warp_budget, cudaStream_t stream) {
-  if (p.group == 32)
-    return launch_stream_ring_g<BITS, S, P, true, RAW>(p, ksplit, warp_budget, stream);
-  launch_stream_ring_g<BITS, S, P, false, RAW>(p, ksplit, warp_budget, stream);
+  if (p.group == 32) return launch_stream_ring_g<BITS, S, P, true>(p, ksplit, warp_budget, stream);
+  launch_stream_ring_g<BITS, S, P, false>(p, ksplit, warp_budget, stream);
 }
 
 // The four scale variants (group 32 or larger, symmetric or not) of S and D.
