@@ -7,6 +7,8 @@
 #       (modes 1, 2) / newrow, 8-bit host / tiled / tiled undecoded, 6-bit / undecoded
 #   bench/session30_device.sh tests   every GPU test (names with Cuda, FusedWeights, FedDecode)
 #       with today's defaults (tiled 8-bit on), then one decode line each at 4 and 8 bits
+#   bench/session30_device.sh sweep   decode at several warp budgets: 2/3/5/8 bits
+#       (GYRE_CUDA_BITS_WARPS: WARPS), 4 bits (GYRE_CUDA_STREAM_BUDGET: BUDGETS4)
 #   bench/session30_device.sh ab      ROUNDS (2) interleaved rounds of decode: 4-bit, 8-bit
 #       tiled and host layout, 6-bit
 set -u
@@ -20,6 +22,17 @@ for mode in "${args[@]}"; do
     grep -cE "^\[       OK \]" "$O/tests.log"
     dec "4-bit" 4 X=0
     dec "8-bit" 8 X=0
+    ;;
+  sweep)  # warp budgets per SM of the narrow widths' and tiled 8-bit launches (GYRE_CUDA_BITS_WARPS;
+    # 0: the plan's own: 64 at n <= 2 below 6 bits, else 32) and the 4-bit one (STREAM_BUDGET)
+    for bits in ${WIDTHS:-2 3 5 8}; do
+      for w in ${WARPS:-0 16 48 64 96}; do
+        dec "$bits-bit warps $w" "$bits" GYRE_CUDA_BITS_WARPS="$w"
+      done
+    done
+    for b in ${BUDGETS4:-0 24 48}; do
+      dec "4-bit budget $b" 4 GYRE_CUDA_STREAM_BUDGET="$b"
+    done
     ;;
   ab)
     for r in $(seq 1 "${ROUNDS:-2}"); do
