@@ -9,6 +9,8 @@
 #       with today's defaults (tiled 8-bit on), then one decode line each at 4 and 8 bits
 #   bench/session30_device.sh sweep   decode at several warp budgets: 2/3/5/8 bits
 #       (GYRE_CUDA_BITS_WARPS: WARPS), 4 bits (GYRE_CUDA_STREAM_BUDGET: BUDGETS4)
+#   bench/session30_device.sh pieces  2/3/5-bit decode at other blocks per piece
+#       (GYRE_CUDA_BITS_PIECES, written after the last call; not yet run)
 #   bench/session30_device.sh ab      ROUNDS (2) interleaved rounds of decode: 4-bit, 8-bit
 #       tiled and host layout, 6-bit
 set -u
@@ -32,6 +34,21 @@ for mode in "${args[@]}"; do
     done
     for b in ${BUDGETS4:-0 24 48}; do
       dec "4-bit budget $b" 4 GYRE_CUDA_STREAM_BUDGET="$b"
+    done
+    ;;
+  pieces)  # blocks per 16-row piece of the narrow widths (GYRE_CUDA_BITS_PIECES; default 4 at 2
+    # bits, 2 at 3, 1 at 5): the 2-bit kernel at S = 4 has 94 registers, 2 blocks of 8 warps per SM
+    # and split-K 1 (ncu, session 30); fewer blocks per piece means fewer registers, more warps
+    for r in $(seq 1 "${ROUNDS:-2}"); do
+      dec "r$r 2-bit (S 4)" 2 X=0
+      dec "r$r 2-bit S 2" 2 GYRE_CUDA_BITS_PIECES=2
+      dec "r$r 2-bit S 1" 2 GYRE_CUDA_BITS_PIECES=1
+      dec "r$r 2-bit S 2 smem ring" 2 GYRE_CUDA_BITS_PIECES=2 GYRE_CUDA_BITS_SMEM=4
+      dec "r$r 2-bit S 1 smem ring" 2 GYRE_CUDA_BITS_PIECES=1 GYRE_CUDA_BITS_SMEM=4
+      dec "r$r 3-bit (S 2)" 3 X=0
+      dec "r$r 3-bit S 1" 3 GYRE_CUDA_BITS_PIECES=1
+      dec "r$r 5-bit (S 1)" 5 X=0
+      dec "r$r 5-bit S 2" 5 GYRE_CUDA_BITS_PIECES=2
     done
     ;;
   ab)

@@ -326,7 +326,15 @@ int bits_tiled_layout(const QWeightDesc& d) {
   if (d.bits == 8 && !d.trellis)  // groups of 32+ (the kernels' scale indexing), f16 scales
     return bits8_stream_enabled() && d.group_size >= 32 ? 1 : 0;
   if (!d.narrow()) return 0;
-  if (g_pieces != 0) return g_pieces == 8 && d.bits != 2 ? 4 : g_pieces;
+  // GYRE_CUDA_BITS_PIECES=1|2|4|8: blocks per piece of every narrow width (measurements;
+  // set_bits_stream_pieces takes precedence).
+  static const int env_pieces = [] {
+    const char* e = std::getenv("GYRE_CUDA_BITS_PIECES");
+    const int v = e == nullptr ? 0 : std::atoi(e);
+    return v == 1 || v == 2 || v == 4 || v == 8 ? v : 0;
+  }();
+  const int pieces = g_pieces != 0 ? g_pieces : env_pieces;
+  if (pieces != 0) return pieces == 8 && d.bits != 2 ? 4 : pieces;
   // Measured best on the Llama-3-8B shapes at n = 1 (bench/qlinear_notes.md, round 7): the
   // fewest loads per byte where registers allow (2 bits: 4 blocks, one 16-byte load per lane per
   // two blocks), 2 blocks at 3 and 6 bits, 1 at 5 (at 2 or 4 its 88-91 registers cost more
