@@ -203,8 +203,9 @@ __global__ void dequant_tiled_bits_kernel(Params p, int pieces_s, __half* out) {
 // 1 or 2 blocks per piece: by width (-1: GYRE_CUDA_BITS_SMEM=0|4, else on at 3, 5 and 6 bits: +4-5%
 // decode on H100 at 5 and 6 bits in session 12, and +15% at 3 bits since the lean ring loop of
 // session 25 (462 -> 532 tok/s, Llama-3-8B shape), where it had measured -1.6% before; 2 bits keep
-// the register ring, the same speed either way in session 25), off (0) or on at every width (4):
-// set_bits_smem_ring.
+// the register ring: "the same speed either way" in sessions 25 and 30 only because 2 bits default
+// to 4 blocks per piece, where this ring does not apply; see GYRE_CUDA_BITS_PIECES), off (0) or on
+// at every width (4): set_bits_smem_ring.
 int g_ring = -1;
 bool bits_smem_ring(int bits) {
   static const int env = [] {
