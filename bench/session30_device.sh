@@ -11,6 +11,7 @@
 #       (GYRE_CUDA_BITS_WARPS: WARPS), 4 bits (GYRE_CUDA_STREAM_BUDGET: BUDGETS4)
 #   bench/session30_device.sh pieces  2/3/5-bit decode at other blocks per piece
 #       (GYRE_CUDA_BITS_PIECES, written after the last call; not yet run)
+#   bench/session30_device.sh ncu     ncu of four decode GEMVs (BITS "4 2") with stall reasons
 #   bench/session30_device.sh ab      ROUNDS (2) interleaved rounds of decode: 4-bit, 8-bit
 #       tiled and host layout, 6-bit
 set -u
@@ -49,6 +50,19 @@ for mode in "${args[@]}"; do
       dec "r$r 3-bit S 1" 3 GYRE_CUDA_BITS_PIECES=1
       dec "r$r 5-bit (S 1)" 5 X=0
       dec "r$r 5-bit S 2" 5 GYRE_CUDA_BITS_PIECES=2
+    done
+    ;;
+  ncu)  # stall reasons of the decode GEMVs (BITS, default "4 2"): 4 launches of a decode step
+    # (q|k|v, o, gate|up, down) with warp states and source counters, into $O/ncu_BITS.txt
+    ncu_bin=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    for bits in ${BITS:-4 2}; do
+      timeout 150 "$ncu_bin" -k regex:gemv_stream --launch-skip 200 --launch-count 4 \
+        --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+        --section SourceCounters --section LaunchStats --section Occupancy \
+        $B/gyre bench --synthetic llama3-8b --bits "$bits" -p 16 -n 8 --long 0 >"$O/ncu_$bits.txt" 2>&1
+      echo "ncu $bits-bit rc=$?"
+      grep -E "^  void|Duration|DRAM Throughput|Issued Warp|Eligible Warps|Achieved Occupancy" \
+        "$O/ncu_$bits.txt" | head -40
     done
     ;;
   ab)
