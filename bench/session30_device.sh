@@ -56,7 +56,8 @@ for mode in "${args[@]}"; do
     # (q|k|v, o, gate|up, down) with warp states and source counters, into $O/ncu_BITS.txt
     ncu_bin=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
     for bits in ${BITS:-4 2}; do
-      timeout 150 "$ncu_bin" -k regex:gemv_stream --launch-skip 200 --launch-count 4 \
+      timeout 150 "$ncu_bin" -k regex:${KREGEX:-gemv_stream} --launch-skip 200 --launch-count 4 \
+        --clock-control ${CLOCKS:-base} \
         --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
         --section SourceCounters --section LaunchStats --section Occupancy \
         $B/gyre bench --synthetic llama3-8b --bits "$bits" -p 16 -n 8 --long 0 >"$O/ncu_$bits.txt" 2>&1
