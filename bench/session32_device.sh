@@ -40,11 +40,14 @@ elif [ "$mode" = check ]; then
     dec "r$r 3-bit" 3 X=0
     dec "r$r 3-bit old (S 2)" 3 GYRE_CUDA_BITS_PIECES=2
   done
+  dec "4-bit" 4 X=0
+  dec "4-bit without attention (results wrong)" 4 GYRE_DIAG_SKIP=attn
+  dec "2-bit without attention (results wrong)" 2 GYRE_DIAG_SKIP=attn
   serve "2-bit" 2 X=0
   serve "2-bit old" 2 GYRE_CUDA_BITS_PIECES=4
   serve "3-bit" 3 X=0
   serve "3-bit old" 3 GYRE_CUDA_BITS_PIECES=2
-  left=$((570 - SECONDS))
+  left=$((${CHECK_END:-450} - SECONDS))
   [ "$left" -gt 60 ] && device_tests "*Cuda*:FusedWeights*:FedDecode*" "$left"
   grep -cE "^\[       OK \]" "$O/tests.log"
 fi
