@@ -5,7 +5,8 @@
 #       the running clock, ncu of the decode attention at 4 bits, then `pieces` again if time allows
 #   bench/session32_device.sh check   after the flip to 1 block per piece with the shared-memory
 #       ring at 2 and 3 bits: the narrow kernels' tests, decode and serving at 2/3 bits against the
-#       old defaults (GYRE_CUDA_BITS_PIECES=4 / 2), then every GPU test
+#       old defaults (GYRE_CUDA_BITS_PIECES=4 / 2), then every GPU test until CHECK_END (450) s;
+#       ROUNDS (2) rounds of decode; SHORT=1: serving at 2 bits only
 set -u
 O=${OUT:-/tmp}
 mode=${1:-first}
@@ -34,7 +35,7 @@ elif [ "$mode" = check ]; then
   }
   device_tests "CudaQbits*:QMixedCuda*:CudaStories*:CudaGemv4*" 150
   cp "$O/tests.log" "$O/tests_narrow.log"
-  for r in 1 2; do
+  for r in $(seq 1 "${ROUNDS:-2}"); do
     dec "r$r 2-bit" 2 X=0
     dec "r$r 2-bit old (S 4)" 2 GYRE_CUDA_BITS_PIECES=4
     dec "r$r 3-bit" 3 X=0
@@ -45,8 +46,8 @@ elif [ "$mode" = check ]; then
   dec "2-bit without attention (results wrong)" 2 GYRE_DIAG_SKIP=attn
   serve "2-bit" 2 X=0
   serve "2-bit old" 2 GYRE_CUDA_BITS_PIECES=4
-  serve "3-bit" 3 X=0
-  serve "3-bit old" 3 GYRE_CUDA_BITS_PIECES=2
+  [ -n "${SHORT:-}" ] || serve "3-bit" 3 X=0
+  [ -n "${SHORT:-}" ] || serve "3-bit old" 3 GYRE_CUDA_BITS_PIECES=2
   left=$((${CHECK_END:-450} - SECONDS))
   [ "$left" -gt 60 ] && device_tests "*Cuda*:FusedWeights*:FedDecode*" "$left"
   grep -cE "^\[       OK \]" "$O/tests.log"
