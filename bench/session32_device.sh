@@ -22,15 +22,13 @@ if [ "$mode" = first ]; then
 elif [ "$mode" = check ]; then
   set --
   . bench/session29_device.sh  # (no mode: defines dec, device_tests, B; unpacks the carry)
-  serve() {  # serve LABEL BITS [ENV=V ...]: serving at 1, 8 and 32 requests
+  . bench/session28_device.sh  # (no mode: defines serve_line)
+  serve() {  # serve LABEL BITS [ENV=V ...]: serve_line with those variables set
     local label=$1 bits=$2
     shift 2
     (
       export "$@"
-      timeout 120 $B/gyre bench --synthetic llama3-8b --bits "$bits" -n 128 -p 16 \
-        --concurrency 1,8,32 >"$O/s.log" 2>&1
-      echo "$label serving:"
-      grep -A4 -E "^requests" "$O/s.log" || tail -3 "$O/s.log"
+      serve_line "$label" "$bits"
     )
   }
   device_tests "CudaQbits*:QMixedCuda*:CudaStories*:CudaGemv4*" 150
