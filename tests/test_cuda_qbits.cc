@@ -303,12 +303,12 @@ TEST(CudaQbits, BatchKernelMatchesFloat64) {
             }
           qweight_free(dw);
         }
-  // Not the default pieces, or switched off: not direct (the backend dequantizes); qlinear_matmul
-  // still right through the GEMV per 8 tokens.
+  // Not the default pieces (2 blocks at 3 bits), or switched off: not direct (the backend
+  // dequantizes); qlinear_matmul still right through the GEMV per 8 tokens.
   const QWeightHost w = make_weight(3, 64, false, false, 77, 1152, seed++);
   const std::vector<double> ref = dequantized(w);
   for (const int mode : {0, 1}) {
-    qlinear_detail::set_bits_stream_pieces(mode == 0 ? 0 : 1);
+    qlinear_detail::set_bits_stream_pieces(mode == 0 ? 0 : 2);
     qlinear_detail::set_bits_batch(mode == 0 ? 0 : -1);  // 0: never
     QWeightDevice dw = qweight_upload(w);
     qlinear_detail::set_bits_stream_pieces(0);
@@ -316,6 +316,17 @@ TEST(CudaQbits, BatchKernelMatchesFloat64) {
     check_uploaded(w, dw, 20, seed, &ref);
     seed += 2;
     qlinear_detail::set_bits_batch(-1);
+    qweight_free(dw);
+  }
+  // An odd count of column blocks at 2 and 3 bits (one-block pieces go two to a unit of the batch
+  // kernel): not direct, and right.
+  for (const int bits : {2, 3}) {
+    const QWeightHost wo = make_weight(bits, 64, false, false, 77, 64 * 17, seed++);
+    const std::vector<double> ref_o = dequantized(wo);
+    QWeightDevice dw = qweight_upload(wo);
+    EXPECT_FALSE(qlinear_runs_direct(dw, 9)) << bits;
+    check_uploaded(wo, dw, 20, seed, &ref_o);
+    seed += 2;
     qweight_free(dw);
   }
 }
@@ -473,9 +484,12 @@ TEST(CudaQbits, FusedNormAndAccumulateMatchFloat64) {
       norm.upload(nh);
       // The stream GEMV at every n (the batch kernel off), then y += on the batch kernel (from 5
       // rows by default; the norm is not fused there).
+      // The batch kernel takes no odd count of blocks at 2/3 bits, symmetric (one-block pieces,
+      // two to its unit): the GEMV, with the norm, runs those.
+      const bool batch_takes = !(l.bits <= 3 && !l.asym && ((cols + 63) / 64) % 2 == 1);
       for (const int n : {1, 2, 5, 8, -5, -8}) {
         qlinear_detail::set_bits_batch(n > 0 ? 0 : -1);
-        ASSERT_EQ(qlinear_fuses_norm(dw, std::abs(n)), n > 0);
+        ASSERT_EQ(qlinear_fuses_norm(dw, std::abs(n)), n > 0 || !batch_takes);
         for (int mode = n > 0 ? 0 : 1; mode < (n > 0 ? 3 : 2); ++mode) {  // norm, y +=, both
           SCOPED_TRACE(std::to_string(l.bits) + "b g" + std::to_string(l.group) + " cols " +
                        std::to_string(cols) + " n " + std::to_string(n) + " mode " +

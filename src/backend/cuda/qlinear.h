@@ -264,8 +264,8 @@ void set_bits_stream_chunk(int tokens);
 void set_bits_decode(int mode);
 // The in-place 3-bit stream GEMV's ring depth at 2 blocks per piece (0: the default, 2; or 4).
 void set_bits_stream_depth(int depth);
-// The shared-memory ring for symmetric in-place weights of 1 or 2 blocks per piece: by width (-1,
-// the default: GYRE_CUDA_BITS_SMEM=0|4, else 3, 5 and 6 bits), off (0), at every width (4).
+// The shared-memory ring for symmetric in-place weights of 1 or 2 blocks per piece: -1, the
+// default: GYRE_CUDA_BITS_SMEM=0|4, else on; off (0); on (4).
 void set_bits_smem_ring(int mode);
 // Tiled 2/3/5/6 bits: the fewest rows from which the serving-batch kernel of
 // qlinear_batch_stream.cu runs instead of the stream GEMV (2..129; 0: never, so beyond 8 rows the

@@ -13,7 +13,7 @@
 // writing and reading 2 bytes per weight every step (or ran the GEMV once per 8 tokens).
 //
 // Work split: a tile group is W = 8 or 16 warps x MT 16-row tiles; a block runs a range of its
-// units (64-column blocks at 4 bits, one or two blocks of a piece at 2/3/5/6 bits) and stages x [8
+// units (64-column blocks at 4 bits, batch_unit_blocks blocks at 2/3/5/6 bits) and stages x [8
 // NT tokens][those columns] (its size bounds the range). Two partitions (see Range): a grid of
 // K-chunks, or stream-K (one equal range of (group, column block) pairs per block, one wave). A
 // group run by one block stores directly. Otherwise the pieces' partial fragments meet in a global
@@ -247,7 +247,7 @@ bool instantiated(const Params& p, int pieces_s) {
 // >= 57344 (tile, column block) pairs (4096x14336, 14336x4096 and larger), else one; a stream-K
 // wave, except where the tile groups alone fill the GPU (the LM head): there the K-chunk grid
 // with the fewest chunks that fit shared memory. The narrow widths: 16 warps of one tile each
-// (only those are instantiated); ranges in units of min(S, 2) blocks.
+// (only those are instantiated); ranges in units of batch_unit_blocks.
 Plan plan(const Params& p, int pieces_s) {
   Plan pl;
   const bool narrow = p.bits != 4 || pieces_s != 1;  // 2/3/5/6 bits, or trellis
@@ -259,10 +259,12 @@ Plan plan(const Params& p, int pieces_s) {
                                                                 : 1;
   pl.units = (p.tiles + pl.mt - 1) / pl.mt;
   pl.groups = (pl.units + pl.warps - 1) / pl.warps;
-  const int unit_blocks = pieces_s == kBatchTrellis ? 1 : std::min(pieces_s, 2);  // Piece::kU
-  const int units = p.kblocks / unit_blocks;  // column units per tile row
+  const int unit_blocks = batch_unit_blocks(p.bits, pieces_s);  // BatchPiece::kU
+  const int units = p.kblocks / unit_blocks;                    // column units per tile row
   const int per_max = max_per(pl.warps, pl.nt) / unit_blocks;
-  if (!instantiated(p, pieces_s) || per_max < 1 || p.n < 1 || p.n > 64) return pl;
+  if (!instantiated(p, pieces_s) || per_max < 1 || p.n < 1 || p.n > 64 ||
+      p.kblocks % unit_blocks != 0)
+    return pl;
   const bool automatic = g_streamk == kStreamKAuto;
   if (g_streamk >= 0 || (automatic && pl.groups < g_sms)) {
     // Stream-K: g_streamk blocks (0 = one per SM, or two for 8-warp blocks), at least enough for

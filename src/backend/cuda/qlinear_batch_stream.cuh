@@ -12,20 +12,30 @@ namespace gyre::qlinear_detail {
 
 constexpr int kBatchXPad = 32;  // halves after each x row: rows 64 bytes apart mod 128
 
+// Blocks per unit of the kernel: min(S, 2), one trellis piece, and two one-block pieces of 2 or 3
+// bits (2 bits at S 1 served 8 / 32 requests at 4.3 / 6.8 ms a step in one-block units against
+// 2.8 / 4.0 at S 4, H100, session 33: a unit's fixed work (scales, loop) weighs on so few bytes).
+// Weights whose count of blocks is not a multiple of it are not taken (plan(): odd counts at 2/3
+// bits, e.g. SmolLM2's 576 columns, run the GEMV per 8 tokens).
+__host__ __device__ constexpr int batch_unit_blocks(int bits, int s) {
+  return s == 0 ? 1 : s >= 2 ? 2 : bits <= 3 ? 2 : 1;
+}
+
 // The weights of one instantiation: 4-bit tiled words (BITS 4, S 1), tiled 2/3/5/6-bit pieces of
 // S blocks in the in-place arrangement (per 16-row tile 128 BITS S bytes: each lane's low-plane
 // words, then each lane's high-plane ones), or (S 0) trellis-coded pieces of K = BITS bits per
 // weight (qlinear_trellis.cuh: 4 tiles of 16 columns, a scale per tile's group). The kernel
-// walks units of kU = min(S, 2) blocks (64 kU columns; one piece for trellis): with whole pieces
-// of 4 or 8 blocks in a 2-deep register ring, their scales (two words per block at g32, twice
-// that with mins) spilled. Trellis B fragments are read 4 bytes at a time, so their staged x rows
-// are padded to 4 banks apart (kPad 8 halves) instead of 16 bytes' worth. (Outside the unnamed
-// namespace: nvcc warns about static members of its classes that an instantiation leaves unused.)
+// walks units of kU = batch_unit_blocks(BITS, S) blocks (64 kU columns; one piece for trellis):
+// with whole pieces of 4 or 8 blocks in a 2-deep register ring, their scales (two words per block
+// at g32, twice that with mins) spilled; 2/3-bit pieces of one block go two to a unit. Trellis B
+// fragments are read 4 bytes at a time, so their staged x rows are padded to 4 banks apart (kPad 8
+// halves) instead of 16 bytes' worth. (Outside the unnamed namespace: nvcc warns about static
+// members of its classes that an instantiation leaves unused.)
 template <int BITS, int S>
 struct BatchPiece {
   static constexpr bool kTrellis = S == 0;
   static constexpr int kLo = StreamPlanes<BITS>::kLo, kHi = StreamPlanes<BITS>::kHi;
-  static constexpr int kU = S == 0 ? 1 : S < 2 ? S : 2, kCols = 64 * kU;
+  static constexpr int kU = batch_unit_blocks(BITS, S), kCols = 64 * kU;
   static constexpr int kBytes = 128 * BITS * (S == 0 ? 1 : S);
   static constexpr int kDepth = kU >= 2 ? 2 : 4;  // units in flight per warp (round 5: 4 blocks)
   static constexpr int kPad = S == 0 ? 8 : kBatchXPad;
@@ -76,10 +86,22 @@ __device__ __forceinline__ void batch_fetch(const Params& p, const int (&tiles)[
       const int b0 = u * Pc::kU, k0 = b0 % kS;
       const uint8_t* base =
           p.qweight + (int64_t{tiles[mt]} * (p.kblocks / kS) + b0 / kS) * Pc::kBytes;
-      load_stream_words<Pc::kLo * Pc::kU>(base + (lane * kS + k0) * 4 * Pc::kLo, d.q[mt]);
-      if constexpr (Pc::kHi > 0)
-        load_stream_words<Pc::kHi * Pc::kU>(
-            base + 128 * Pc::kLo * kS + (lane * kS + k0) * 4 * Pc::kHi, d.q[mt] + Pc::kLo * Pc::kU);
+      if constexpr (kS >= Pc::kU) {
+        load_stream_words<Pc::kLo * Pc::kU>(base + (lane * kS + k0) * 4 * Pc::kLo, d.q[mt]);
+        if constexpr (Pc::kHi > 0)
+          load_stream_words<Pc::kHi * Pc::kU>(
+              base + 128 * Pc::kLo * kS + (lane * kS + k0) * 4 * Pc::kHi,
+              d.q[mt] + Pc::kLo * Pc::kU);
+      } else {  // kU one-block pieces, kBytes apart: each block's words where the slot has them
+#pragma unroll
+        for (int sb = 0; sb < Pc::kU; ++sb) {
+          load_stream_words<Pc::kLo>(base + sb * Pc::kBytes + lane * 4 * Pc::kLo,
+                                     d.q[mt] + sb * Pc::kLo);
+          if constexpr (Pc::kHi > 0)
+            load_stream_words<Pc::kHi>(base + sb * Pc::kBytes + 128 * Pc::kLo + lane * 4 * Pc::kHi,
+                                       d.q[mt] + Pc::kLo * Pc::kU + sb * Pc::kHi);
+        }
+      }
 #pragma unroll
       for (int sb = 0; sb < Pc::kU; ++sb) {
         const int b = b0 + sb, gi = G32 ? 2 * b : (64 * b) >> p.group_log2;

@@ -200,26 +200,24 @@ __global__ void dequant_tiled_bits_kernel(Params p, int pieces_s, __half* out) {
 // split-K grids of the Llama shapes need more waves, bench/qlinear_notes.md session 11; capped at
 // 64 it spills 48 bytes; asymmetric at 2 it spills). set_bits_stream_depth(4): the A/B.
 // The shared-memory ring (qlinear_stream.cuh) of 4 slots per warp for symmetric in-place weights of
-// 1 or 2 blocks per piece: by width (-1: GYRE_CUDA_BITS_SMEM=0|4, else on at 3, 5 and 6 bits: +4-5%
-// decode on H100 at 5 and 6 bits in session 12, and +15% at 3 bits since the lean ring loop of
-// session 25 (462 -> 532 tok/s, Llama-3-8B shape), where it had measured -1.6% before; 2 bits keep
-// the register ring: "the same speed either way" in sessions 25 and 30 only because 2 bits default
-// to 4 blocks per piece, where this ring does not apply; see GYRE_CUDA_BITS_PIECES), off (0) or on
-// at every width (4): set_bits_smem_ring.
+// 1 or 2 blocks per piece: -1: GYRE_CUDA_BITS_SMEM=0|4, else on at every width (+4-5% decode on
+// H100 at 5 and 6 bits in session 12, +15% at 3 bits since the lean ring loop of session 25; at 2
+// bits, with 1 block per piece, 645 against 582 tok/s for the register ring at 4 blocks in session
+// 32, Llama-3-8B shape), off (0) or on (4): set_bits_smem_ring.
 int g_ring = -1;
-bool bits_smem_ring(int bits) {
+bool bits_smem_ring() {
   static const int env = [] {
     const char* e = std::getenv("GYRE_CUDA_BITS_SMEM");
     return e == nullptr || *e == 0 ? -1 : std::atoi(e);
   }();
   const int mode = g_ring >= 0 ? g_ring : env;
-  return mode < 0 ? bits >= 5 || bits == 3 : mode == 4;
+  return mode < 0 || mode == 4;
 }
 
 template <int BITS, bool INPLACE>
 void launch_decode(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
   if constexpr (INPLACE) {
-    if (bits_smem_ring(BITS) && !p.asym) {
+    if (bits_smem_ring() && !p.asym) {
       if (pieces_s == 1 && stream_ring_fits<BITS, 1, true, false>(p, 0, budget, 4))
         return launch_stream_ring<BITS, 1, 4>(p, 0, budget, stream);
       if (pieces_s == 2 && stream_ring_fits<BITS, 2, true, false>(p, 0, budget, 4))
@@ -244,7 +242,7 @@ template <int BITS>
 void launch_width(const Params& p, int pieces_s, int budget, cudaStream_t stream) {
   if constexpr (BITS == 8) {  // in place, one block per piece (bits_tiled_layout) only
     GYRE_CHECK(p.inplace && pieces_s == 1, "qlinear: tiled 8-bit weights are in place, S = 1");
-    if (bits_smem_ring(8) && !p.asym && stream_ring_fits<8, 1, true, false>(p, 0, budget, 4))
+    if (bits_smem_ring() && !p.asym && stream_ring_fits<8, 1, true, false>(p, 0, budget, 4))
       return launch_stream_ring<8, 1, 4>(p, 0, budget, stream);
     return launch_stream_variant<8, 1, 4, true>(p, 0, budget, stream);
   } else {
@@ -336,11 +334,13 @@ int bits_tiled_layout(const QWeightDesc& d) {
   }();
   const int pieces = g_pieces != 0 ? g_pieces : env_pieces;
   if (pieces != 0) return pieces == 8 && d.bits != 2 ? 4 : pieces;
-  // Measured best on the Llama-3-8B shapes at n = 1 (bench/qlinear_notes.md, round 7): the
-  // fewest loads per byte where registers allow (2 bits: 4 blocks, one 16-byte load per lane per
-  // two blocks), 2 blocks at 3 and 6 bits, 1 at 5 (at 2 or 4 its 88-91 registers cost more
-  // warps than the saved loads gain). Asymmetric weights (session 7, summed over the five
-  // shapes at n = 1, 2 and 8): 8 blocks at 2 bits, 4 at 3, 2 at 5 and 6.
+  // Symmetric: 1 block per piece at every width, with the shared-memory ring (session 32, decode
+  // of the Llama-3-8B shape on H100: 2 bits 645 tok/s against 582 at 4 blocks with the register
+  // ring, 3 bits 585 against 545 at 2 blocks; 5 bits 460 against 383 at 2). Round 7's register
+  // ring had found the fewest loads per byte best where registers allowed (4 blocks at 2 bits, 2
+  // at 3 and 6), but its 2-bit kernel at 4 blocks holds 94 registers: 2 blocks of 8 warps per SM
+  // and split-K 1 (ncu, session 30). Asymmetric weights (session 7, summed over the five shapes
+  // at n = 1, 2 and 8): 8 blocks at 2 bits, 4 at 3, 2 at 5 and 6.
   // With the in-place decode (session 11) the symmetric 6-bit kernel at 1 block fits 64
   // registers and beat 2 blocks on all five shapes at n = 1 and 2 (28672x4096 35.3 against 37.0
   // us, 4096x14336 18.4 against 21.1).

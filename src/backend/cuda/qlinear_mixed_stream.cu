@@ -41,8 +41,8 @@ struct PartCfg {
   static constexpr int kSlotBytes = P * StreamRing<BITS, S, false, ASYM>::kSlotBytes;
   static constexpr int kPieceBytes = 128 * BITS * S;
 };
-using Cfg2 = PartCfg<2, 4, 2, 0>;
-using Cfg3 = PartCfg<3, 2, 2, 0>;
+using Cfg2 = PartCfg<2, 1, 4, 4>;
+using Cfg3 = PartCfg<3, 1, 4, 4>;
 using Cfg4 = PartCfg<4, 1, 4, 4>;
 using Cfg5 = PartCfg<5, 1, 4, 4>;
 using Cfg6 = PartCfg<6, 1, 4, 4>;
@@ -50,6 +50,11 @@ using Cfg6 = PartCfg<6, 1, 4, 4>;
 using Cfg2a = PartCfg<2, 8, 2, 0, true>;
 using Cfg3a = PartCfg<3, 4, 2, 0, true>;
 using Cfg4a = PartCfg<4, 1, 4, 0, true, false>;
+static_assert(Cfg2::kS == narrow_default_pieces(2, false) &&
+                  Cfg3::kS == narrow_default_pieces(3, false) &&
+                  Cfg2a::kS == narrow_default_pieces(2, true) &&
+                  Cfg3a::kS == narrow_default_pieces(3, true),
+              "a part's blocks per piece are its width's layout (pair_part)");
 
 struct PairArgs {
   Params part[2];  // the parts' weights (A, the wider, first)
